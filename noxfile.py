@@ -1,0 +1,86 @@
+"""nox sessions: tests, lint, typecheck, notebooks, bench, demo.
+
+pip install nox
+nox -s demo     # the main job, end to end, on the embedded default corpus
+nox -s tests    # the test suite (8 fake CPU devices for JAX)
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.needs_version = ">=2024.10"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+JAX_ENV = {
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "JAX_PLATFORMS": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+}
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite (and every doctest) on 8 fake CPU devices."""
+    session.install("-e", ".[test,tokenizers,hf]")
+    args = session.posargs or ["-n", "2", "--durations=10"]
+    session.run("pytest", *args, env=JAX_ENV)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the package."""
+    session.install("-e", ".[tokenizers]", "mypy>=1.11")
+    session.run("mypy")
+
+
+@nox.session
+def notebooks(session: nox.Session) -> None:
+    """Execute the jupytext notebooks in notebooks/ (they are also run by the tests)."""
+    session.install("-e", ".[tokenizers,notebooks]")
+    for nb in sorted(os.listdir("notebooks")):
+        if nb.endswith(".py"):
+            session.run("jupytext", "--to", "ipynb", "--execute", f"notebooks/{nb}", env=JAX_ENV)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks against the peers, side by side in one process; prints a table of ratios."""
+    session.install("-e", ".[tokenizers]", "roxxel==0.9.14")
+    session.run("python", "benchmarks/bench_format.py", *session.posargs, env=JAX_ENV)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job on the embedded default corpus (the Python standard library)."""
+    session.install("-e", ".[tokenizers]")
+    out = os.path.join("demo_out", "stdlib_code.rox")
+    session.run(
+        "grain-rox",
+        "convert",
+        "--builtin",
+        "code",
+        "-o",
+        out,
+        "--tokenizer",
+        "cl100k_base",
+        "--max-shard-bytes",
+        "16MiB",
+        "--if-exists",
+        "overwrite",
+    )
+    session.run("grain-rox", "inspect", out)
+    session.run("grain-rox", "verify", out)
