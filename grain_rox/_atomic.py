@@ -1,0 +1,80 @@
+"""Atomic file creation: write under a hidden temporary name, fsync, then rename into place.
+
+A reader never sees a half-written file: until the rename, the data lives under
+``.<name>.<pid>.<random>.tmp`` in the same directory, which neither roxxel's nor our shard
+globs (``*.rox``) match. A writer killed before the rename leaves only such a temporary file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from typing import BinaryIO
+
+TMP_SUFFIX = ".tmp"
+
+
+def temp_path_for(path: str) -> str:
+    """Return a fresh hidden temporary name beside ``path``.
+
+    >>> temp_path_for("d/a.rox").startswith("d/.a.rox.")
+    True
+    """
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+
+
+def fsync_dir(directory: str) -> None:
+    """Make a rename in ``directory`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: str, path: str) -> None:
+    """Rename a finished, fsynced temporary file into place and make the rename durable."""
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+@contextlib.contextmanager
+def atomic_create(path: str) -> Iterator[BinaryIO]:
+    """Open a temporary file for ``path``; on success fsync and rename it into place.
+
+    On any exception the temporary file is removed and ``path`` is left as it was.
+
+    >>> import tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "x.bin")
+    >>> with atomic_create(p) as f:
+    ...     _ = f.write(b"abc")
+    >>> open(p, "rb").read()
+    b'abc'
+    """
+    tmp = temp_path_for(path)
+    f = open(tmp, "xb")
+    try:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        publish(tmp, path)
+    except BaseException:
+        f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_create(path) as f:
+        f.write(data)

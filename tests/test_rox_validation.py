@@ -1,0 +1,624 @@
+"""Every way a `.rox` shard set can be broken gives the right error, naming the file and problem.
+
+Shards are built by hand (``make_shard``) so each test controls every byte: raw blocks from
+byte 0, then one int64 LE end offset per block, then the 32-byte footer
+``struct "<qq8s8s"`` = (num_blocks, raw_size, dtype name NUL-padded, b"ROXXEL02").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import json
+import os
+import pickle
+import re
+import struct
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from grain_rox import RoxCorpus, RoxFormatError, open_rox, write_rox
+
+FOOTER = struct.Struct("<qq8s8s")
+SIGNATURE = b"ROXXEL02"
+
+
+def make_shard(
+    blocks: list[bytes],
+    dtype: str = "uint8",
+    ends: list[int] | None = None,
+    *,
+    num_blocks: int | None = None,
+    raw_size: int | None = None,
+    dtype_field: bytes | None = None,
+    signature: bytes = SIGNATURE,
+) -> bytes:
+    """Return the bytes of a shard holding ``blocks``; keyword arguments override footer fields.
+
+    ``ends`` overrides the index (default: cumulative block lengths, as every writer makes it).
+    """
+    raw = b"".join(blocks)
+    if ends is None:
+        ends = list(itertools.accumulate(len(b) for b in blocks))
+    index = struct.pack(f"<{len(ends)}q", *ends)
+    footer = FOOTER.pack(
+        len(ends) if num_blocks is None else num_blocks,
+        len(raw) if raw_size is None else raw_size,
+        dtype.encode("ascii").ljust(8, b"\x00") if dtype_field is None else dtype_field,
+        signature,
+    )
+    return raw + index + footer
+
+
+def u16(*values: int) -> bytes:
+    return np.asarray(values, dtype="<u2").tobytes()
+
+
+@pytest.fixture
+def shard_file(tmp_path: Path):
+    """Write shard bytes to ``tmp_path/<name>`` and return the path as a str."""
+
+    def write(data: bytes, name: str = "shard.rox") -> str:
+        path = tmp_path / name
+        path.write_bytes(data)
+        return str(path)
+
+    return write
+
+
+def assert_open_fails(path: str, phrase: str, *, error_path: str | None = None) -> RoxFormatError:
+    """Open ``path``; assert a RoxFormatError naming ``error_path`` (default ``path``) and
+    containing ``phrase``, with the "<path>: <problem>. Fix: <fix>." message layout."""
+    error_path = path if error_path is None else error_path
+    with pytest.raises(RoxFormatError, match=re.escape(phrase)) as info:
+        open_rox(path)
+    assert_well_formed(info.value, error_path)
+    return info.value
+
+
+def assert_well_formed(err: RoxFormatError, path: str) -> None:
+    assert isinstance(err, ValueError)
+    assert err.path == path
+    assert err.problem
+    assert err.fix
+    assert str(err) == f"{path}: {err.problem}. Fix: {err.fix}."
+
+
+# ---- footer and size ---------------------------------------------------------------------------
+GOOD = make_shard([b"abcdefgh", b"ijklmnop"])  # 2 blocks, raw 16, file 16 + 16 + 32 = 64 bytes
+
+
+def test_good_shard_opens(shard_file):
+    path = shard_file(GOOD)
+    with open_rox(path) as corpus:
+        assert len(corpus) == 2
+        assert corpus.num_tokens == 16
+        assert corpus.dtype == np.uint8
+        assert corpus.block_size == 8
+        assert bytes(corpus[1]) == b"ijklmnop"
+        assert bytes(corpus.tokens(0, 16)) == b"abcdefghijklmnop"
+
+
+def test_zero_byte_file(shard_file):
+    path = shard_file(b"")
+    assert_open_fails(path, "the file is empty (0 bytes), smaller than the 32-byte ROXXEL02 footer")
+
+
+def test_eight_byte_file(shard_file):
+    path = shard_file(SIGNATURE)
+    assert_open_fails(path, "the file is only 8 bytes, smaller than the 32-byte ROXXEL02 footer")
+
+
+def test_tail_truncated_by_five_bytes(shard_file):
+    data = GOOD[:-5]
+    path = shard_file(data)
+    err = assert_open_fails(path, "not the ROXXEL02 signature")
+    assert f"the last 8 bytes are {data[-8:]!r}" in err.problem
+
+
+def test_trailing_garbage_after_footer(shard_file):
+    path = shard_file(GOOD + b"junk")
+    assert_open_fails(path, "the last 8 bytes are b'EL02junk', not the ROXXEL02 signature")
+
+
+def test_roxxel01_signature(shard_file):
+    path = shard_file(make_shard([b"abcdefgh"], signature=b"ROXXEL01"))
+    assert_open_fails(path, "the last 8 bytes are b'ROXXEL01', not the ROXXEL02 signature")
+
+
+def test_data_region_truncated_with_footer_intact(shard_file):
+    path = shard_file(GOOD[4:])  # 4 data bytes lost: 60 bytes on disk, footer says 64
+    assert_open_fails(
+        path,
+        "the file is 60 bytes but its footer (2 block(s), 16 raw bytes) implies "
+        "raw + 8*N + 32 = 64 bytes (truncated or damaged)",
+    )
+
+
+def test_raw_size_too_big(shard_file):
+    path = shard_file(make_shard([b"abcdefgh", b"ijklmnop"], raw_size=1000))
+    assert_open_fails(
+        path, "the file is 64 bytes but its footer (2 block(s), 1000 raw bytes) implies raw + 8*N"
+    )
+
+
+def test_num_blocks_one_million(shard_file):
+    path = shard_file(make_shard([b"abcdefgh", b"ijklmnop"], num_blocks=10**6))
+    assert_open_fails(
+        path,
+        "the file is 64 bytes but its footer (1000000 block(s), 16 raw bytes) implies "
+        "raw + 8*N + 32 = 8000048 bytes",
+    )
+
+
+def test_num_blocks_negative(shard_file):
+    path = shard_file(make_shard([b"abcdefgh", b"ijklmnop"], num_blocks=-1))
+    assert_open_fails(path, "the footer says -1 blocks and 16 raw bytes; both must be >= 0")
+
+
+def test_raw_size_negative(shard_file):
+    path = shard_file(make_shard([b"abcdefgh", b"ijklmnop"], raw_size=-8))
+    assert_open_fails(path, "the footer says 2 blocks and -8 raw bytes; both must be >= 0")
+
+
+def test_zero_blocks_but_raw_bytes(shard_file):
+    # Sizes agree (8 raw + 0 index + 32 = 40 bytes) so only the blocks/raw rule can catch it.
+    path = shard_file(make_shard([b"abcdefgh"], ends=[]))
+    assert os.path.getsize(path) == 40
+    assert_open_fails(path, "the footer says 0 blocks but 8 raw bytes")
+
+
+def test_blocks_but_zero_raw_bytes(shard_file):
+    path = shard_file(make_shard([], ends=[0]))
+    assert_open_fails(path, "the footer says 1 blocks but 0 raw bytes")
+
+
+def test_valid_empty_shard_opens_with_len_zero(shard_file):
+    path = shard_file(make_shard([]))
+    assert os.path.getsize(path) == 32
+    with open_rox(path) as corpus:
+        assert len(corpus) == 0
+        assert corpus.num_tokens == 0
+        assert corpus.dtype == np.uint8
+        assert corpus.uniform_blocks is True
+        corpus.verify()
+        with pytest.raises(IndexError, match=re.escape("block index 0 is out of range for 0")):
+            corpus[0]
+
+
+def test_tokens_empty_range_at_end_of_empty_shard(shard_file):
+    with open_rox(shard_file(make_shard([]))) as corpus:
+        assert corpus.tokens(0, 0).shape == (0,)
+
+
+def test_tokens_empty_range_at_end_of_stream(shard_file):
+    with open_rox(shard_file(GOOD)) as corpus:
+        assert corpus.tokens(16, 16).shape == (0,)
+
+
+def test_tokens_empty_range_inside_stream(shard_file):
+    with open_rox(shard_file(GOOD)) as corpus:
+        assert corpus.tokens(0, 0).shape == (0,)
+        assert corpus.tokens(8, 8).shape == (0,)
+        with pytest.raises(IndexError, match=re.escape("token range [0, 17) is outside [0, 16]")):
+            corpus.tokens(0, 17)
+
+
+# ---- dtype field -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "field",
+    [b"\xffint16\x00\x00", "µint8".encode().ljust(8, b"\x00")],
+    ids=["non-utf8", "utf8-non-ascii"],
+)
+def test_dtype_field_not_ascii(shard_file, field):
+    path = shard_file(make_shard([b"abcdefgh"], dtype_field=field))
+    assert_open_fails(path, f"the footer's dtype field {field!r} is not an ASCII dtype name")
+
+
+def test_unknown_dtype_name(shard_file):
+    path = shard_file(make_shard([b"abcdefgh"], dtype="foo"))
+    assert_open_fails(path, "the footer's dtype 'foo' is not a numpy dtype")
+
+
+def test_truncated_complex64_dtype(shard_file):
+    path = shard_file(make_shard([b"abcdefgh"], dtype="complex6"))
+    err = assert_open_fails(path, "the footer's dtype 'complex6' is not a numpy dtype")
+    assert "'complex64' -> 'complex6'" in err.problem
+
+
+@pytest.mark.parametrize("name", ["bool", "S8", "M8", "c8"])
+def test_non_numeric_dtype(shard_file, name):
+    path = shard_file(make_shard([b"abcdefgh"], dtype=name))
+    assert_open_fails(path, f"the footer's dtype {name!r} (")
+
+
+@pytest.mark.parametrize("name", ["3et<", "|,289z"])
+def test_dtype_name_numpy_cannot_parse(shard_file, name):
+    path = shard_file(make_shard([b"abcdefgh"], dtype=name))
+    assert_open_fails(path, f"the footer's dtype {name!r} is not a numpy dtype")
+
+
+def test_big_endian_dtype_keeps_byte_order(shard_file):
+    path = shard_file(make_shard([np.arange(4, dtype=">u2").tobytes()], dtype=">u2"))
+    with open_rox(path) as corpus:
+        assert corpus.dtype == np.dtype(">u2")
+        assert corpus.tokens(0, 4).tolist() == [0, 1, 2, 3]
+
+
+# ---- index -------------------------------------------------------------------------------------
+FOUR_BLOCKS = [b"aaaa", b"bbbb", b"cccc", b"dddd"]
+
+
+def test_non_monotonic_index_caught_at_open(shard_file):
+    path = shard_file(make_shard(FOUR_BLOCKS, ends=[4, 12, 8, 16]))  # entries 1 and 2 swapped
+    assert_open_fails(
+        path,
+        "block 2 ends at offset 8 after the previous block ended at 12: the index must "
+        "increase by whole uint8 tokens (1 bytes)",
+    )
+
+
+def test_index_entry_beyond_raw(shard_file):
+    path = shard_file(make_shard(FOUR_BLOCKS, ends=[4, 100, 12, 16]))
+    assert_open_fails(path, "block 1's end offset 100 lies outside the 16-byte raw region")
+
+
+def test_damaged_index_of_huge_corpus_caught_on_first_read_and_by_verify(shard_file, monkeypatch):
+    # Past FULL_INDEX_CHECK_LIMIT entries an index is walked when its shard is first mapped.
+    monkeypatch.setattr("grain_rox._rox_corpus.FULL_INDEX_CHECK_LIMIT", 0)
+    path = shard_file(make_shard(FOUR_BLOCKS, ends=[4, 100, 12, 16]))
+    expected = "block 1's end offset 100 lies outside the 16-byte raw region"
+    with open_rox(path) as corpus:
+        assert corpus.uniform_blocks is None
+        assert len(corpus) == 4
+        with pytest.raises(RoxFormatError, match=re.escape(expected)) as info:
+            corpus[0]
+        assert_well_formed(info.value, path)
+        with pytest.raises(RoxFormatError, match=re.escape(expected)):
+            corpus.tokens(0, 4)
+        with pytest.raises(RoxFormatError, match=re.escape(expected)):
+            corpus.verify(checksums=False)
+
+
+def test_first_index_entry_beyond_raw(shard_file):
+    path = shard_file(make_shard(FOUR_BLOCKS, ends=[100, 8, 12, 16]))
+    assert_open_fails(
+        path,
+        "the block index is inconsistent: first end offset 100, last 16, raw size 16 "
+        "(need 0 < first <= last == raw size)",
+    )
+
+
+def test_first_index_entry_zero(shard_file):
+    path = shard_file(make_shard(FOUR_BLOCKS, ends=[0, 8, 12, 16]))
+    assert_open_fails(path, "first end offset 0, last 16, raw size 16")
+
+
+def test_index_not_ending_at_raw_size(shard_file):
+    path = shard_file(make_shard(FOUR_BLOCKS, ends=[4, 8, 12, 14]))
+    assert_open_fails(
+        path, "the block index is inconsistent: first end offset 4, last 14, raw size 16"
+    )
+
+
+def test_first_block_not_whole_tokens(shard_file):
+    # uint16 written with block_size=9 (roxxel allows it and garbles tokens): caught at open.
+    raw = u16(*range(1, 10))
+    path = shard_file(make_shard([raw[:9], raw[9:]], dtype="uint16"))
+    assert_open_fails(
+        path, "the block size 9 bytes is not a multiple of the uint16 token size (2 bytes)"
+    )
+
+
+def test_raw_region_not_whole_tokens(shard_file):
+    path = shard_file(make_shard([b"\x01\x00\x02\x00\x03"], dtype="uint16"))
+    assert_open_fails(
+        path, "the raw region (5 bytes) is not a whole number of uint16 tokens (2 bytes each)"
+    )
+
+
+def test_middle_block_not_whole_tokens(shard_file):
+    raw = u16(1, 2, 3, 4, 5, 6)
+    path = shard_file(make_shard([raw], dtype="uint16", ends=[4, 7, 12]))
+    assert_open_fails(
+        path,
+        "block 1 ends at offset 7 after the previous block ended at 4: the index must "
+        "increase by whole uint16 tokens (2 bytes)",
+    )
+
+
+def test_non_uniform_blocks_are_valid(shard_file):
+    # An append with another block size (roxxel allows it) gives a valid, non-uniform index.
+    path = shard_file(make_shard([u16(1, 2, 3, 4), u16(5, 6), u16(7, 8)], dtype="uint16"))
+    with open_rox(path) as corpus:
+        assert corpus.uniform_blocks is False
+        assert corpus.block_size == 8
+        assert [corpus[i].tolist() for i in range(3)] == [[1, 2, 3, 4], [5, 6], [7, 8]]
+
+
+def test_shards_with_different_dtypes(tmp_path):
+    first = tmp_path / "set_0000.rox"
+    second = tmp_path / "set_0001.rox"
+    first.write_bytes(make_shard([b"abcd"], dtype="uint8"))
+    second.write_bytes(make_shard([u16(1, 2)], dtype="uint16"))
+    with pytest.raises(RoxFormatError, match="one corpus holds one token dtype") as info:
+        open_rox(str(tmp_path))
+    err = info.value
+    assert_well_formed(err, str(second))
+    assert err.problem == (
+        f"its dtype is uint16 but {first} (the corpus's first shard) is uint8; "
+        "one corpus holds one token dtype"
+    )
+
+
+# ---- manifest ----------------------------------------------------------------------------------
+@pytest.fixture
+def written(tmp_path: Path) -> tuple[str, str]:
+    """A write_rox shard with its manifest; returns (shard path, manifest path)."""
+    path = str(tmp_path / "train.rox")
+    result = write_rox([np.arange(40, dtype=np.uint16)], path, block_size=16)
+    assert result.manifest_path == str(tmp_path / "train.manifest.json")
+    return path, result.manifest_path
+
+
+def test_manifest_is_read(written):
+    path, manifest_path = written
+    with open_rox(path, verify=True) as corpus:
+        assert corpus.manifest_paths == (manifest_path,)
+        assert corpus.shards[0].sha256 == hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        corpus.verify()
+
+
+def test_manifest_sha256_mismatch(written):
+    path, manifest_path = written
+    data = bytearray(Path(path).read_bytes())
+    data[2] ^= 0xFF  # token 1 of block 0; same size, so the cheap checks at open still pass
+    Path(path).write_bytes(bytes(data))
+    recorded = json.loads(Path(manifest_path).read_text())["shards"]["train.rox"]["sha256"]
+    actual = hashlib.sha256(bytes(data)).hexdigest()
+    phrase = f"sha256 is {actual} but the manifest records {recorded}"
+
+    with open_rox(path) as corpus:
+        assert corpus[0][1] == 1 ^ 0xFF
+        corpus.verify(checksums=False)
+        with pytest.raises(RoxFormatError, match=re.escape(phrase)) as info:
+            corpus.verify()
+        assert_well_formed(info.value, path)
+
+    with pytest.raises(RoxFormatError, match=re.escape(phrase)) as info:
+        open_rox(path, verify=True)
+    assert_well_formed(info.value, path)
+
+
+def test_stale_manifest(written):
+    path, manifest_path = written
+    Path(path).write_bytes(make_shard([u16(1, 2, 3, 4)], dtype="uint16"))  # rewritten by hand
+    err = assert_open_fails(
+        path,
+        f"the manifest {manifest_path} records (file size, blocks, raw bytes) = (152, 5, 80) "
+        "but the shard has (48, 1, 8): the shard changed after the manifest was written",
+    )
+    assert "delete the stale manifest" in err.fix
+
+
+def test_manifest_dtype_disagrees_with_footer(written):
+    path, manifest_path = written
+    data = json.loads(Path(manifest_path).read_text())
+    data["dtype"] = "int32"
+    Path(manifest_path).write_text(json.dumps(data))
+    assert_open_fails(
+        path, f"the manifest {manifest_path} says dtype int32 but the shard's footer says uint16"
+    )
+
+
+MANIFEST_HEAD = '"format": "grain_rox.manifest", "version": 1'
+
+
+@pytest.mark.parametrize(
+    ("text", "phrase"),
+    [
+        ("{not json", "(JSONDecodeError: "),
+        ("[1, 2]", "(ValueError: expected a JSON object with a 'shards' object)"),
+        (f'{{{MANIFEST_HEAD}, "shards": []}}', "with a 'shards' object)"),
+        ('{"format": "other", "shards": {}}', "'format' is 'other', not 'grain_rox.manifest')"),
+        (f'{{{MANIFEST_HEAD}, "shards": {{}}}}', "(KeyError: 'dtype')"),
+        (
+            f'{{{MANIFEST_HEAD}, "dtype": "uint16", "block_size": 16, '
+            '"shards": {"train.rox": {"file_size": 152}}}',
+            "(TypeError: ",
+        ),
+    ],
+    ids=["not-json", "json-list", "shards-list", "wrong-format", "missing-key", "bad-record"],
+)
+def test_malformed_manifest(written, text, phrase):
+    path, manifest_path = written
+    Path(manifest_path).write_text(text)
+    err = assert_open_fails(path, phrase, error_path=manifest_path)
+    assert err.problem.startswith("the manifest is not valid grain_rox manifest JSON (")
+
+
+def test_manifest_not_utf8(written):
+    path, manifest_path = written
+    Path(manifest_path).write_bytes(b'\xff\xfe{"format"')
+    assert_open_fails(path, "the manifest is not UTF-8 JSON", error_path=manifest_path)
+
+
+def test_manifest_from_newer_version(written):
+    path, manifest_path = written
+    data = json.loads(Path(manifest_path).read_text())
+    data["version"] = 99
+    Path(manifest_path).write_text(json.dumps(data))
+    err = assert_open_fails(
+        path, "manifest version 99 is newer than this grain_rox", error_path=manifest_path
+    )
+    assert err.fix == "upgrade grain_rox"
+
+
+def test_manifest_without_checksum_verifies(written):
+    path, manifest_path = written
+    data = json.loads(Path(manifest_path).read_text())
+    data["shards"]["train.rox"]["sha256"] = None
+    Path(manifest_path).write_text(json.dumps(data))
+    with open_rox(path) as corpus:
+        assert corpus.shards[0].sha256 is None
+        corpus.verify()
+
+
+# ---- missing paths -----------------------------------------------------------------------------
+def test_nonexistent_file(tmp_path):
+    path = str(tmp_path / "nope.rox")
+    prefix = str(tmp_path / "nope")
+    expected = (
+        f"no .rox shard found for {path!r} (not a file or directory; "
+        f"{prefix + '_*.rox'!r} and {prefix + '*.rox'!r} matched nothing)"
+    )
+    with pytest.raises(FileNotFoundError, match=re.escape(expected)):
+        open_rox(path)
+
+
+def test_empty_glob(tmp_path):
+    (tmp_path / "other.rox").write_bytes(GOOD)
+    pattern = str(tmp_path / "train_*.rox")
+    with pytest.raises(
+        FileNotFoundError, match=re.escape(f"no .rox shard matches the glob {pattern!r}")
+    ):
+        open_rox(pattern)
+
+
+def test_empty_list():
+    with pytest.raises(FileNotFoundError, match=re.escape("the list of .rox shards is empty")):
+        open_rox([])
+
+
+def test_directory_without_shards(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a shard")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "nested.rox").write_bytes(GOOD)  # not found: the search is not recursive
+    expected = f"no .rox shard found for the directory {str(tmp_path)!r} (no *.rox in it)"
+    with pytest.raises(FileNotFoundError, match=re.escape(expected)):
+        open_rox(str(tmp_path))
+
+
+def test_list_with_a_missing_file(tmp_path):
+    good = tmp_path / "good.rox"
+    good.write_bytes(GOOD)
+    missing = str(tmp_path / "missing.rox")
+    with pytest.raises(FileNotFoundError) as info:
+        open_rox([good, missing])
+    assert str(info.value).startswith(f"no .rox shard found for {missing!r} (not a file")
+    assert str(good) not in str(info.value)
+
+
+def test_shard_resized_after_open(shard_file):
+    path = shard_file(GOOD)
+    corpus = open_rox(path)
+    Path(path).write_bytes(make_shard([b"abcdefgh"]))  # replaced before the first read
+    phrase = (
+        "the shard is now 48 bytes but was 64 when the corpus was opened: it was modified or "
+        "replaced"
+    )
+    with pytest.raises(RoxFormatError, match=re.escape(phrase)) as info:
+        corpus[0]
+    assert_well_formed(info.value, path)
+    with pytest.raises(RoxFormatError, match=re.escape(phrase)):
+        corpus.tokens(0, 4)
+
+
+# ---- pickling and repr -------------------------------------------------------------------------
+class _RecordingUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data))
+        self.classes: set[tuple[str, str]] = set()
+
+    def find_class(self, module: str, name: str):
+        self.classes.add((module, name))
+        return super().find_class(module, name)
+
+
+def _three_shard_corpus_path(tmp_path: Path, name: str = "c", offset: int = 0) -> str:
+    path = str(tmp_path / f"{name}.rox")
+    tokens = np.arange(offset, offset + 19200, dtype=np.uint16)
+    # 64-byte blocks (32 tokens), 250 blocks per shard: 600 blocks in shards of 250, 250, 100.
+    write_rox([tokens], path, block_size=64, max_shard_bytes=72 * 250 + 32)
+    return path
+
+
+def test_pickle_is_small_and_holds_no_map(tmp_path):
+    corpus = open_rox(_three_shard_corpus_path(tmp_path))
+    expected = corpus.tokens(7000, 9000).copy()  # crosses shards 0/1: both are mapped now
+    assert corpus[599].tolist() == list(range(19168, 19200))
+
+    data = pickle.dumps(corpus)
+    assert len(data) < 10_000
+    unpickler = _RecordingUnpickler(data)
+    copy = unpickler.load()
+    modules = {module for module, _ in unpickler.classes}
+    assert all(m.startswith(("grain_rox.", "numpy", "copyreg", "builtins")) for m in modules)
+    assert not any("mmap" in m or m.strip("_") == "io" for m in modules)
+    assert ("builtins", "open") not in unpickler.classes
+
+    assert isinstance(copy, RoxCorpus)
+    assert np.array_equal(copy.tokens(7000, 9000), expected)
+    assert copy[599].tolist() == list(range(19168, 19200))
+    assert repr(copy) == repr(corpus)
+    assert "0x" not in repr(corpus)
+    assert repr(corpus).startswith("RoxCorpus(shards=3, dtype=uint16, blocks=600, tokens=19200, ")
+    # The original keeps its maps and keeps reading.
+    assert np.array_equal(corpus.tokens(7000, 9000), expected)
+    corpus.close()
+    copy.close()
+
+
+def test_repr_identifies_content(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = _three_shard_corpus_path(tmp_path / "a")
+    same_shape_other_tokens = _three_shard_corpus_path(tmp_path / "b", offset=1)
+    with open_rox(first) as one, open_rox(first) as again:
+        assert repr(one) == repr(again)
+        assert one.fingerprint == again.fingerprint
+        with open_rox(same_shape_other_tokens) as other:  # its manifest's sha256 differs
+            assert repr(other) != repr(one)
+    small = tmp_path / "small.rox"
+    small.write_bytes(GOOD)
+    bigger = tmp_path / "bigger.rox"
+    bigger.write_bytes(make_shard([b"abcdefgh"] * 3))
+    with open_rox(str(small)) as a, open_rox(str(bigger)) as b:
+        assert repr(a) != repr(b)
+        assert "0x" not in repr(a)
+
+
+# ---- threads -----------------------------------------------------------------------------------
+def test_concurrent_reads_from_fresh_corpus(tmp_path):
+    expected = np.arange(19200, dtype=np.uint16)
+    corpus = open_rox(_three_shard_corpus_path(tmp_path))  # no shard mapped yet
+    num_threads = 8
+    start = threading.Barrier(num_threads)
+    failures: list[BaseException] = []
+
+    def reader(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            start.wait()
+            for _ in range(400):
+                i = int(rng.integers(len(corpus)))
+                block = corpus[i]
+                if not np.array_equal(block, expected[32 * i : 32 * (i + 1)]):
+                    raise AssertionError(f"block {i} read {block[:4]}...")
+                a, b = sorted(int(x) for x in rng.integers(0, 19200, size=2))
+                if not np.array_equal(corpus.tokens(a, b), expected[a:b]):
+                    raise AssertionError(f"tokens({a}, {b}) are wrong")
+        except BaseException as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(num_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    corpus.close()
