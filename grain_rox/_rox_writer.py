@@ -1,0 +1,620 @@
+"""Write items (text, bytes, token arrays) into ROXXEL02 shards that roxxel can read, atomically.
+
+The byte layout is roxxel's: items are concatenated (each followed by the separator, if any),
+cut into blocks of ``block_size`` bytes, the last block padded; with ``max_shard_bytes`` the
+blocks are spread over ``<base>_0000.rox, <base>_0001.rox, ...`` by roxxel's rotation rule.
+What differs is everything that can go wrong in roxxel:
+
+* the dtype is chosen to fit the tokenizer's vocabulary (uint16 up to 65,536 ids, uint32
+  above; never roxxel's int16 overflow) and every value is range-checked, never relabelled;
+* the separator (EOS) is exactly one token; a block size that would split tokens is refused;
+* every shard is written under a hidden temporary name, fsynced and renamed only when the
+  whole write succeeded, so a killed writer leaves nothing that opens as valid;
+* an append never touches existing bytes: a single file is rewritten copy-on-write and a
+  sharded set gets new shards after its last one;
+* the index is arithmetic (blocks are uniform), so memory does not grow with the output.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import glob
+import hashlib
+import itertools
+import os
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any, BinaryIO, Literal
+
+import numpy as np
+
+from grain_rox._atomic import fsync_dir, publish, temp_path_for
+from grain_rox._manifest import (
+    Manifest,
+    ShardRecord,
+    load_manifest,
+    manifest_path_for,
+    write_manifest,
+)
+from grain_rox._rox_format import (
+    FOOTER,
+    FOOTER_SIZE,
+    INDEX_DTYPE,
+    INDEX_ENTRY_SIZE,
+    SIGNATURE,
+    RoxFormatError,
+    encode_dtype,
+    read_header,
+)
+from grain_rox._tokenizers import Tokenizer, get_tokenizer, smallest_token_dtype
+
+Item = str | bytes | bytearray | memoryview | np.ndarray | list[int] | tuple[int, ...]
+IfExists = Literal["error", "append", "overwrite"]
+_FLUSH_BYTES = 4 << 20
+_COPY_BYTES = 8 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteResult:
+    """What :func:`write_rox` wrote."""
+
+    paths: tuple[str, ...]  # shards created or rewritten by this call, in order
+    manifest_path: str | None
+    num_tokens: int  # tokens written by this call, separators included, padding excluded
+    num_padding_tokens: int
+    num_documents: int
+    dtype: np.dtype
+    block_size: int
+
+
+def _dtype_range_check(values: np.ndarray, dtype: np.dtype, where: str) -> None:
+    if values.size == 0 or dtype.kind == "f" or dtype.name == "bfloat16":
+        return
+    info = np.iinfo(dtype)
+    lo, hi = values.min(), values.max()
+    if lo < info.min or hi > info.max:
+        raise ValueError(
+            f"{where} holds values in [{lo}, {hi}] that do not fit {dtype} [{info.min}, "
+            f"{info.max}]; pass dtype= a wider type (e.g. uint32) or check the token ids"
+        )
+
+
+class _ItemEncoder:
+    """Turns each item into a 1-D array of the target dtype, checking instead of relabelling."""
+
+    def __init__(self, dtype: np.dtype, tokenizer: Tokenizer | None) -> None:
+        self.dtype = dtype
+        self.tokenizer = tokenizer
+
+    def __call__(self, item: Any, index: int) -> np.ndarray:
+        where = f"item {index}"
+        if isinstance(item, str):
+            if self.tokenizer is not None:
+                ids = self.tokenizer.encode(item)
+                _dtype_range_check(ids, self.dtype, where)
+                return ids.astype(self.dtype, copy=False)
+            item = item.encode("utf-8")
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            if self.dtype != np.uint8:
+                raise TypeError(
+                    f"{where} is bytes but the shard dtype is {self.dtype}; pass token arrays "
+                    "(np.frombuffer(b, dtype)) or text with a tokenizer="
+                )
+            return np.frombuffer(item, np.uint8)
+        if isinstance(item, (list, tuple)):
+            item = np.asarray(item)
+        if isinstance(item, np.ndarray):
+            arr = item.reshape(-1)
+            if arr.dtype == self.dtype:
+                return arr
+            if arr.dtype.kind not in "uif" or (arr.dtype.kind == "f" and self.dtype.kind in "ui"):
+                raise TypeError(
+                    f"{where} has dtype {arr.dtype}, which cannot be stored as {self.dtype} "
+                    "without losing information; convert it first or pass dtype="
+                )
+            _dtype_range_check(arr, self.dtype, where)
+            return arr.astype(self.dtype)
+        raise TypeError(
+            f"{where} is a {type(item).__name__}; items must be str, bytes, numpy arrays or "
+            "lists of ints"
+        )
+
+
+def _separator_token(separator: Any, dtype: np.dtype) -> int | float | None:
+    if separator is None or separator is False:
+        return None
+    if isinstance(separator, str):
+        separator = separator.encode("utf-8")
+    if isinstance(separator, (bytes, bytearray)):
+        if len(separator) != dtype.itemsize:
+            raise ValueError(
+                f"separator {bytes(separator)!r} is {len(separator)} bytes but one {dtype} token "
+                f"is {dtype.itemsize}: the separator must be exactly one token (a multi-byte "
+                "separator would misalign tokens); pass separator= one token id"
+            )
+        return np.frombuffer(bytes(separator), dtype)[0].item()
+    if isinstance(separator, (int, np.integer, float, np.floating)):
+        _dtype_range_check(np.asarray([separator]), dtype, f"separator {separator!r}")
+        return separator.item() if isinstance(separator, np.generic) else separator
+    raise TypeError(f"separator {separator!r} must be one token id (int) or one token of bytes")
+
+
+class _ShardFile:
+    """One shard being written under a temporary name; hashes everything it writes."""
+
+    def __init__(self, final_path: str, dtype: np.dtype) -> None:
+        self.final_path = final_path
+        self.tmp_path = temp_path_for(final_path)
+        self.dtype = dtype
+        self.f: BinaryIO = open(self.tmp_path, "xb")
+        self.hash = hashlib.sha256()
+        self.raw_size = 0
+        self.old_ends: tuple[str, int, int] | None = None  # (file, offset, count) to copy
+        self.num_old_blocks = 0
+        self.new_block_bytes = 0
+        self.num_new_blocks = 0
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self.hash.update(data)
+        self.f.write(data)
+
+    def copy_from(self, path: str) -> None:
+        """Copy an existing shard's raw region and remember its index (append, copy-on-write)."""
+        header = read_header(path)
+        with open(path, "rb", buffering=0) as src:
+            left = header.raw_size
+            while left:
+                chunk = src.read(min(_COPY_BYTES, left))
+                if not chunk:
+                    raise RoxFormatError(
+                        path, "the shard ended early while copying", "re-create it"
+                    )
+                self._write(chunk)
+                left -= len(chunk)
+        self.raw_size = header.raw_size
+        self.num_old_blocks = header.num_blocks
+        self.old_ends = (path, header.raw_size, header.num_blocks)
+
+    def write_blocks(self, data: np.ndarray, block_bytes: int) -> None:
+        raw = np.ascontiguousarray(data).view(np.uint8)  # bytes of any dtype: bfloat16, >u2
+        assert len(raw) % block_bytes == 0
+        if self.num_new_blocks and block_bytes != self.new_block_bytes:
+            raise AssertionError("one write uses one block size")
+        self.new_block_bytes = block_bytes
+        self._write(raw.data)
+        self.raw_size += len(raw)
+        self.num_new_blocks += len(raw) // block_bytes
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_old_blocks + self.num_new_blocks
+
+    def finish(self) -> tuple[int, int, str]:
+        """Write index and footer, fsync, close. Returns (file size, raw size, sha256)."""
+        old_raw = 0
+        if self.old_ends is not None:
+            path, offset, count = self.old_ends
+            old_raw = offset
+            for lo in range(0, count, 1 << 20):
+                n = min(1 << 20, count - lo)
+                ends = np.fromfile(path, INDEX_DTYPE, count=n, offset=offset + 8 * lo)
+                self._write(ends.tobytes())
+        bs = self.new_block_bytes
+        for lo in range(0, self.num_new_blocks, 1 << 20):
+            n = min(1 << 20, self.num_new_blocks - lo)
+            ends = old_raw + bs * np.arange(lo + 1, lo + n + 1, dtype=np.int64)
+            self._write(ends.astype(INDEX_DTYPE).tobytes())
+        self._write(
+            FOOTER.pack(self.num_blocks, self.raw_size, encode_dtype(self.dtype), SIGNATURE)
+        )
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        size = self.f.tell()
+        self.f.close()
+        assert size == self.raw_size + INDEX_ENTRY_SIZE * self.num_blocks + FOOTER_SIZE
+        return size, self.raw_size, self.hash.hexdigest()
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self.f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp_path)
+
+
+_SHARD_RE = re.compile(r"_(\d{4,})\.rox$")
+
+
+def _existing_shards(base: str) -> list[tuple[int, str]]:
+    found = []
+    for p in glob.glob(glob.escape(base) + "_*.rox"):
+        m = _SHARD_RE.search(p)
+        if m and p[: m.start()] == base:
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+class _Plan:
+    """Where blocks go: the shard files of this write, created on demand."""
+
+    def __init__(
+        self,
+        path: str,
+        dtype: np.dtype,
+        block_bytes: int,
+        max_shard_bytes: int | None,
+        if_exists: IfExists,
+    ) -> None:
+        self.dtype = dtype
+        self.block_bytes = block_bytes
+        self.files: list[_ShardFile] = []
+        self.replaced: list[str] = []  # old files to delete once the new ones are in place
+        self.base = path[:-4] if path.endswith(".rox") else path
+        if max_shard_bytes is None:
+            self.capacity: int | None = None
+            self.single = path
+            exists = os.path.exists(path)
+            if exists and if_exists == "error":
+                raise FileExistsError(
+                    f"{path} exists; pass if_exists='append' to add to it (copy-on-write) or "
+                    "if_exists='overwrite' to replace it"
+                )
+            self.copy_from = path if exists and if_exists == "append" else None
+            self.next_index = 0
+        else:
+            if max_shard_bytes <= 0:
+                raise ValueError(f"max_shard_bytes={max_shard_bytes} must be positive")
+            self.capacity = max(
+                1, (max_shard_bytes - FOOTER_SIZE) // (block_bytes + INDEX_ENTRY_SIZE)
+            )
+            self.copy_from = None
+            existing = _existing_shards(self.base)
+            if existing and if_exists == "error":
+                raise FileExistsError(
+                    f"{len(existing)} shards of {self.base}_NNNN.rox exist (e.g. {existing[0][1]}); "
+                    "pass if_exists='append' to add new shards after them or "
+                    "if_exists='overwrite' to replace the set"
+                )
+            if if_exists == "append":
+                self.next_index = existing[-1][0] + 1 if existing else 0
+            else:
+                self.next_index = 0
+                self.replaced = [p for _, p in existing]
+
+    def _new_file(self) -> _ShardFile:
+        if self.capacity is None:
+            f = _ShardFile(self.single, self.dtype)
+            if self.copy_from is not None:
+                f.copy_from(self.copy_from)
+        else:
+            f = _ShardFile(f"{self.base}_{self.next_index:04d}.rox", self.dtype)
+            self.next_index += 1
+        self.files.append(f)
+        return f
+
+    def write(self, blocks: np.ndarray) -> None:
+        """Write whole blocks (a flat token array), rotating shards by roxxel's rule."""
+        per_block = self.block_bytes // self.dtype.itemsize
+        n = blocks.size // per_block
+        done = 0
+        while done < n:
+            if not self.files or (
+                self.capacity is not None and self.files[-1].num_new_blocks >= self.capacity
+            ):
+                self._new_file()
+            f = self.files[-1]
+            room = n - done if self.capacity is None else self.capacity - f.num_new_blocks
+            take = min(room, n - done)
+            f.write_blocks(blocks[done * per_block : (done + take) * per_block], self.block_bytes)
+            done += take
+
+    def discard(self) -> None:
+        for f in self.files:
+            f.discard()
+
+
+def _resolve_dtype(
+    items: Iterator[Any], dtype: Any, tokenizer: Tokenizer | None
+) -> tuple[np.dtype, Iterator[Any]]:
+    if dtype is not None:
+        return np.dtype(dtype), items
+    if tokenizer is not None:
+        return smallest_token_dtype(tokenizer.vocab_size), items
+    first = next(items, None)
+    if first is None:
+        return np.dtype(np.uint8), items
+    rest = itertools.chain([first], items)
+    if isinstance(first, (str, bytes, bytearray, memoryview)):
+        return np.dtype(np.uint8), rest
+    if isinstance(first, np.ndarray):
+        return first.dtype, rest
+    raise TypeError(
+        f"cannot infer a dtype from a first item of type {type(first).__name__}; pass dtype="
+    )
+
+
+def write_rox(
+    items: Iterable[Item],
+    path: str | os.PathLike[str],
+    *,
+    block_size: int = 4096,
+    max_shard_bytes: int | None = None,
+    dtype: Any = None,
+    separator: Any = None,
+    pad_id: int | None = None,
+    tokenizer: str | os.PathLike[str] | Tokenizer | None = None,
+    if_exists: IfExists = "error",
+    manifest: bool = True,
+    progress: bool = False,
+) -> WriteResult:
+    """Write ``items`` into ROXXEL02 shard(s) at ``path`` that both grain_rox and roxxel read.
+
+    Args:
+      items: str (UTF-8 bytes, or token ids with ``tokenizer``), bytes, numpy arrays or lists
+        of token ids. Each item is followed by ``separator``.
+      path: the shard file, or with ``max_shard_bytes`` the set's name (``x.rox`` gives
+        ``x_0000.rox, x_0001.rox, ...``).
+      block_size: bytes per block; a multiple of the token size.
+      max_shard_bytes: split into shards of at most this many bytes (roxxel's rule: a shard
+        holds at least one block).
+      dtype: token dtype; default from the tokenizer's vocabulary, else the first item.
+      separator: one token (an id, or ``itemsize`` bytes) written after every item; with a
+        tokenizer it defaults to the tokenizer's EOS id.
+      pad_id: the token that pads the final block; default the tokenizer's pad id, else the
+        separator, else 0.
+      tokenizer: ``"bytes"``, ``"cl100k_base"``, ``"o200k_base"``, a ``tokenizer.json`` path,
+        or a tokenizer object; str items are encoded with it.
+      if_exists: ``"error"`` (default), ``"append"`` (existing bytes are never modified) or
+        ``"overwrite"``.
+      manifest: write ``<base>.manifest.json`` with checksums, counts and tokenizer identity.
+      progress: show a progress bar (tokens written) on a terminal.
+
+    >>> import tempfile, os
+    >>> from grain_rox import open_rox, write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "docs.rox")
+    >>> result = write_rox(["hi", "yo!"], path, tokenizer="bytes", block_size=8)
+    >>> result.num_documents, result.num_tokens, result.num_padding_tokens, str(result.dtype)
+    (2, 7, 1, 'uint16')
+    >>> with open_rox(path) as corpus:
+    ...     print(corpus.tokens(0, 8).tolist(), corpus.eos_id)
+    [104, 105, 256, 121, 111, 33, 256, 256] 256
+    """
+    path = os.fspath(path)
+    if "*" in path or "?" in path:
+        renamed = path.replace("*", "base").replace("?", "base")
+        raise ValueError(
+            f"the output path {path!r} contains glob characters (* or ?); roxxel would write "
+            f"{renamed!r} or append to whatever the glob matches. Pass the real file name"
+        )
+    if if_exists not in ("error", "append", "overwrite"):
+        raise ValueError(f"if_exists={if_exists!r}; use 'error', 'append' or 'overwrite'")
+    tok = get_tokenizer(tokenizer) if tokenizer is not None else None
+    if isinstance(items, (str, bytes, np.ndarray)):
+        items = [items]  # a single item, not an iterable of characters/rows
+    target, item_iter = _resolve_dtype(iter(items), dtype, tok)
+    encode_dtype(target)  # fails early on dtypes the footer cannot name
+    itemsize = target.itemsize
+    if block_size <= 0 or block_size % itemsize:
+        raise ValueError(
+            f"block_size={block_size} bytes is not a positive multiple of the {target} token size "
+            f"({itemsize} bytes): blocks would split tokens; use e.g. "
+            f"block_size={max(itemsize, block_size - block_size % itemsize)}"
+        )
+    if tok is not None and separator is None:
+        separator = tok.eos_id
+    sep = _separator_token(separator, target)
+    if pad_id is None:
+        pad_id = tok.pad_id if tok is not None and tok.pad_id is not None else None
+    pad = pad_id if pad_id is not None else (sep if sep is not None else 0)
+    _dtype_range_check(np.asarray([pad]), target, f"pad_id {pad!r}")
+
+    mpath = manifest_path_for(path)
+    # Settling raises if an earlier write to this set was interrupted half-way.
+    old_manifest = load_manifest(mpath)
+    if if_exists != "append":
+        old_manifest = None
+    plan = _Plan(path, target, block_size, max_shard_bytes, if_exists)
+    if old_manifest is not None:
+        _check_append_compatible(old_manifest, mpath, target, block_size, sep, tok)
+    if plan.copy_from is not None:
+        old = read_header(plan.copy_from)
+        if old.dtype != target:
+            raise ValueError(
+                f"cannot append {target} tokens to {plan.copy_from}, which holds {old.dtype}; "
+                f"pass dtype={old.dtype}"
+            )
+
+    encode = _ItemEncoder(target, tok)
+    per_block = block_size // itemsize
+    flush_tokens = max(per_block, (_FLUSH_BYTES // block_size) * per_block)
+    sep_arr = None if sep is None else np.asarray([sep], dtype=target)
+    pending: list[np.ndarray] = []
+    pending_tokens = 0
+    num_tokens = num_docs = 0
+    # A document counts in the shard its first token lands in; shards have a fixed capacity.
+    cap_tokens = None if plan.capacity is None else plan.capacity * per_block
+    docs_per_file: collections.Counter[int] = collections.Counter()
+    bar = _progress_bar(progress, path)
+    try:
+        for index, item in enumerate(item_iter):
+            arr = encode(item, index)
+            docs_per_file[0 if cap_tokens is None else num_tokens // cap_tokens] += 1
+            num_docs += 1
+            pending.append(arr)
+            pending_tokens += arr.size
+            num_tokens += arr.size
+            if sep_arr is not None:
+                pending.append(sep_arr)
+                pending_tokens += 1
+                num_tokens += 1
+            if pending_tokens >= flush_tokens:
+                buf = np.concatenate(pending).astype(target, copy=False)  # keeps >u2 order
+                whole = (buf.size // per_block) * per_block
+                plan.write(buf[:whole])
+                pending = [buf[whole:]]
+                pending_tokens = buf.size - whole
+                if bar is not None:
+                    bar.update(whole)
+        buf = (
+            np.concatenate(pending).astype(target, copy=False)
+            if pending
+            else np.empty((0,), target)
+        )
+        num_pad = (-buf.size) % per_block
+        if num_pad:
+            buf = np.concatenate([buf, np.full(num_pad, pad, dtype=target)]).astype(
+                target, copy=False
+            )
+        if buf.size:
+            plan.write(buf)
+        if bar is not None:
+            bar.update(buf.size)
+        if not plan.files:
+            if plan.copy_from is not None or if_exists == "append":
+                return WriteResult((), None, 0, 0, 0, target, block_size)
+            raise ValueError(
+                f"nothing to write to {path}: the items hold no tokens (roxxel would leave an "
+                "unreadable 0-byte file here)"
+            )
+        results = [f.finish() for f in plan.files]
+    except BaseException:
+        plan.discard()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+
+    last = len(plan.files) - 1
+    for k in [k for k in docs_per_file if k > last]:  # documents starting in the final padding
+        docs_per_file[last] += docs_per_file.pop(k)
+    final = None
+    if manifest:
+        final = _build_manifest(
+            old_manifest, plan, results, docs_per_file, num_pad, target, block_size, sep, pad, tok
+        )
+        # The transaction (see _manifest): pending manifest, renames, final manifest.
+        previous = {
+            os.path.basename(f.final_path): _previous_record(f.final_path, old_manifest)
+            for f in plan.files
+        }
+        write_manifest(mpath, dataclasses.replace(final, pending=previous))
+    elif os.path.exists(mpath):
+        os.unlink(mpath)  # it would no longer describe the set (and would fail opens as stale)
+    new_paths = {f.final_path for f in plan.files}
+    for old_path in plan.replaced:  # overwrite: the old set goes before the new one appears
+        if old_path not in new_paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(old_path)
+    for f in plan.files:
+        publish(f.tmp_path, f.final_path)
+    fsync_dir(os.path.dirname(path))
+    if final is not None:
+        write_manifest(mpath, final)
+    return WriteResult(
+        paths=tuple(f.final_path for f in plan.files),
+        manifest_path=mpath if manifest else None,
+        num_tokens=num_tokens,
+        num_padding_tokens=num_pad,
+        num_documents=num_docs,
+        dtype=target,
+        block_size=block_size,
+    )
+
+
+def _progress_bar(enabled: bool, path: str) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(desc=f"writing {os.path.basename(path)}", unit="tok", unit_scale=True)
+
+
+def _check_append_compatible(
+    old: Manifest,
+    mpath: str,
+    dtype: np.dtype,
+    block_size: int,
+    sep: int | float | None,
+    tok: Tokenizer | None,
+) -> None:
+    problems = []
+    if old.dtype != str(dtype):
+        problems.append(f"dtype {old.dtype} != {dtype}")
+    if old.eos_id != sep:
+        problems.append(f"eos/separator {old.eos_id} != {sep}")
+    new_tok = tok.identity() if tok is not None else None
+    if old.tokenizer != new_tok:
+        old_name = (old.tokenizer or {}).get("name")
+        new_name = (new_tok or {}).get("name")
+        problems.append(f"tokenizer {old_name} != {new_name}")
+    if problems:
+        raise ValueError(
+            f"cannot append to the shard set described by {mpath}: "
+            + "; ".join(problems)
+            + ". Write to a new path (and mix the two sets) or use the same settings"
+        )
+
+
+def _previous_record(path: str, old: Manifest | None) -> ShardRecord | None:
+    """What ``path`` holds before this write publishes over it (None if nothing)."""
+    name = os.path.basename(path)
+    if old is not None and name in old.shards:
+        return old.shards[name]
+    try:
+        h = read_header(path)
+    except (FileNotFoundError, RoxFormatError):
+        return None
+    return ShardRecord(h.file_size, h.num_blocks, h.raw_size, None, h.num_tokens, 0, None)
+
+
+def _build_manifest(
+    old: Manifest | None,
+    plan: _Plan,
+    results: list[tuple[int, int, str]],
+    docs_per_file: dict[int, int],
+    num_pad: int,
+    dtype: np.dtype,
+    block_size: int,
+    sep: int | float | None,
+    pad: int | float,
+    tok: Tokenizer | None,
+) -> Manifest:
+    shards: dict[str, ShardRecord] = {}
+    if old is not None:
+        shards.update(old.shards)
+    itemsize = dtype.itemsize
+    last = len(plan.files) - 1
+    for k, (f, (size, raw, digest)) in enumerate(zip(plan.files, results, strict=True)):
+        name = os.path.basename(f.final_path)
+        docs: int | None = docs_per_file.get(k, 0)
+        padding = num_pad if k == last else 0
+        if f.old_ends is not None:  # a copy-on-write append: add the old file's counts
+            prev = shards.get(name)
+            docs = (
+                None
+                if prev is None or prev.num_documents is None
+                else prev.num_documents + (docs or 0)
+            )
+            padding += prev.num_padding_tokens if prev is not None else 0
+        shards[name] = ShardRecord(
+            file_size=size,
+            num_blocks=f.num_blocks,
+            raw_size=raw,
+            sha256=digest,
+            num_tokens=raw // itemsize,
+            num_padding_tokens=padding,
+            num_documents=docs,
+        )
+    total_docs: int | None = None
+    if all(r.num_documents is not None for r in shards.values()):
+        total_docs = sum(r.num_documents or 0 for r in shards.values())
+    return Manifest(
+        dtype=str(dtype),
+        block_size=block_size if old is None else old.block_size,
+        shards=shards,
+        eos_id=None if sep is None else sep,  # type: ignore[arg-type]
+        pad_id=pad,  # type: ignore[arg-type]
+        tokenizer=tok.identity() if tok is not None else None,
+        num_documents=total_docs,
+    )

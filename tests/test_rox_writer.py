@@ -1,0 +1,282 @@
+"""write_rox: exact bytes, dtype and separator rules, sharding, appends, manifests, atomicity."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+from grain_rox import ByteTokenizer, RoxFormatError, open_rox, write_rox
+from grain_rox._rox_format import FOOTER
+
+
+def footer(path: str) -> tuple[int, int, bytes, bytes]:
+    with open(path, "rb") as f:
+        f.seek(-32, os.SEEK_END)
+        return FOOTER.unpack(f.read())
+
+
+def test_text_with_newline_separator_matches_roxxel_hexdump(tmp_path):
+    path = str(tmp_path / "a.rox")
+    write_rox(["hello", "world", "abc"], path, separator=b"\n", block_size=8, manifest=False)
+    expected = (
+        b"hello\nworld\nabc\n"
+        + struct.pack("<qq", 8, 16)
+        + struct.pack("<qq8s8s", 2, 16, b"uint8", b"ROXXEL02")
+    )
+    assert open(path, "rb").read() == expected
+
+
+def test_uint16_arrays_pad_last_block_with_separator(tmp_path):
+    path = str(tmp_path / "b.rox")
+    items = [np.arange(1, 6, dtype=np.uint16), np.array([10, 11, 12], np.uint16)]
+    write_rox(items, path, separator=0xFFFF, block_size=8, manifest=False)
+    raw = np.array([1, 2, 3, 4, 5, 0xFFFF, 10, 11, 12, 0xFFFF, 0xFFFF, 0xFFFF], "<u2").tobytes()
+    expected = raw + struct.pack("<qqq", 8, 16, 24) + FOOTER.pack(3, 24, b"uint16", b"ROXXEL02")
+    assert open(path, "rb").read() == expected
+
+
+def test_byte_tokenizer_writes_uint16_with_eos_and_manifest(tmp_path):
+    path = str(tmp_path / "t.rox")
+    result = write_rox(["hi", "", "yo"], path, tokenizer="bytes", block_size=6)
+    assert result.dtype == np.uint16
+    assert (result.num_documents, result.num_tokens, result.num_padding_tokens) == (3, 7, 2)
+    with open_rox(path) as corpus:
+        assert corpus.tokens(0, 9).tolist() == [104, 105, 256, 256, 121, 111, 256, 256, 256]
+        assert (corpus.eos_id, corpus.pad_id, corpus.num_documents) == (256, 256, 3)
+        assert corpus.tokenizer == ByteTokenizer().identity()
+    manifest = json.load(open(tmp_path / "t.manifest.json"))
+    assert manifest["format"] == "grain_rox.manifest"
+    assert manifest["pending"] == {}
+    shard = manifest["shards"]["t.rox"]
+    assert shard["num_tokens"] == 9 and shard["num_padding_tokens"] == 2
+    assert shard["num_documents"] == 3 and len(shard["sha256"]) == 64
+
+
+class _WideVocab:
+    """A real (if tiny) tokenizer with a large vocabulary: ids are code points + offset."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.name = f"wide{vocab_size}"
+        self.vocab_size = vocab_size
+        self.eos_id = vocab_size - 1
+        self.pad_id = None
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array([self.vocab_size - 300 + (ord(c) % 200) for c in text], np.int64)
+
+    def encode_batch(self, texts):
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids):
+        return "".join(chr(i - self.vocab_size + 300) for i in ids)
+
+    def identity(self):
+        return {"kind": "test", "name": self.name, "vocab_size": self.vocab_size}
+
+
+@pytest.mark.parametrize(
+    ("vocab", "dtype"),
+    [(257, np.uint16), (50257, np.uint16), (65536, np.uint16), (65537, np.uint32)],
+)
+def test_dtype_fits_vocabulary_never_int16(tmp_path, vocab, dtype):
+    tok = _WideVocab(vocab)
+    path = str(tmp_path / "v.rox")
+    result = write_rox(["abc", "de"], path, tokenizer=tok, block_size=64)
+    assert result.dtype == dtype
+    with open_rox(path) as corpus:
+        got = corpus.tokens(0, 7).tolist()
+    assert got == [*tok.encode("abc").tolist(), vocab - 1, *tok.encode("de").tolist(), vocab - 1]
+
+
+def test_values_out_of_dtype_range_are_refused_not_relabelled(tmp_path):
+    with pytest.raises(ValueError, match=r"item 1 holds values in \[0, 70000\].*uint16"):
+        write_rox(
+            [np.array([1], np.int32), np.array([0, 70000], np.int32)],
+            str(tmp_path / "x.rox"),
+            dtype="uint16",
+        )
+    with pytest.raises(TypeError, match="item 0 has dtype float32"):
+        write_rox([np.array([1.5], np.float32)], str(tmp_path / "x.rox"), dtype="int32")
+    assert not glob.glob(str(tmp_path / "*")) and not glob.glob(str(tmp_path / ".*"))
+
+
+def test_later_items_are_converted_with_checks(tmp_path):
+    path = str(tmp_path / "m.rox")
+    write_rox([np.array([1, 2], np.int32), [3, 4], np.array([5], np.uint8)], path, block_size=8)
+    with open_rox(path) as corpus:
+        assert corpus.dtype == np.int32
+        assert corpus.tokens(0, 6).tolist() == [1, 2, 3, 4, 5, 0]
+
+
+@pytest.mark.parametrize(
+    ("items", "kwargs", "error", "match"),
+    [
+        (["a"], {"separator": b"<|eos|>"}, ValueError, "exactly one token"),
+        ([np.arange(3, dtype=np.uint16)], {"separator": b"\n"}, ValueError, "exactly one token"),
+        ([np.arange(3, dtype=np.uint16)], {"separator": 70000}, ValueError, "do not fit uint16"),
+        ([np.arange(3, dtype=np.uint16)], {"block_size": 9}, ValueError, "block_size=9 bytes"),
+        ([np.arange(3, dtype=np.uint16)], {"block_size": 0}, ValueError, "block_size=0"),
+        ([b"raw"], {"dtype": "uint16"}, TypeError, "item 0 is bytes"),
+        ([3.5], {}, TypeError, "cannot infer a dtype"),
+        ([{"a": 1}], {"dtype": "uint8"}, TypeError, "item 0 is a dict"),
+        ([np.arange(3, dtype=np.complex64)], {}, ValueError, "cannot be stored"),
+        ([], {}, ValueError, "nothing to write"),
+        ([""], {}, ValueError, "nothing to write"),
+        (["a"], {"if_exists": "replace"}, ValueError, "if_exists='replace'"),
+    ],
+)
+def test_bad_arguments_fail_before_anything_is_written(tmp_path, items, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        write_rox(items, str(tmp_path / "x.rox"), **kwargs)
+    assert os.listdir(tmp_path) == []
+
+
+def test_existing_path_is_an_error_by_default(tmp_path):
+    path = str(tmp_path / "e.rox")
+    write_rox(["a"], path, block_size=4)
+    with pytest.raises(FileExistsError, match="if_exists='append'"):
+        write_rox(["b"], path, block_size=4)
+    write_rox(["bb"], path, block_size=4, if_exists="overwrite")
+    with open_rox(path) as corpus:
+        assert bytes(corpus.tokens(0, 4)) == b"bb\x00\x00"
+        assert corpus.num_documents == 1
+
+
+def test_single_file_append_is_copy_on_write(tmp_path):
+    path = str(tmp_path / "s.rox")
+    write_rox(["first doc"], path, separator=b"\n", block_size=8)
+    before = open(path, "rb").read()
+    old = open_rox(path)
+    old_view = old[0]  # a live zero-copy view of the old file's map
+    result = write_rox(["second"], path, separator=b"\n", block_size=4, if_exists="append")
+    assert result.paths == (path,)
+    assert bytes(old_view) == b"first do"  # the old inode was never written to
+    with open_rox(path) as corpus:
+        assert bytes(corpus.tokens(0, corpus.num_tokens)) == b"first doc\n\n\n\n\n\n\nsecond\n\n"
+        assert [len(corpus[i]) for i in range(len(corpus))] == [8, 8, 4, 4]
+        assert corpus.uniform_blocks is False
+        assert corpus.num_documents == 2
+        corpus.verify()
+    assert open(path, "rb").read()[:16] == before[:16]
+    old.close()
+
+
+def test_sharded_write_follows_roxxel_rotation_and_append_adds_shards(tmp_path):
+    base = str(tmp_path / "c.rox")
+    data = np.arange(100, dtype=np.uint16)
+    # 16-byte blocks; M=100 -> floor((100-32)/(16+8)) = 2 blocks per shard.
+    write_rox([data], base, block_size=16, max_shard_bytes=100, separator=0)
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["c.manifest.json"] + [f"c_{i:04d}.rox" for i in range(7)]
+    sizes = [os.path.getsize(tmp_path / f"c_{i:04d}.rox") for i in range(7)]
+    assert sizes == [32 + 2 * 24] * 6 + [32 + 24]
+    snapshot = {n: open(tmp_path / n, "rb").read() for n in names if n.endswith(".rox")}
+    write_rox(
+        [np.array([7, 7], np.uint16)],
+        base,
+        block_size=16,
+        max_shard_bytes=100,
+        separator=0,
+        if_exists="append",
+    )
+    for name, content in snapshot.items():
+        assert open(tmp_path / name, "rb").read() == content
+    with open_rox(base) as corpus:
+        assert corpus.paths[-1].endswith("c_0007.rox")
+        tokens = corpus.tokens(0, corpus.num_tokens)
+        assert tokens[:100].tolist() == list(range(100))
+        assert tokens[104:108].tolist() == [7, 7, 0, 0]
+        assert corpus.num_documents == 2
+
+
+def test_block_larger_than_max_shard_bytes_gets_one_shard_each(tmp_path):
+    write_rox([b"x" * 300], str(tmp_path / "big.rox"), block_size=128, max_shard_bytes=100)
+    sizes = sorted(os.path.getsize(p) for p in glob.glob(str(tmp_path / "big_*.rox")))
+    assert sizes == [168, 168, 168]
+
+
+def test_generator_failure_leaves_existing_data_and_no_temp_files(tmp_path):
+    path = str(tmp_path / "g.rox")
+    write_rox(["keep me"], path, block_size=4)
+    before = open(path, "rb").read()
+    manifest_before = open(tmp_path / "g.manifest.json").read()
+
+    def failing():
+        yield "more"
+        raise RuntimeError("source broke")
+
+    with pytest.raises(RuntimeError, match="source broke"):
+        write_rox(failing(), path, block_size=4, if_exists="append")
+    assert open(path, "rb").read() == before
+    assert open(tmp_path / "g.manifest.json").read() == manifest_before
+    assert sorted(os.listdir(tmp_path)) == ["g.manifest.json", "g.rox"]
+
+
+def test_interrupted_sharded_write_is_refused_until_cleaned(tmp_path):
+    """Simulate a writer killed between renames: a pending manifest and a partial set."""
+    from grain_rox._manifest import load_manifest, write_manifest
+
+    base = str(tmp_path / "p.rox")
+    write_rox([np.arange(64, dtype=np.uint16)], base, block_size=16, max_shard_bytes=100)
+    final = load_manifest(str(tmp_path / "p.manifest.json"))
+    assert final is not None
+    names = sorted(final.shards)
+    # The writer had published only the first shard when it died: the rest never appeared.
+    pending = {n: None for n in names}
+    write_manifest(
+        str(tmp_path / "p.manifest.json"), final.__class__(**{**final.__dict__, "pending": pending})
+    )
+    for n in names[1:]:
+        os.unlink(tmp_path / n)
+    with pytest.raises(RoxFormatError, match="interrupted before it finished") as info:
+        open_rox(base)
+    assert names[0] in str(info.value) and "delete those files" in str(info.value)
+    with pytest.raises(RoxFormatError, match="interrupted"):
+        write_rox(["x"], base, block_size=16, max_shard_bytes=100, if_exists="append")
+    os.unlink(tmp_path / names[0])
+    # Once the orphan is gone, the set is simply empty and can be written again.
+    write_rox(
+        [np.arange(4, dtype=np.uint16)],
+        base,
+        block_size=16,
+        max_shard_bytes=100,
+        if_exists="append",
+    )
+    with open_rox(base) as corpus:
+        assert corpus.tokens(0, 4).tolist() == [0, 1, 2, 3]
+
+
+def test_pending_write_that_finished_its_renames_is_accepted(tmp_path):
+    from grain_rox._manifest import load_manifest, write_manifest
+
+    base = str(tmp_path / "q.rox")
+    write_rox([np.arange(64, dtype=np.uint16)], base, block_size=16, max_shard_bytes=100)
+    mpath = str(tmp_path / "q.manifest.json")
+    final = load_manifest(mpath)
+    assert final is not None
+    write_manifest(
+        mpath, final.__class__(**{**final.__dict__, "pending": dict.fromkeys(final.shards)})
+    )
+    with open_rox(base, verify=True) as corpus:
+        assert corpus.tokens(0, 64).tolist() == list(range(64))
+
+
+def test_manifest_false_removes_a_manifest_that_would_be_stale(tmp_path):
+    path = str(tmp_path / "n.rox")
+    write_rox(["abc"], path, block_size=4)
+    write_rox(["abcdef"], path, block_size=4, if_exists="overwrite", manifest=False)
+    assert not os.path.exists(tmp_path / "n.manifest.json")
+    with open_rox(path) as corpus:
+        assert corpus.eos_id is None and corpus.num_documents is None
+
+
+def test_append_with_other_tokenizer_settings_is_refused(tmp_path):
+    path = str(tmp_path / "k.rox")
+    write_rox(["abc"], path, tokenizer="bytes", block_size=8)
+    with pytest.raises(ValueError, match=r"eos/separator 256 != 0"):
+        write_rox([np.array([1], np.uint16)], path, separator=0, block_size=8, if_exists="append")
