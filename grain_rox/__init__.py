@@ -1,0 +1,38 @@
+"""grain_rox: memory-mapped `.rox` token shards, streamed through Grain into JAX.
+
+>>> import grain_rox
+>>> sorted(n for n in grain_rox.__all__ if n.endswith("rox"))
+['open_rox', 'write_rox']
+"""
+
+from grain_rox._manifest import Manifest as Manifest
+from grain_rox._manifest import ShardRecord as ShardRecord
+from grain_rox._rox_corpus import RoxCorpus as RoxCorpus
+from grain_rox._rox_corpus import ShardInfo as ShardInfo
+from grain_rox._rox_corpus import open_rox as open_rox
+from grain_rox._rox_format import RoxFormatError as RoxFormatError
+from grain_rox._rox_writer import WriteResult as WriteResult
+from grain_rox._rox_writer import write_rox as write_rox
+from grain_rox._tokenizers import ByteTokenizer as ByteTokenizer
+from grain_rox._tokenizers import HFTokenizer as HFTokenizer
+from grain_rox._tokenizers import TiktokenTokenizer as TiktokenTokenizer
+from grain_rox._tokenizers import Tokenizer as Tokenizer
+from grain_rox._tokenizers import get_tokenizer as get_tokenizer
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "ByteTokenizer",
+    "HFTokenizer",
+    "Manifest",
+    "RoxCorpus",
+    "RoxFormatError",
+    "ShardInfo",
+    "ShardRecord",
+    "TiktokenTokenizer",
+    "Tokenizer",
+    "WriteResult",
+    "get_tokenizer",
+    "open_rox",
+    "write_rox",
+]

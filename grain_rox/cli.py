@@ -1,0 +1,247 @@
+"""``grain-rox``: convert corpora into `.rox` shards, inspect them, verify them.
+
+    grain-rox convert docs/ notes.jsonl -o data/train.rox --tokenizer cl100k_base
+    grain-rox convert --builtin code -o data/code.rox --max-shard-bytes 64MiB
+    grain-rox inspect data/ [--json]
+    grain-rox verify data/
+
+Exit status: 0 on success, 1 when ``verify`` finds damage, 2 for bad arguments or inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from grain_rox._builtin_corpus import BUILTIN_CORPORA, builtin_documents
+from grain_rox._convert import FORMATS, expand_inputs, read_documents, tokenize_in_order
+from grain_rox._rox_corpus import open_rox
+from grain_rox._rox_format import RoxFormatError
+from grain_rox._rox_writer import write_rox
+from grain_rox._tokenizers import get_tokenizer
+from grain_rox._verify import verify_rox
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size such as ``4096``, ``64MiB`` or ``1G``.
+
+    >>> parse_size("64MiB"), parse_size("4096"), parse_size("1g")
+    (67108864, 4096, 1073741824)
+    """
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 4096, 64MiB or 1G")
+    unit = (m.group(2) or "").upper()[:1]
+    return int(m.group(1)) * _UNITS[unit]
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="grain-rox", description="Convert, inspect and verify .rox token shards."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    conv = sub.add_parser("convert", help="tokenize text/JSONL/Parquet into .rox shards")
+    conv.add_argument("inputs", nargs="*", help="files, directories or globs")
+    conv.add_argument("--builtin", choices=BUILTIN_CORPORA, help="use an embedded corpus")
+    conv.add_argument("-o", "--output", required=True, help="shard path, e.g. data/train.rox")
+    conv.add_argument(
+        "--tokenizer",
+        default="bytes",
+        help="bytes | cl100k_base | o200k_base | path to tokenizer.json",
+    )
+    conv.add_argument("--format", choices=FORMATS, default="auto", dest="fmt")
+    conv.add_argument("--text-column", default="text", help="JSONL/Parquet text field")
+    conv.add_argument("--block-size", type=parse_size, default=4096, help="bytes per block")
+    conv.add_argument(
+        "--max-shard-bytes",
+        type=parse_size,
+        default=None,
+        help="split into shards of at most this size, e.g. 64MiB",
+    )
+    conv.add_argument("--if-exists", choices=("error", "append", "overwrite"), default="error")
+    conv.add_argument("--limit", type=int, default=None, help="convert at most N documents")
+    conv.add_argument("--workers", type=int, default=None, help="tokenizer threads (all cores)")
+    conv.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+
+    insp = sub.add_parser("inspect", help="describe shards: dtype, blocks, tokens, manifest")
+    insp.add_argument("path", nargs="+", help="shard file, directory, glob or base path")
+    insp.add_argument("--json", action="store_true", help="print JSON")
+
+    ver = sub.add_parser("verify", help="check structure and checksums of every shard")
+    ver.add_argument("path", nargs="+", help="shard file, directory, glob or base path")
+    ver.add_argument("--no-checksums", action="store_true", help="skip sha256 checks")
+    ver.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _path_spec(paths: list[str]) -> str | list[str]:
+    return paths[0] if len(paths) == 1 else paths
+
+
+def _limited(docs: Iterator[str], limit: int | None) -> Iterator[str]:
+    for i, doc in enumerate(docs):
+        if limit is not None and i >= limit:
+            return
+        yield doc
+
+
+def _progress(docs: Iterator[str], enabled: bool, label: str) -> Iterator[str]:
+    if not enabled:
+        yield from docs
+        return
+    from tqdm.auto import tqdm
+
+    # disable=None: tqdm stays quiet when stderr is not a terminal (CI logs, pipes).
+    with tqdm(docs, desc=f"converting {label}", unit="doc", disable=None) as bar:
+        yield from bar
+
+
+def _convert(args: argparse.Namespace) -> int:
+    if bool(args.inputs) == bool(args.builtin):
+        print("grain-rox convert: give input paths or --builtin, not both/neither", file=sys.stderr)
+        return 2
+    tok = get_tokenizer(args.tokenizer)
+    if args.builtin:
+        docs: Iterator[str] = builtin_documents(args.builtin)
+        label = f"built-in '{args.builtin}'"
+    else:
+        docs = read_documents(
+            expand_inputs(args.inputs), fmt=args.fmt, text_column=args.text_column
+        )
+        label = ", ".join(args.inputs)[:60]
+    docs = _progress(_limited(docs, args.limit), not args.no_progress, label)
+    start = time.perf_counter()
+    result = write_rox(
+        tokenize_in_order(docs, tok, workers=args.workers),
+        args.output,
+        tokenizer=tok,
+        block_size=args.block_size,
+        max_shard_bytes=args.max_shard_bytes,
+        if_exists=args.if_exists,
+    )
+    seconds = time.perf_counter() - start
+    rate = result.num_tokens / seconds if seconds > 0 else float("inf")
+    print(
+        f"wrote {result.num_documents} documents, {result.num_tokens} {tok.name} tokens "
+        f"({result.dtype}) into {len(result.paths)} shard(s) in {seconds:.1f}s "
+        f"({rate:,.0f} tokens/s); manifest {result.manifest_path}"
+    )
+    return 0
+
+
+def describe(paths: Any) -> dict[str, Any]:
+    """Return what ``grain-rox inspect --json`` prints for ``paths``."""
+    with open_rox(paths) as corpus:
+        return {
+            "shards": len(corpus.paths),
+            "dtype": str(corpus.dtype),
+            "block_size": corpus.block_size,
+            "blocks": len(corpus),
+            "tokens": corpus.num_tokens,
+            "documents": corpus.num_documents,
+            "eos_id": corpus.eos_id,
+            "pad_id": corpus.pad_id,
+            "tokenizer": corpus.tokenizer,
+            "uniform_blocks": corpus.uniform_blocks,
+            "manifests": list(corpus.manifest_paths),
+            "fingerprint": corpus.fingerprint,
+            "files": [
+                {
+                    "path": s.path,
+                    "bytes": s.file_size,
+                    "blocks": s.num_blocks,
+                    "tokens": s.num_tokens,
+                    "block_size": s.block_size,
+                    "documents": s.num_documents,
+                    "sha256": s.sha256,
+                }
+                for s in corpus.shards
+            ],
+        }
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    info = describe(_path_spec(args.path))
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    tok = info["tokenizer"]
+    print(f"shards      {info['shards']}")
+    print(f"dtype       {info['dtype']}")
+    print(f"block size  {info['block_size']} bytes")
+    print(f"blocks      {info['blocks']:,}")
+    print(f"tokens      {info['tokens']:,}")
+    print(
+        f"documents   {'unknown' if info['documents'] is None else format(info['documents'], ',')}"
+    )
+    print(f"eos id      {info['eos_id']}")
+    print(f"tokenizer   {tok['name'] if tok else 'unknown (no manifest)'}")
+    print(f"manifest    {', '.join(info['manifests']) or 'none'}")
+    print(f"fingerprint {info['fingerprint']}")
+    width = max(len(os.path.basename(f["path"])) for f in info["files"])
+    print(f"\n{'file':<{width}}  {'bytes':>14}  {'blocks':>10}  {'tokens':>14}  sha256")
+    for f in info["files"]:
+        digest = (f["sha256"] or "-")[:16]
+        print(
+            f"{os.path.basename(f['path']):<{width}}  {f['bytes']:>14,}  {f['blocks']:>10,}  "
+            f"{f['tokens']:>14,}  {digest}"
+        )
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    reports = verify_rox(_path_spec(args.path), checksums=not args.no_checksums)
+    bad = [r for r in reports if not r.ok]
+    if args.json:
+        print(json.dumps([r.__dict__ for r in reports], indent=1))
+    else:
+        for r in reports:
+            status = "OK  " if r.ok else "FAIL"
+            detail = f"{r.num_blocks} blocks, checksum {r.checksum}" if r.ok else r.problem
+            print(f"{status} {r.path}: {detail}")
+        print(
+            f"{len(reports) - len(bad)} of {len(reports)} shards OK"
+            + (f"; {len(bad)} damaged" if bad else "")
+        )
+    return 1 if bad else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``grain-rox`` command line; returns the exit status.
+
+    >>> main(["inspect", "/nonexistent/nothing.rox"])
+    2
+    """
+    args = _build_parser().parse_args(argv)
+    try:
+        if args.command == "convert":
+            return _convert(args)
+        if args.command == "inspect":
+            return _inspect(args)
+        return _verify(args)
+    except (
+        FileNotFoundError,
+        FileExistsError,
+        RoxFormatError,
+        KeyError,
+        TypeError,
+        ValueError,
+        ImportError,
+    ) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"grain-rox {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
