@@ -108,7 +108,7 @@ def _progress(docs: Iterator[str], enabled: bool, label: str) -> Iterator[str]:
 
 def _convert(args: argparse.Namespace) -> int:
     if bool(args.inputs) == bool(args.builtin):
-        print("grain-rox convert: give input paths or --builtin, not both/neither", file=sys.stderr)
+        print("grain-rox convert: error: give input paths or --builtin (not both)", file=sys.stderr)
         return 2
     tok = get_tokenizer(args.tokenizer)
     if args.builtin:
