@@ -409,6 +409,8 @@ def write_rox(
     pad = pad_id if pad_id is not None else (sep if sep is not None else 0)
     _dtype_range_check(np.asarray([pad]), target, f"pad_id {pad!r}")
 
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     mpath = manifest_path_for(path)
     # Settling raises if an earlier write to this set was interrupted half-way.
     old_manifest = load_manifest(mpath)
