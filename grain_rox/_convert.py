@@ -129,24 +129,23 @@ def tokenize_in_order(
     workers: int | None = None,
     chunk_chars: int = 1 << 20,
 ) -> Iterator[np.ndarray]:
-    """Yield ``tokenizer.encode(doc)`` for each doc, in order, tokenizing chunks on threads.
+    """Yield ``tokenizer.encode(doc)`` for each doc, in order, tokenizing ahead on threads.
+
+    ``workers`` chunks are tokenized concurrently (default 1: tiktoken and HF tokenizers
+    already spread one ``encode_batch`` over all cores; more threads only oversubscribe).
 
     >>> from grain_rox import ByteTokenizer
     >>> [a.tolist() for a in tokenize_in_order(["ab", "c"], ByteTokenizer(), workers=2)]
     [[97, 98], [99]]
     """
-    workers = max(1, workers or os.cpu_count() or 1)
-    if workers == 1:
-        for chunk in _chunks(docs, chunk_chars):
-            yield from tokenizer.encode_batch(chunk)
-        return
+    workers = max(1, workers or 1)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         pending: collections.deque[concurrent.futures.Future[list[np.ndarray]]] = (
             collections.deque()
         )
         for chunk in _chunks(docs, chunk_chars):
             pending.append(pool.submit(tokenizer.encode_batch, chunk))
-            if len(pending) > 2 * workers:
+            if len(pending) > workers:
                 yield from pending.popleft().result()
         while pending:
             yield from pending.popleft().result()

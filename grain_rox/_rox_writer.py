@@ -70,8 +70,10 @@ class WriteResult:
 
 
 def _dtype_range_check(values: np.ndarray, dtype: np.dtype, where: str) -> None:
-    if values.size == 0 or dtype.kind == "f" or dtype.name == "bfloat16":
+    if values.size == 0 or dtype.kind not in "ui":
         return
+    if values.dtype.kind in "ui" and np.can_cast(values.dtype, dtype, "safe"):
+        return  # every value of the source type fits
     info = np.iinfo(dtype)
     lo, hi = values.min(), values.max()
     if lo < info.min or hi > info.max:
@@ -87,13 +89,20 @@ class _ItemEncoder:
     def __init__(self, dtype: np.dtype, tokenizer: Tokenizer | None) -> None:
         self.dtype = dtype
         self.tokenizer = tokenizer
+        # Ids below the vocabulary size fit a dtype chosen for it: no per-item range check.
+        self.ids_fit = (
+            tokenizer is not None
+            and dtype.kind in "ui"
+            and tokenizer.vocab_size - 1 <= np.iinfo(dtype).max
+        )
 
     def __call__(self, item: Any, index: int) -> np.ndarray:
         where = f"item {index}"
         if isinstance(item, str):
             if self.tokenizer is not None:
                 ids = self.tokenizer.encode(item)
-                _dtype_range_check(ids, self.dtype, where)
+                if not self.ids_fit:
+                    _dtype_range_check(ids, self.dtype, where)
                 return ids.astype(self.dtype, copy=False)
             item = item.encode("utf-8")
         if isinstance(item, (bytes, bytearray, memoryview)):
@@ -114,7 +123,8 @@ class _ItemEncoder:
                     f"{where} has dtype {arr.dtype}, which cannot be stored as {self.dtype} "
                     "without losing information; convert it first or pass dtype="
                 )
-            _dtype_range_check(arr, self.dtype, where)
+            if not (self.ids_fit and arr.dtype.kind in "ui"):
+                _dtype_range_check(arr, self.dtype, where)
             return arr.astype(self.dtype)
         raise TypeError(
             f"{where} is a {type(item).__name__}; items must be str, bytes, numpy arrays or "

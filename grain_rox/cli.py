@@ -70,7 +70,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     conv.add_argument("--if-exists", choices=("error", "append", "overwrite"), default="error")
     conv.add_argument("--limit", type=int, default=None, help="convert at most N documents")
-    conv.add_argument("--workers", type=int, default=None, help="tokenizer threads (all cores)")
+    conv.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="chunks tokenized at once (default 1: the tokenizer itself uses all cores)",
+    )
     conv.add_argument("--no-progress", action="store_true", help="never show a progress bar")
 
     insp = sub.add_parser("inspect", help="describe shards: dtype, blocks, tokens, manifest")
