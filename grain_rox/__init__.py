@@ -5,12 +5,20 @@
 ['open_rox', 'write_rox']
 """
 
+from grain_rox._checkpoint import RoxCheckpointHandler as RoxCheckpointHandler
+from grain_rox._checkpoint import RoxCheckpointRestore as RoxCheckpointRestore
+from grain_rox._checkpoint import RoxCheckpointSave as RoxCheckpointSave
 from grain_rox._manifest import Manifest as Manifest
 from grain_rox._manifest import ShardRecord as ShardRecord
+from grain_rox._multihost import MultiHostDataLoadIterator as MultiHostDataLoadIterator
+from grain_rox._pipeline import GlobalBatchSource as GlobalBatchSource
+from grain_rox._pipeline import TokenPipeline as TokenPipeline
 from grain_rox._rox_corpus import RoxCorpus as RoxCorpus
 from grain_rox._rox_corpus import ShardInfo as ShardInfo
 from grain_rox._rox_corpus import open_rox as open_rox
 from grain_rox._rox_format import RoxFormatError as RoxFormatError
+from grain_rox._rox_source import RoxBlockSource as RoxBlockSource
+from grain_rox._rox_source import RoxTokenSource as RoxTokenSource
 from grain_rox._rox_writer import WriteResult as WriteResult
 from grain_rox._rox_writer import write_rox as write_rox
 from grain_rox._tokenizers import ByteTokenizer as ByteTokenizer
@@ -23,6 +31,14 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "ByteTokenizer",
+    "GlobalBatchSource",
+    "MultiHostDataLoadIterator",
+    "RoxBlockSource",
+    "RoxCheckpointHandler",
+    "RoxCheckpointRestore",
+    "RoxCheckpointSave",
+    "RoxTokenSource",
+    "TokenPipeline",
     "HFTokenizer",
     "Manifest",
     "RoxCorpus",

@@ -1,0 +1,146 @@
+"""Orbax checkpoints of the data position beside a model, restored in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import grain
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from grain_rox import (
+    MultiHostDataLoadIterator,
+    RoxCheckpointRestore,
+    RoxCheckpointSave,
+    TokenPipeline,
+    write_rox,
+)
+
+RESTORE_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import numpy as np, orbax.checkpoint as ocp, jax, jax.numpy as jnp
+    from grain_rox import MultiHostDataLoadIterator, RoxCheckpointRestore, TokenPipeline
+
+    corpus, ckpt, out, step, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    pipe = TokenPipeline(corpus, seq_len=24, global_batch_size=8, seed=11)
+    it = MultiHostDataLoadIterator(pipe)
+    manager = ocp.CheckpointManager(ckpt)
+    abstract = {"w": jax.ShapeDtypeStruct((4, 4), jnp.float32)}
+    restored = manager.restore(step, args=ocp.args.Composite(
+        model=ocp.args.StandardRestore(abstract), data=RoxCheckpointRestore(it)))
+    batches = {f"{k}_{i}": np.asarray(v) for i in range(count) for k, v in next(it).items()}
+    np.savez(out, w=np.asarray(restored["model"]["w"]), step=it.step, **batches)
+    it.close(); manager.close()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("ck") / "ck.rox")
+    rng = np.random.default_rng(1)
+    write_rox([rng.integers(1, 500, 400, dtype=np.uint16) for _ in range(500)], path, separator=0)
+    return path
+
+
+def make_pipe(corpus: str, **overrides) -> TokenPipeline:
+    kwargs = {"seq_len": 24, "global_batch_size": 8, "seed": 11} | overrides
+    return TokenPipeline(corpus, **kwargs)
+
+
+@pytest.mark.slow
+def test_model_and_data_restore_in_a_fresh_process_bit_exactly(corpus, tmp_path):
+    pipe = make_pipe(corpus)
+    it = MultiHostDataLoadIterator(pipe)
+    for _ in range(7):
+        next(it)
+    weights = {"w": jnp.arange(16, dtype=jnp.float32).reshape(4, 4) * 0.5}
+    manager = ocp.CheckpointManager(str(tmp_path / "ckpt"))
+    manager.save(
+        7, args=ocp.args.Composite(model=ocp.args.StandardSave(weights), data=RoxCheckpointSave(it))
+    )
+    manager.wait_until_finished()
+    manager.close()
+    assert (
+        json.loads((tmp_path / "ckpt" / "7" / "data" / "data_state.json").read_text())["step"] == 7
+    )
+    uninterrupted = [next(it) for _ in range(100)]
+    it.close()
+
+    script = tmp_path / "restore.py"
+    script.write_text(RESTORE_SCRIPT)
+    out = tmp_path / "restored.npz"
+    subprocess.run(
+        [sys.executable, str(script), corpus, str(tmp_path / "ckpt"), str(out), "7", "100"],
+        check=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    restored = np.load(out)
+    np.testing.assert_array_equal(restored["w"], np.asarray(weights["w"]))
+    assert int(restored["step"]) == 107
+    for i, batch in enumerate(uninterrupted):
+        for key, value in batch.items():
+            np.testing.assert_array_equal(restored[f"{key}_{i}"], np.asarray(value))
+
+
+def test_restore_into_other_data_is_refused_naming_the_change(corpus, tmp_path):
+    it = MultiHostDataLoadIterator(make_pipe(corpus))
+    next(it)
+    manager = ocp.CheckpointManager(str(tmp_path / "ckpt"))
+    manager.save(1, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+    manager.wait_until_finished()
+    it.close()
+    other = str(tmp_path / "other.rox")
+    write_rox([np.arange(200_000, dtype=np.uint16)], other, separator=0)
+    wrong_data = MultiHostDataLoadIterator(make_pipe(other))
+    with pytest.raises(
+        ValueError, match=r"the pipeline changed \(data: saved '[0-9a-f]{16}' -> now"
+    ):
+        manager.restore(1, args=ocp.args.Composite(data=RoxCheckpointRestore(wrong_data)))
+    wrong_batch = MultiHostDataLoadIterator(make_pipe(corpus, global_batch_size=16))
+    with pytest.raises(ValueError, match="global_batch_size: saved 8 -> now 16"):
+        manager.restore(1, args=ocp.args.Composite(data=RoxCheckpointRestore(wrong_batch)))
+    manager.close()
+
+
+def test_grain_own_checkpoint_handler_works_on_our_iterator(corpus, tmp_path):
+    pipe = make_pipe(corpus)
+    it = MultiHostDataLoadIterator(pipe)
+    for _ in range(3):
+        next(it)
+    manager = ocp.CheckpointManager(str(tmp_path / "g"))
+    manager.save(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
+    manager.wait_until_finished()
+    expected = np.asarray(next(it)["inputs"])
+    fresh = MultiHostDataLoadIterator(pipe)
+    manager.restore(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(fresh)))
+    np.testing.assert_array_equal(np.asarray(next(fresh)["inputs"]), expected)
+    it.close()
+    fresh.close()
+    manager.close()
+
+
+def test_data_loader_checkpoint_through_the_iterator(corpus, tmp_path):
+    pipe = make_pipe(corpus)
+    it = MultiHostDataLoadIterator(pipe.data_loader())
+    for _ in range(4):
+        next(it)
+    manager = ocp.CheckpointManager(str(tmp_path / "dl"))
+    manager.save(4, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+    manager.wait_until_finished()
+    expected = [np.asarray(next(it)["targets"]) for _ in range(3)]
+    fresh = MultiHostDataLoadIterator(pipe.data_loader())
+    manager.restore(4, args=ocp.args.Composite(data=RoxCheckpointRestore(fresh)))
+    assert [np.array_equal(np.asarray(next(fresh)["targets"]), e) for e in expected] == [True] * 3
+    it.close()
+    fresh.close()
+    manager.close()

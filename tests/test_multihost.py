@@ -1,0 +1,156 @@
+"""MultiHostDataLoadIterator on one process with 8 CPU devices: layout, prefetch, state."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import grain
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from grain_rox import MultiHostDataLoadIterator, TokenPipeline, write_rox
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("mh") / "mh.rox")
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 1000, rng.integers(5, 200), dtype=np.uint16) for _ in range(3000)]
+    write_rox(docs, path, separator=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pipe(corpus):
+    return TokenPipeline(corpus, seq_len=32, global_batch_size=16, seed=4, num_epochs=1)
+
+
+def test_yields_global_arrays_sharded_over_the_data_axis(pipe):
+    assert jax.device_count() == 8
+    with MultiHostDataLoadIterator(pipe) as it:
+        batch = next(it)
+    assert set(batch) == {
+        "inputs",
+        "targets",
+        "inputs_segmentation",
+        "inputs_position",
+        "targets_segmentation",
+        "targets_position",
+    }
+    x = batch["inputs"]
+    assert isinstance(x, jax.Array) and x.shape == (16, 32) and x.dtype == np.int32
+    assert x.sharding.spec == PartitionSpec("data")
+    assert sorted(s.data.shape for s in x.addressable_shards) == [(2, 32)] * 8
+    expected = pipe.map_dataset()[0]
+    for key, value in batch.items():
+        np.testing.assert_array_equal(np.asarray(value), expected[key])
+
+
+def test_custom_mesh_and_sharding(pipe):
+    mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("data", "model"))
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    with MultiHostDataLoadIterator(pipe, data_sharding=sharding) as it:
+        x = next(it)["targets"]
+    assert x.sharding == sharding
+    assert sorted(s.data.shape for s in x.addressable_shards) == [(4, 32)] * 8
+    np.testing.assert_array_equal(np.asarray(x), pipe.map_dataset()[0]["targets"])
+    with pytest.raises(ValueError, match="no 'data' axis"):
+        MultiHostDataLoadIterator(pipe, mesh=Mesh(np.asarray(jax.devices()), ("batch",)))
+
+
+def test_finite_length_and_clean_end(pipe):
+    with MultiHostDataLoadIterator(pipe) as it:
+        assert len(it) == pipe.num_batches
+        count = sum(1 for _ in it)
+        assert count == pipe.num_batches
+        with pytest.raises(StopIteration):
+            next(it)
+    endless = TokenPipeline(pipe.paths, seq_len=32, global_batch_size=16)
+    with pytest.raises(TypeError, match="endless"):
+        len(MultiHostDataLoadIterator(endless))
+
+
+def test_state_restores_the_next_batches_exactly(pipe):
+    it = MultiHostDataLoadIterator(pipe, prefetch=3)
+    for _ in range(5):
+        next(it)
+    state = it.get_state()
+    assert json.loads(state)["step"] == 5
+    following = [np.asarray(next(it)["inputs"]) for _ in range(4)]
+    it.set_state(state)  # rewinding in place also works
+    assert [np.array_equal(np.asarray(next(it)["inputs"]), f) for f in following] == [True] * 4
+    fresh = MultiHostDataLoadIterator(pipe)
+    fresh.set_state(state)
+    assert all(np.array_equal(np.asarray(next(fresh)["inputs"]), f) for f in following)
+    it.close()
+    fresh.close()
+
+
+def test_restoring_with_another_config_names_what_changed(pipe):
+    it = MultiHostDataLoadIterator(pipe)
+    next(it)
+    state = it.get_state()
+    it.close()
+    other = TokenPipeline(pipe.paths, seq_len=16, global_batch_size=16, seed=5, num_epochs=1)
+    with pytest.raises(ValueError, match=r"seq_len: saved 32 -> now 16.*seed: saved 4 -> now 5"):
+        MultiHostDataLoadIterator(other).set_state(state)
+    with pytest.raises(ValueError, match="not a MultiHostDataLoadIterator state"):
+        MultiHostDataLoadIterator(pipe).set_state(b'{"step": 3}')
+
+
+def test_worker_error_is_raised_in_the_caller_after_good_batches():
+    class Flaky:
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            if i == 3:
+                raise RuntimeError("disk on fire at record 3")
+            return {"x": np.full((8, 2), i, np.int32)}
+
+    ds = grain.MapDataset.source(Flaky()).to_iter_dataset()
+    it = MultiHostDataLoadIterator(ds, prefetch=4)
+    got = [int(np.asarray(next(it)["x"])[0, 0]) for _ in range(3)]
+    assert got == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="disk on fire at record 3"):
+        next(it)
+    it.close()
+
+
+def test_grain_dataset_input_keeps_grain_state(corpus):
+    ds = (
+        grain.MapDataset.source(list(range(40)))
+        .map(lambda i: {"x": np.full((8, 3), i, np.int32)})
+        .to_iter_dataset()
+    )
+    it = MultiHostDataLoadIterator(ds)
+    for _ in range(6):
+        next(it)
+    state = it.get_state()
+    after = [int(np.asarray(next(it)["x"])[0, 0]) for _ in range(3)]
+    assert after == [6, 7, 8]
+    again = MultiHostDataLoadIterator(ds)
+    again.set_state(state)
+    assert [int(np.asarray(next(again)["x"])[0, 0]) for _ in range(3)] == after
+    it.close()
+    again.close()
+
+
+def test_close_stops_the_prefetch_thread(pipe):
+    before = {t.name for t in threading.enumerate()}
+    it = MultiHostDataLoadIterator(pipe, prefetch=2)
+    next(it)
+    assert any(t.name == "grain_rox-prefetch" for t in threading.enumerate())
+    it.close()
+    assert {t.name for t in threading.enumerate()} - before == set()
+
+
+def test_grain_worker_processes_feed_the_iterator(pipe):
+    pytest.importorskip("absl")
+    with MultiHostDataLoadIterator(pipe, worker_count=2) as it:
+        got = [np.asarray(next(it)["inputs"]) for _ in range(3)]
+    ds = pipe.map_dataset()
+    assert all(np.array_equal(g, ds[k]["inputs"]) for k, g in enumerate(got))

@@ -1,0 +1,99 @@
+"""RoxTokenSource and RoxBlockSource as plain Grain sources: DataLoader, MapDataset, Batch."""
+
+from __future__ import annotations
+
+import collections
+import pickle
+
+import grain
+import numpy as np
+import pytest
+
+from grain_rox import RoxBlockSource, RoxTokenSource, write_rox
+
+
+@pytest.fixture(scope="module")
+def docs_path(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("src") / "s.rox")
+    docs = [np.arange(1, n + 1, dtype=np.uint16) * 10 + i for i, n in enumerate([3, 7, 2, 9] * 50)]
+    write_rox(docs, path, separator=0, block_size=128, max_shard_bytes=1000)
+    return path
+
+
+def test_windows_are_next_token_pairs_over_all_shards(docs_path):
+    source = RoxTokenSource(docs_path, seq_len=8)
+    stream = np.concatenate([source.corpus.tokens(0, source.corpus.num_tokens)])
+    assert len(source.paths) > 1
+    assert len(source) == (stream.size - 1) // 8
+    for i in [0, 1, len(source) // 2, len(source) - 1]:
+        rec = source[i]
+        np.testing.assert_array_equal(rec["inputs"], stream[i * 8 : i * 8 + 8])
+        np.testing.assert_array_equal(rec["targets"], stream[i * 8 + 1 : i * 8 + 9])
+        assert rec["inputs"].dtype == np.int32
+    with pytest.raises(IndexError, match="out of range"):
+        source[len(source)]
+
+
+def test_segmentation_comes_from_the_manifest_eos(docs_path):
+    rec = RoxTokenSource(docs_path, seq_len=12)[0]
+    # stream: 10 20 30 0 | 11 21 31 41 51 61 71 0 | 12 ...
+    assert rec["inputs"].tolist() == [10, 20, 30, 0, 11, 21, 31, 41, 51, 61, 71, 0]
+    assert rec["inputs_segmentation"].tolist() == [1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2]
+    assert rec["inputs_position"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7]
+    plain = RoxTokenSource(docs_path, seq_len=12, eos_id=None)
+    assert "inputs_segmentation" in plain[0]  # the manifest's EOS is used by default
+
+
+@pytest.mark.parametrize("worker_count", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_data_loader_shuffle_and_batch(docs_path, worker_count):
+    source = RoxTokenSource(docs_path, seq_len=8)
+    sampler = grain.samplers.IndexSampler(
+        num_records=len(source),
+        shuffle=True,
+        seed=3,
+        num_epochs=1,
+        shard_options=grain.sharding.NoSharding(),
+    )
+    if worker_count:
+        from grain_rox._grain_setup import ensure_absl_flags_parsed
+
+        ensure_absl_flags_parsed()
+    loader = grain.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        worker_count=worker_count,
+        operations=[grain.transforms.Batch(4, drop_remainder=True)],
+    )
+    batches = list(loader)
+    assert len(batches) == len(source) // 4
+    assert all(b["inputs"].shape == (4, 8) for b in batches)
+    served = collections.Counter(tuple(row) for b in batches for row in b["inputs"].tolist())
+    available = collections.Counter(tuple(source[i]["inputs"].tolist()) for i in range(len(source)))
+    # Every record is served at most once, and all but the dropped remainder are served
+    # (Grain decides how records are grouped into batches).
+    assert sum(served.values()) == len(batches) * 4
+    assert all(available[row] >= n for row, n in served.items())
+    assert sum((available - served).values()) == len(source) % 4
+    # The same seed gives the same batches.
+    again = [b["inputs"] for b in loader]
+    assert all(np.array_equal(a["inputs"], b) for a, b in zip(batches, again, strict=True))
+
+
+def test_map_dataset_and_pickling(docs_path):
+    source = RoxTokenSource(docs_path, seq_len=8)
+    ds = grain.MapDataset.source(source).shuffle(seed=1).batch(3)
+    first = ds[0]
+    assert first["inputs"].shape == (3, 8)
+    clone = pickle.loads(pickle.dumps(source))
+    assert repr(clone) == repr(source) and "0x" not in repr(source)
+    np.testing.assert_array_equal(clone[5]["targets"], source[5]["targets"])
+
+
+def test_block_source(docs_path):
+    blocks = RoxBlockSource(docs_path)
+    assert len(blocks) == len(blocks.corpus)
+    assert blocks[0].dtype == np.uint16 and blocks[0].size == 64
+    np.testing.assert_array_equal(blocks[1], blocks.corpus.tokens(64, 128))
+    ds = grain.MapDataset.source(blocks).batch(2)
+    assert ds[0].shape == (2, 64)
+    assert isinstance(blocks, grain.sources.RandomAccessDataSource)
