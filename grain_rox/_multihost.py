@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from grain_rox._pipeline import TokenPipeline
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 _DONE = object()
 
 
@@ -56,13 +56,49 @@ def process_rows(sharding: NamedSharding, global_batch: int, ndim: int = 2) -> t
     return lo, hi
 
 
+def _history_problems(saved: list[dict[str, Any]], now: list[dict[str, Any]], step: int) -> str:
+    """Why the phases ``now`` cannot continue a run saved at ``step`` under ``saved`` ("" if
+    they can: phases that already ran, fully or partly, must be the same; later ones may
+    change, and a running phase may be cut short at ``step`` to start a new one)."""
+    start = 0
+    for i, old in enumerate(saved):
+        if start >= step:
+            return ""  # this phase had not started: the new schedule may differ from here on
+        if i >= len(now):
+            return f"phase {i} (started at step {start}) is missing from the new schedule"
+        new = now[i]
+        diff = [
+            f"{k} {old[k]!r} -> {new[k]!r}"
+            for k in ("batch_size", "seq_len", "weights")
+            if old[k] != new[k]
+        ]
+        if diff:
+            return f"phase {i}, which ran from step {start}, changed ({', '.join(diff)})"
+        done = step - start  # steps of this phase already consumed
+        old_steps, new_steps = old["steps"], new["steps"]
+        if new_steps is not None and new_steps < done:
+            return f"phase {i} already ran {done} steps but now has only {new_steps}"
+        if old_steps is not None and done >= old_steps and new_steps != old_steps:
+            return f"phase {i} ran its {old_steps} steps but now has {new_steps}"
+        if old_steps is None or new_steps != old_steps:
+            return ""  # the running phase continues, or is cut short here: later phases are new
+        start += old_steps
+    return ""
+
+
 def _decode_state(state: bytes | str | dict[str, Any]) -> dict[str, Any]:
     if isinstance(state, bytes):
         state = state.decode("utf-8")
     if isinstance(state, str):
         state = json.loads(state)
-    if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+    if not isinstance(state, dict) or "step" not in state or "version" not in state:
         raise ValueError(f"not a MultiHostDataLoadIterator state: {str(state)[:200]}")
+    if state["version"] != _STATE_VERSION:
+        raise ValueError(
+            f"this data state has format version {state['version']}, but this grain_rox reads "
+            f"version {_STATE_VERSION}: it was saved by another grain_rox release, whose batch "
+            "order may differ; restore with that release or start a new run"
+        )
     return state
 
 
@@ -120,9 +156,20 @@ class MultiHostDataLoadIterator:
         self._stop = threading.Event()
         self._exhausted = False
         if self._pipeline is not None:
-            self._rows = process_rows(self.sharding, self._pipeline.global_batch_size)
+            sizes = sorted({p.batch_size for p in self._pipeline.schedule.phases})
+            self._rows = {b: process_rows(self.sharding, b) for b in sizes}
+            lo, hi = self._rows[sizes[0]]
+            self._factor = sizes[0] // (hi - lo)
             self._describe = self._pipeline.describe()
         self._grain_iter: Any = None
+
+    @property
+    def local_rows(self) -> dict[int, tuple[int, int]]:
+        """For a TokenPipeline: each phase batch size -> the rows ``[lo, hi)`` this process
+        reads (its devices' part of the global batch)."""
+        if self._pipeline is None:
+            raise TypeError("local_rows is known only for a TokenPipeline input")
+        return dict(self._rows)
 
     # ---- sizes ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -159,7 +206,7 @@ class MultiHostDataLoadIterator:
 
     def _row_factor(self, local_rows: int) -> int:
         if self._pipeline is not None:
-            return self._pipeline.global_batch_size // local_rows
+            return self._factor  # global rows / this process's rows, the same in every phase
         return jax.process_count()
 
     def _produce(self, grain_iter: Any, stop: threading.Event, out: queue.Queue[Any]) -> None:
@@ -258,10 +305,20 @@ class MultiHostDataLoadIterator:
             saved = decoded.get("pipeline")
             if saved is None:
                 raise ValueError("the state was saved from a Grain loader, not a TokenPipeline")
-            changed = {k: (saved.get(k), v) for k, v in self._describe.items() if saved.get(k) != v}
+            changed = {
+                k: (saved.get(k), v)
+                for k, v in self._describe.items()
+                if saved.get(k) != v and k != "phases"
+            }
+            history = _history_problems(
+                saved.get("phases", []), self._describe["phases"], int(decoded["step"])
+            )
+            if history:
+                changed["phases"] = (history, "")
             if changed:
                 details = ", ".join(
-                    f"{k}: saved {a!r} -> now {b!r}" for k, (a, b) in changed.items()
+                    f"{k}: {a}" if k == "phases" else f"{k}: saved {a!r} -> now {b!r}"
+                    for k, (a, b) in changed.items()
                 )
                 raise ValueError(
                     f"cannot restore this data state: the pipeline changed ({details}). Restore "

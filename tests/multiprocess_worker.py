@@ -1,0 +1,120 @@
+"""One process of a multi-process JAX run over loopback, driven by tests/test_multiprocess.py.
+
+Usage: ``python multiprocess_worker.py PLAN.json PROCESS_ID``. The plan (JSON) holds::
+
+    {"port": int, "num_processes": int, "corpus": path, "out_dir": path,
+     "pipeline": {TokenPipeline keyword arguments},
+     "runs": [{"tag": str, "read": int,
+               "restore": {"dir": path, "step": int} | null,
+               "save": {"dir": path, "after": int} | null}, ...]}
+
+Each run builds a fresh ``MultiHostDataLoadIterator``, optionally restores it with Orbax
+(``RoxCheckpointRestore``), reads ``read`` global batches, optionally saves with Orbax
+(``RoxCheckpointSave``) after ``after`` of them, and writes ``OUT_DIR/TAG_pID.npz`` with, per
+batch and feature, this process's rows (from its addressable shards) and the whole global
+array (``process_allgather``), plus a JSON ``meta`` record. JAX's distributed runtime is
+initialised before anything else touches JAX.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    print(f"[{time.monotonic() - T0:6.2f}s] {message}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    plan_path, process_id = sys.argv[1], int(sys.argv[2])
+    with open(plan_path) as f:
+        plan = json.load(f)
+
+    import jax
+
+    log("jax imported")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{plan['port']}",
+        num_processes=plan["num_processes"],
+        process_id=process_id,
+        initialization_timeout=60,
+    )
+
+    log("distributed initialised")
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from jax.experimental import multihost_utils
+
+    import grain_rox
+
+    assert jax.process_count() == plan["num_processes"], jax.process_count()
+    assert jax.process_index() == process_id, jax.process_index()
+    log(f"grain_rox imported from {grain_rox.__file__}")
+    pipeline = grain_rox.TokenPipeline(plan["corpus"], **plan["pipeline"])
+
+    for run in plan["runs"]:
+        log(f"run {run['tag']}")
+        arrays: dict[str, np.ndarray] = {}
+        meta: dict[str, object] = {
+            "process_index": jax.process_index(),
+            "process_count": jax.process_count(),
+            "local_device_count": jax.local_device_count(),
+            "device_count": jax.device_count(),
+        }
+        with grain_rox.MultiHostDataLoadIterator(pipeline) as it:
+            # The rows this process reads, for the (single) phase's batch size.
+            meta["rows"] = list(it.local_rows[plan["pipeline"]["global_batch_size"]])
+            if run.get("restore"):
+                manager = ocp.CheckpointManager(run["restore"]["dir"])
+                manager.restore(
+                    run["restore"]["step"],
+                    args=ocp.args.Composite(data=grain_rox.RoxCheckpointRestore(it)),
+                )
+                manager.close()
+            meta["start_step"] = it.step
+            log(f"iterator ready at step {it.step}")
+            shard_rows: list[list[list[int]]] = []
+            global_shapes: dict[str, list[int]] = {}
+            for i in range(run["read"]):
+                if run.get("save") and i == run["save"]["after"]:
+                    _save(ocp, grain_rox, run["save"]["dir"], it)
+                batch = next(it)
+                gathered = multihost_utils.process_allgather(batch, tiled=True)
+                for key, x in batch.items():
+                    global_shapes[key] = list(x.shape)
+                    shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+                    if key == "inputs":
+                        shard_rows.append(
+                            [[s.index[0].start, s.index[0].stop, s.data.shape[0]] for s in shards]
+                        )
+                    arrays[f"local__{key}__{i}"] = np.concatenate(
+                        [np.asarray(s.data) for s in shards]
+                    )
+                    arrays[f"global__{key}__{i}"] = np.asarray(gathered[key])
+            log(f"read {run['read']} batches")
+            if run.get("save") and run["save"]["after"] == run["read"]:
+                _save(ocp, grain_rox, run["save"]["dir"], it)
+            meta["end_step"] = it.step
+            meta["shard_rows"] = shard_rows
+            meta["global_shapes"] = global_shapes
+        arrays["meta"] = np.asarray(json.dumps(meta))
+        np.savez(f"{plan['out_dir']}/{run['tag']}_p{process_id}.npz", **arrays)
+    log("runs done")
+    multihost_utils.sync_global_devices("multiprocess_worker done")
+    log("synced")
+
+
+def _save(ocp, grain_rox, directory: str, it) -> None:
+    manager = ocp.CheckpointManager(directory)
+    manager.save(it.step, args=ocp.args.Composite(data=grain_rox.RoxCheckpointSave(it)))
+    manager.wait_until_finished()
+    manager.close()
+    log(f"saved step {it.step} to {directory}")
+
+
+if __name__ == "__main__":
+    main()

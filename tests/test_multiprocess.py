@@ -1,0 +1,390 @@
+"""Real multi-process JAX over loopback: global batches, rows per process, elastic resume.
+
+Workers (tests/multiprocess_worker.py) are separate Python processes that call
+``jax.distributed.initialize`` against a coordinator on 127.0.0.1 and each own a few CPU
+devices. Everything they see is compared bit for bit with ``pipeline.map_dataset()[k]``
+computed here, in one process. This process never calls ``jax.distributed``; it only saves
+and restores single-process checkpoints (it is a one-process JAX program with 8 devices).
+
+Cost: two waves of workers (2 processes, then 4), ~5 s of imports each per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+import grain_rox
+from grain_rox import (
+    MultiHostDataLoadIterator,
+    RoxCheckpointRestore,
+    RoxCheckpointSave,
+    TokenPipeline,
+)
+
+WORKER = Path(__file__).with_name("multiprocess_worker.py")
+TIMEOUT = 120.0
+SEQ_LEN = 64
+BATCH = 16
+SEED = 3
+CONFIG = {"seq_len": SEQ_LEN, "global_batch_size": BATCH, "seed": SEED}
+FEATURES = (
+    "inputs",
+    "targets",
+    "inputs_segmentation",
+    "inputs_position",
+    "targets_segmentation",
+    "targets_position",
+)
+
+
+# ---- spawning workers ------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_workers(num_processes: int, plan: dict, work: Path) -> tuple[float, float]:
+    """Run ``num_processes`` workers on ``plan`` concurrently; return (wall, CPU) seconds.
+
+    Every worker is killed on timeout, or shortly after another one fails (the others would
+    wait for it at the next barrier). On failure every worker's stderr is printed and put
+    in the assertion message.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    plan = {**plan, "port": free_port(), "num_processes": num_processes}
+    plan_path = work / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={8 // num_processes}",
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("JAX_NUM_PROCESSES", None)
+    logs = [work / f"worker{i}.log" for i in range(num_processes)]
+    procs: list[subprocess.Popen] = []
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    try:
+        for i in range(num_processes):
+            with open(logs[i], "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(WORKER), str(plan_path), str(i)],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=str(work),
+                    )
+                )
+        problem = None
+        failed_at = None
+        while problem is None:
+            codes = [p.poll() for p in procs]
+            if all(c == 0 for c in codes):
+                break
+            now = time.monotonic()
+            if any(c not in (None, 0) for c in codes):
+                failed_at = failed_at or now
+                if all(c is not None for c in codes) or now - failed_at > 5:
+                    problem = f"worker exit codes {codes}"
+            if now - start > TIMEOUT:
+                problem = f"timed out after {TIMEOUT:.0f} s (exit codes {codes})"
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            p.wait()
+    if problem is not None:
+        report = "\n".join(
+            f"----- worker {i} of {num_processes} (exit {p.returncode}) -----\n"
+            + logs[i].read_text(errors="replace")[-6000:]
+            for i, p in enumerate(procs)
+        )
+        print(report, file=sys.stderr)
+        pytest.fail(f"{num_processes}-process run failed: {problem}\n{report}", pytrace=False)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return wall, cpu
+
+
+def load_outputs(out_dir: Path, tag: str, num_processes: int) -> list[dict]:
+    """Per process: {"meta": dict, "local": {key: [step arrays]}, "global": {...}}."""
+    result = []
+    for p in range(num_processes):
+        with np.load(out_dir / f"{tag}_p{p}.npz") as z:
+            meta = json.loads(str(z["meta"]))
+            n = meta["end_step"] - meta["start_step"]
+            result.append(
+                {
+                    "meta": meta,
+                    "local": {k: [z[f"local__{k}__{i}"] for i in range(n)] for k in FEATURES},
+                    "global": {k: [z[f"global__{k}__{i}"] for i in range(n)] for k in FEATURES},
+                }
+            )
+    return result
+
+
+# ---- fixtures ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    """~300k random uint16 tokens in documents separated by 0 (so segmentation features)."""
+    rng = np.random.default_rng(1234)
+    docs, total = [], 0
+    while total < 300_000:
+        n = int(rng.integers(1, 3000))
+        docs.append(rng.integers(1, 65535, size=n, dtype=np.uint16))
+        total += n + 1
+    path = tmp_path_factory.mktemp("corpus") / "mp.rox"
+    grain_rox.write_rox(docs, path, separator=0)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pipeline(corpus) -> TokenPipeline:
+    return TokenPipeline(corpus, **CONFIG)
+
+
+@pytest.fixture(scope="module")
+def expected(pipeline):
+    """Global batch k computed in this one process, with numpy only."""
+    ds = pipeline.map_dataset()
+    cache: dict[int, dict[str, np.ndarray]] = {}
+
+    def batch(k: int) -> dict[str, np.ndarray]:
+        if k not in cache:
+            cache[k] = {key: np.array(v) for key, v in ds[k].items()}
+        return cache[k]
+
+    first = batch(0)
+    assert tuple(first) == FEATURES  # segmentation features are present
+    assert first["inputs_segmentation"].max() > 1  # documents do end inside windows
+    return batch
+
+
+@pytest.fixture(scope="module")
+def ckpt_1proc(tmp_path_factory, pipeline, expected) -> Path:
+    """A checkpoint at step 10 saved by this (single, 8-device) process."""
+    directory = tmp_path_factory.mktemp("ckpt_1proc")
+    with MultiHostDataLoadIterator(pipeline) as it:
+        for k in range(10):
+            batch = next(it)
+            assert np.array_equal(np.asarray(batch["inputs"]), expected(k)["inputs"])
+        manager = ocp.CheckpointManager(directory)
+        manager.save(10, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+        manager.wait_until_finished()
+        manager.close()
+    return directory
+
+
+@pytest.fixture(scope="module")
+def epoch_end(pipeline) -> int:
+    """A step 3 batches before the first epoch ends: batches [k, k + 6) cross into epoch 1."""
+    one_epoch = TokenPipeline(pipeline.paths, **CONFIG, num_epochs=1)
+    assert 30 < one_epoch.num_batches == len(one_epoch.map_dataset()) < 1000
+    return one_epoch.num_batches - 3
+
+
+@pytest.fixture(scope="module")
+def ckpt_near_epoch_end(tmp_path_factory, pipeline, epoch_end) -> Path:
+    """A single-process checkpoint at step ``epoch_end`` (set directly: resume is O(1))."""
+    directory = tmp_path_factory.mktemp("ckpt_epoch")
+    with MultiHostDataLoadIterator(pipeline) as it:
+        state = json.loads(it.get_state())
+        it.set_state(json.dumps({**state, "step": epoch_end}).encode())
+        manager = ocp.CheckpointManager(directory)
+        manager.save(epoch_end, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+        manager.wait_until_finished()
+        manager.close()
+    return directory
+
+
+@pytest.fixture(scope="module")
+def waves(tmp_path_factory, corpus, ckpt_1proc, ckpt_near_epoch_end, epoch_end):
+    """Runs the worker waves once, on demand: 2 processes, then 4 (they need the 2's ckpt)."""
+    root = tmp_path_factory.mktemp("mp")
+    out_dir = root / "out"
+    out_dir.mkdir()
+    ckpt_2proc = root / "ckpt_2proc"
+    done: dict[int, dict] = {}
+
+    def wave(n: int) -> dict:
+        if n in done:
+            return done[n]
+        base = {"corpus": corpus, "out_dir": str(out_dir), "pipeline": CONFIG}
+        if n == 2:
+            runs = [
+                # Fresh: 20 batches, checkpoint after 10 (then keep going).
+                {"tag": "fresh2", "read": 20, "save": {"dir": str(ckpt_2proc), "after": 10}},
+                # Elastic 1 -> 2: the single-process checkpoint at step 10.
+                {"tag": "from1", "read": 10, "restore": {"dir": str(ckpt_1proc), "step": 10}},
+            ]
+        else:
+            wave(2)  # the 2-process checkpoint must exist first
+            runs = [
+                {"tag": f"fresh{n}", "read": 20},
+                {"tag": "from2", "read": 10, "restore": {"dir": str(ckpt_2proc), "step": 10}},
+                # Across the end of the first epoch, from a single-process checkpoint.
+                {
+                    "tag": "epoch",
+                    "read": 6,
+                    "restore": {"dir": str(ckpt_near_epoch_end), "step": epoch_end},
+                },
+            ]
+        wall, cpu = run_workers(n, {**base, "runs": runs}, root / f"work{n}")
+        print(f"\n{n}-process wave: {wall:.1f} s wall, {cpu:.1f} s CPU in the workers")
+        done[n] = {
+            "out_dir": out_dir,
+            "ckpt_2proc": ckpt_2proc,
+            **{run["tag"]: load_outputs(out_dir, run["tag"], n) for run in runs},
+        }
+        return done[n]
+
+    return wave
+
+
+def assert_batches_equal(outputs: list[dict], expected, first_step: int, count: int) -> None:
+    """Every process's global view and own rows equal the single-process batches."""
+    n = len(outputs)
+    for proc in outputs:
+        meta = proc["meta"]
+        assert meta["start_step"] == first_step
+        assert meta["end_step"] == first_step + count
+        lo, hi = meta["rows"]
+        for i in range(count):
+            want = expected(first_step + i)
+            for key in FEATURES:
+                got_global = proc["global"][key][i]
+                got_local = proc["local"][key][i]
+                where = f"process {meta['process_index']}/{n}, step {first_step + i}, {key}"
+                assert got_global.dtype == want[key].dtype, where
+                assert got_global.shape == (BATCH, SEQ_LEN), where
+                assert np.array_equal(got_global, want[key]), where
+                assert got_local.shape == (BATCH // n, SEQ_LEN), where
+                assert np.array_equal(got_local, want[key][lo:hi]), where
+
+
+# ---- 1. global batches equal the single-process ones -------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("num_processes", [2, 4])
+def test_global_batches_equal_single_process_bit_for_bit(waves, expected, num_processes):
+    outputs = waves(num_processes)[f"fresh{num_processes}"]
+    assert len(outputs) == num_processes
+    assert_batches_equal(outputs, expected, first_step=0, count=20)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_processes", [2, 4])
+def test_each_process_reads_only_its_own_rows(waves, num_processes):
+    outputs = waves(num_processes)[f"fresh{num_processes}"]
+    per_process = BATCH // num_processes
+    spans = []
+    for p, proc in enumerate(outputs):
+        meta = proc["meta"]
+        assert meta["process_index"] == p
+        assert meta["process_count"] == num_processes
+        assert meta["local_device_count"] == 8 // num_processes
+        assert meta["device_count"] == 8
+        assert meta["global_shapes"] == {k: [BATCH, SEQ_LEN] for k in FEATURES}
+        lo, hi = meta["rows"]
+        assert hi - lo == per_process
+        spans.append((lo, hi))
+        # The process's addressable shards are exactly rows [lo, hi), one slice per device.
+        for shards in meta["shard_rows"]:
+            assert len(shards) == 8 // num_processes
+            assert shards[0][0] == lo and shards[-1][1] == hi
+            for (a, b, size), nxt in zip(shards, [*shards[1:], [hi]], strict=True):
+                assert size == b - a == BATCH // 8 and nxt[0] == b
+        for key in FEATURES:
+            assert all(x.shape == (per_process, SEQ_LEN) for x in proc["local"][key])
+    # Together the processes hold every row once.
+    assert sorted(spans) == [(i * per_process, (i + 1) * per_process) for i in range(num_processes)]
+
+
+# ---- 2. elastic resume across process counts ---------------------------------------------------
+@pytest.mark.slow
+def test_two_process_checkpoint_is_one_global_file(waves):
+    ckpt = waves(2)["ckpt_2proc"]
+    data_dir = ckpt / "10" / "data"
+    names = sorted(p.name for p in data_dir.iterdir())
+    assert "data_state.json" in names
+    assert not [name for name in names if name.startswith("process_")], names  # no per-process
+    state = json.loads((data_dir / "data_state.json").read_text())
+    assert state["step"] == 10
+    assert state["pipeline"]["seed"] == SEED
+
+
+@pytest.mark.slow
+def test_resume_two_processes_into_one(waves, pipeline, expected):
+    ckpt = waves(2)["ckpt_2proc"]
+    with MultiHostDataLoadIterator(pipeline) as it:  # this process: 1 process, 8 devices
+        manager = ocp.CheckpointManager(ckpt)
+        restored = manager.restore(10, args=ocp.args.Composite(data=RoxCheckpointRestore(it)))
+        manager.close()
+        assert restored["data"] is it
+        assert it.step == 10
+        for k in range(10, 20):
+            batch = next(it)
+            for key in FEATURES:
+                assert np.array_equal(np.asarray(batch[key]), expected(k)[key]), (k, key)
+        assert it.step == 20
+
+
+@pytest.mark.slow
+def test_resume_two_processes_into_four(waves, expected):
+    outputs = waves(4)["from2"]
+    assert len(outputs) == 4
+    assert_batches_equal(outputs, expected, first_step=10, count=10)
+
+
+@pytest.mark.slow
+def test_resume_one_process_into_two(waves, expected):
+    outputs = waves(2)["from1"]
+    assert len(outputs) == 2
+    assert_batches_equal(outputs, expected, first_step=10, count=10)
+
+
+@pytest.mark.slow
+def test_resume_across_the_epoch_boundary_on_four_processes(waves, expected, epoch_end):
+    outputs = waves(4)["epoch"]
+    assert_batches_equal(outputs, expected, first_step=epoch_end, count=6)
+
+
+# ---- 3. a changed config is refused --------------------------------------------------------------
+@pytest.mark.parametrize("name", ["seed", "seq_len"])
+def test_restore_into_changed_pipeline_is_refused(ckpt_1proc, corpus, name):
+    old = CONFIG[name]
+    new = {"seed": SEED + 1, "seq_len": SEQ_LEN // 2}[name]
+    other = TokenPipeline(corpus, **{**CONFIG, name: new})
+    # The message names what changed, with the saved value before the new one.
+    says_what_changed = rf"\b{name}\b\W.*\b{old}\b.*\b{new}\b"
+    with MultiHostDataLoadIterator(other) as it:
+        manager = ocp.CheckpointManager(ckpt_1proc)
+        with pytest.raises(ValueError, match=says_what_changed):
+            manager.restore(10, args=ocp.args.Composite(data=RoxCheckpointRestore(it)))
+        manager.close()
+        assert it.step == 0  # nothing was applied
+        # Direct set_state refuses the same way.
+        saved = (ckpt_1proc / "10" / "data" / "data_state.json").read_text()
+        with pytest.raises(ValueError, match=says_what_changed):
+            it.set_state(saved)
+        assert it.step == 0
+    # The unchanged config restores fine from the same file.
+    with MultiHostDataLoadIterator(TokenPipeline(corpus, **CONFIG)) as it:
+        it.set_state(saved)
+        assert it.step == 10
