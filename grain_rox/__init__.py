@@ -8,6 +8,7 @@
 from grain_rox._checkpoint import RoxCheckpointHandler as RoxCheckpointHandler
 from grain_rox._checkpoint import RoxCheckpointRestore as RoxCheckpointRestore
 from grain_rox._checkpoint import RoxCheckpointSave as RoxCheckpointSave
+from grain_rox._curriculum import Phase as Phase
 from grain_rox._manifest import Manifest as Manifest
 from grain_rox._manifest import ShardRecord as ShardRecord
 from grain_rox._multihost import MultiHostDataLoadIterator as MultiHostDataLoadIterator
@@ -21,6 +22,7 @@ from grain_rox._rox_source import RoxBlockSource as RoxBlockSource
 from grain_rox._rox_source import RoxTokenSource as RoxTokenSource
 from grain_rox._rox_writer import WriteResult as WriteResult
 from grain_rox._rox_writer import write_rox as write_rox
+from grain_rox._roxxel_stream import roxxel_stream as roxxel_stream
 from grain_rox._tokenizers import ByteTokenizer as ByteTokenizer
 from grain_rox._tokenizers import HFTokenizer as HFTokenizer
 from grain_rox._tokenizers import TiktokenTokenizer as TiktokenTokenizer
@@ -41,6 +43,7 @@ __all__ = [
     "TokenPipeline",
     "HFTokenizer",
     "Manifest",
+    "Phase",
     "RoxCorpus",
     "RoxFormatError",
     "ShardInfo",
@@ -50,5 +53,6 @@ __all__ = [
     "WriteResult",
     "get_tokenizer",
     "open_rox",
+    "roxxel_stream",
     "write_rox",
 ]

@@ -13,9 +13,10 @@ The global order of one source, a pure function of (shard sizes, seed, seq_len s
   exactly one window, in the order of a seeded permutation ``phi_{e,j}`` of the lanes. The rows
   of a batch therefore come from different lanes, i.e. from unrelated places of the corpus, and
   a lane's next window turns up about ``lanes / batch`` steps later at a random row.
-* **Epochs.** An epoch ends at the first round in which some lane could not fit its window;
-  the next round starts epoch ``e + 1`` with fresh permutations. Per epoch, every lane's tail
-  shorter than one window (at most ``lanes * seq_len`` tokens in all) is not served.
+* **Epochs.** An epoch ends before the first round in which some lane might not fit a window
+  of ``max_seq_len + 1`` tokens; the next round starts epoch ``e + 1`` with fresh
+  permutations. Per epoch, every lane's tail shorter than one longest window (at most about
+  ``lanes * max_seq_len`` tokens in all) is not served.
 
 Locating any sample costs O(#phases) arithmetic plus one vectorised permutation evaluation,
 whatever the step: reaching step 10**9 costs what reaching step 10 does.
@@ -83,6 +84,7 @@ class LaneOrder:
         chunk_tokens: int,
         lanes: int,
         runs: Sequence[Run],
+        max_seq_len: int | None = None,
     ) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens={chunk_tokens} must be >= 1")
@@ -99,20 +101,26 @@ class LaneOrder:
         self.stream_tokens = self.num_chunks * self.chunk_tokens
         self.lanes = int(lanes)
         self.lane_tokens = self.stream_tokens // self.lanes
-        self.runs = tuple(runs)
+        self.runs = tuple(r for r in runs if r.stop > r.start)
         longest = max(r.seq_len for r in self.runs)
-        if self.lane_tokens < longest + 1:
+        self.max_seq_len = int(max_seq_len or longest)
+        if self.max_seq_len < longest:
+            raise ValueError(
+                f"max_seq_len={max_seq_len} is below the schedule's longest seq_len {longest}"
+            )
+        if self.lane_tokens < self.max_seq_len + 1:
             raise ValueError(
                 f"a lane of {self.lane_tokens} tokens ({self.stream_tokens} usable tokens / "
-                f"{self.lanes} lanes) cannot hold one window of seq_len {longest} + 1; use fewer "
-                "lanes, a smaller chunk_tokens, or more data"
+                f"{self.lanes} lanes) cannot hold one window of seq_len {self.max_seq_len} + 1; "
+                "use fewer lanes, a smaller chunk_tokens, or more data"
             )
-        self._rounds = _RoundTable(self.runs, self.lanes, self.lane_tokens)
+        self._rounds = _RoundTable(self.runs, self.lanes, self.lane_tokens, self.max_seq_len)
 
     @property
     def windows_per_epoch(self) -> int:
         """Samples in a fresh epoch under the first run's seq_len."""
-        return ((self.lane_tokens - 1) // self.runs[0].seq_len) * self.lanes
+        room = self.lane_tokens - self.max_seq_len - 1
+        return (room // self.runs[0].seq_len + 1) * self.lanes
 
     def chunk_permutation(self, epoch: int) -> FeistelPermutation:
         return FeistelPermutation(self.num_chunks, derive_key(self.seed, _PURPOSE_CHUNKS, epoch))
@@ -169,10 +177,11 @@ class RoundInfo:
 class _RoundTable:
     """Rounds grouped into epochs under a seq_len schedule, answered in O(#runs)."""
 
-    def __init__(self, runs: Sequence[Run], lanes: int, lane_tokens: int) -> None:
+    def __init__(self, runs: Sequence[Run], lanes: int, lane_tokens: int, max_seq_len: int) -> None:
         self.runs = list(runs)
         self.lanes = lanes
         self.lane_tokens = lane_tokens
+        self.max_seq_len = max_seq_len
 
     def _round_pieces(self, j: int) -> tuple[tuple[int, int], ...]:
         lo, hi = j * self.lanes, (j + 1) * self.lanes
@@ -189,56 +198,45 @@ class _RoundTable:
         return sum(max(0, min(hi, r.stop) - max(lo, r.start)) for r in self.runs)
 
     def locate(self, j: int) -> RoundInfo:
-        """Walk the schedule to round ``j``: epoch, cursor base and mixed rounds before it."""
-        lam = self.lane_tokens
+        """Walk the schedule to round ``j``: epoch, cursor base and mixed rounds before it.
+
+        Round ``j`` belongs to the current epoch while ``used + max_seq_len + 1 <= lane``,
+        where ``used`` bounds every lane's cursor (the sum of each earlier round's widest
+        window). The rule looks only at earlier rounds and a fixed ``max_seq_len``, so a
+        schedule changed from some sample on never moves rounds that were already served.
+        """
+        room = self.lane_tokens - self.max_seq_len - 1
         epoch, start, used, pure = 0, 0, 0, 0  # used: max cursor (conservative), pure: exact
         mixed: list[tuple[int, tuple[tuple[int, int], ...]]] = []
-        r = 0  # next round to account for
-        while True:
-            # The stretch of rounds from r that lie inside one run, if any.
+        r = 0  # the next round to account for
+        while r < j:
             run = next((x for x in self.runs if x.start <= r * self.lanes < x.stop), None)
             if run is None:
                 raise IndexError(f"round {j} lies outside the schedule's samples")
-            first_pure = -(-run.start // self.lanes)  # rounds fully inside the run
-            end_pure = run.stop // self.lanes
-            if first_pure <= r < end_pure:
-                n = min(end_pure, j) - r  # whole rounds of this run before round j
-                L = run.seq_len
-                fit = max(0, (lam - 1 - used) // L) if lam - 1 - used >= L else 0
+            end_pure = min(run.stop // self.lanes, j)  # rounds fully inside this run
+            if r < end_pure:
+                n, L = end_pure - r, run.seq_len
+                fit = (room - used) // L + 1 if used <= room else 0
                 if n <= fit:
-                    used += n * L
-                    pure += n * L
-                    r += n
-                else:
-                    # Fill this epoch, then whole epochs of rho rounds, then the rest.
-                    r += fit
-                    rest = n - fit
-                    rho = (lam - 1) // L
-                    full, left = divmod(rest, rho)
+                    used, pure, r = used + n * L, pure + n * L, r + n
+                else:  # fill this epoch, then whole epochs of rho rounds, then the rest
+                    rho = room // L + 1
+                    full, left = divmod(n - fit, rho)
                     epoch += 1 + full
-                    start = r + full * rho
-                    r += rest
+                    if left == 0:  # the last of these rounds filled an epoch exactly
+                        epoch -= 1
+                        left = rho
+                    start = r + n - left
                     used = pure = left * L
                     mixed = []
-                    if left == 0:  # round r starts a fresh epoch exactly
-                        used = pure = 0
-                if r >= j:
-                    break
+                    r += n
                 continue
-            # A round that straddles runs.
-            pieces = self._round_pieces(r)
-            widest = max(p[1] for p in pieces)
-            if used + widest + 1 > lam:
+            pieces = self._round_pieces(r)  # a round that straddles runs
+            if used > room:
                 epoch, start, used, pure, mixed = epoch + 1, r, 0, 0, []
-            if r == j:
-                break
             mixed.append((r, pieces))
-            used += widest
+            used += max(p[1] for p in pieces)
             r += 1
-            if r >= j:
-                break
-        pieces = self._round_pieces(j)
-        widest = max(p[1] for p in pieces)
-        if used + widest + 1 > lam:  # round j itself opens the next epoch
+        if used > room:  # round j itself opens the next epoch
             epoch, start, pure, mixed = epoch + 1, j, 0, []
-        return RoundInfo(epoch, start, pure, tuple(mixed), pieces)
+        return RoundInfo(epoch, start, pure, tuple(mixed), self._round_pieces(j))

@@ -1,11 +1,13 @@
-"""TokenPipeline: `.rox` shards -> global batches in a host-count-independent order, via Grain.
+"""TokenPipeline: `.rox` shards -> mixed, phased global batches in a host-independent order.
 
 A Grain record here is a whole batch (or this process's rows of it) assembled by vectorised
-reads, so Grain's per-record cost is paid once per batch, not once per row. Global batch ``k``
-holds samples ``[k*B, (k+1)*B)`` of the source's :class:`~grain_rox._lanes.LaneOrder`; a
-process reads only rows ``[lo, hi)``. Batch ``k`` is therefore a pure function of (data,
-config, seed, k) whatever the number of processes, Grain workers, threads or prefetch depth,
-and starting at step ``k`` costs the same for ``k = 10`` and ``k = 10**9``.
+reads, so Grain's per-record cost is paid once per batch, not once per row. Global step ``k``
+falls in a curriculum phase (``_curriculum``); its rows are split between the named sources
+by the phase's exact mixture (``_mixing``); each source serves its share from its own
+shuffled, lane-based order (``_lanes``), continuing across phases and epochs. Batch ``k`` is
+a pure function of (data, config, seed, k), whatever the number of processes, Grain workers,
+threads or prefetch depth; a process reads only rows ``[lo, hi)``; starting at step ``k``
+costs the same for ``k = 10`` and ``k = 10**9``.
 """
 
 from __future__ import annotations
@@ -14,18 +16,21 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+import zlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grain
 import numpy as np
 
+from grain_rox._curriculum import ENDLESS, Phase, Schedule
 from grain_rox._grain_setup import batch_read_options, ensure_absl_flags_parsed
-from grain_rox._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, Run, auto_lanes
+from grain_rox._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
+from grain_rox._order import derive_key
 from grain_rox._rox_corpus import RoxCorpus, open_rox
 from grain_rox._windows import WindowReader, segment_features
 
-ENDLESS = 1 << 62
+RowSpec = tuple[int, int] | Mapping[int, tuple[int, int]] | None
 
 
 def auto_chunk_tokens(num_tokens: int) -> int:
@@ -37,9 +42,20 @@ def auto_chunk_tokens(num_tokens: int) -> int:
     return int(min(DEFAULT_CHUNK_TOKENS, max(64, num_tokens // 64)))
 
 
+def _source_seed(seed: int, name: str) -> int:
+    # By name, so adding or reordering sources leaves every other source's order alone.
+    return derive_key(seed, zlib.crc32(name.encode("utf-8")))
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenPipeline:
     """Global batches of next-token windows from `.rox` shards, shuffled, through Grain.
+
+    ``sources`` is one path spec (file, glob, directory, base path, list) or a mapping
+    ``{name: path spec}``. Either give ``seq_len`` and ``global_batch_size`` (one endless
+    phase; ``weights`` when mixing), or ``phases=[Phase(...), ...]`` for a curriculum.
+    ``max_seq_len`` (default: the longest phase's) is the window room every lane keeps at an
+    epoch's end; a run that may later add a phase with longer windows must set it up front.
 
     Each record has ``inputs`` and ``targets`` (``seq_len`` tokens each, targets shifted by
     one) and, when an EOS id is known (argument or manifest), ``inputs_segmentation``,
@@ -57,89 +73,146 @@ class TokenPipeline:
     True
     """
 
-    paths: Any
-    seq_len: int
-    global_batch_size: int
+    sources: Any
+    seq_len: int | None = None
+    global_batch_size: int | None = None
     seed: int = 0
     num_epochs: int | None = None
+    weights: Mapping[str, float] | None = None
+    phases: Sequence[Phase] | None = None
     eos_id: int | None = None
     segmentation: bool = True
     chunk_tokens: int | None = None
     lanes: int | None = None
+    max_seq_len: int | None = None
     dtype: Any = np.int32
 
     def __post_init__(self) -> None:
-        if isinstance(self.paths, (list, tuple)):
-            object.__setattr__(self, "paths", tuple(os.fspath(p) for p in self.paths))
-        elif isinstance(self.paths, os.PathLike):
-            object.__setattr__(self, "paths", os.fspath(self.paths))
-        for name in ("seq_len", "global_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive int")
-        if self.num_epochs is not None and self.num_epochs < 1:
-            raise ValueError(f"num_epochs={self.num_epochs} must be >= 1 or None (endless)")
+        object.__setattr__(self, "sources", _normalize_sources(self.sources))
+        if self.phases is None:
+            for name in ("seq_len", "global_batch_size"):
+                value = getattr(self, name)
+                if not isinstance(value, (int, np.integer)) or value < 1:
+                    raise ValueError(f"{name}={value!r} must be a positive int")
+            phases: tuple[Phase, ...] = (
+                Phase(None, int(self.global_batch_size), int(self.seq_len), self.weights),  # type: ignore[arg-type]
+            )
+        else:
+            if self.seq_len is not None or self.global_batch_size is not None or self.weights:
+                raise ValueError(
+                    "give either phases=[Phase(...), ...] or seq_len/global_batch_size/weights, "
+                    "not both"
+                )
+            phases = tuple(self.phases)
+        object.__setattr__(self, "phases", phases)
+        if self.num_epochs is not None:
+            if self.num_epochs < 1:
+                raise ValueError(f"num_epochs={self.num_epochs} must be >= 1 or None (endless)")
+            if len(self.sources) > 1 or len(phases) > 1:
+                raise ValueError(
+                    "num_epochs applies to one source in one phase; with mixtures or phases "
+                    "give each Phase its steps (see estimate_steps)"
+                )
         if not 0 <= int(self.seed) < 2**63:
             raise ValueError(f"seed={self.seed} must be a non-negative 64-bit int")
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        Schedule(phases, list(self.sources))  # validates names and weights early
 
     # ---- the data ---------------------------------------------------------------------
-    def open(self) -> RoxCorpus:
-        """Open the shards (validated; cheap)."""
-        return open_rox(self.paths)
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.sources)
 
-    def _geometry(self, corpus: RoxCorpus) -> LaneOrder:
-        chunk = self.chunk_tokens or auto_chunk_tokens(corpus.num_tokens)
-        usable = sum((s.num_tokens // chunk) * chunk for s in corpus.shards)
-        lanes = self.lanes or auto_lanes(usable, self.seq_len)
-        return LaneOrder(
-            [s.num_tokens for s in corpus.shards],
-            seed=int(self.seed),
-            chunk_tokens=chunk,
-            lanes=lanes,
-            runs=[Run(0, ENDLESS, self.seq_len)],
-        )
+    @property
+    def paths(self) -> Any:
+        """The path spec of a single-source pipeline (the mapping otherwise)."""
+        return self.sources[""] if set(self.sources) == {""} else self.sources
 
-    def batch_source(
-        self, *, rows: tuple[int, int] | None = None, first_step: int = 0
-    ) -> GlobalBatchSource:
+    @property
+    def schedule(self) -> Schedule:
+        assert self.phases is not None
+        return Schedule(self.phases, self.names)
+
+    def open(self) -> dict[str, RoxCorpus]:
+        """Open every source's shards (validated; cheap)."""
+        return {name: open_rox(spec) for name, spec in self.sources.items()}
+
+    def _orders(self, corpora: Mapping[str, RoxCorpus], schedule: Schedule) -> list[LaneOrder]:
+        orders = []
+        assert self.phases is not None
+        longest = self.max_seq_len or max(p.seq_len for p in self.phases)
+        for s, (name, corpus) in enumerate(corpora.items()):
+            chunk = self.chunk_tokens or auto_chunk_tokens(corpus.num_tokens)
+            usable = sum((sh.num_tokens // chunk) * chunk for sh in corpus.shards)
+            try:
+                orders.append(
+                    LaneOrder(
+                        [sh.num_tokens for sh in corpus.shards],
+                        seed=_source_seed(int(self.seed), name),
+                        chunk_tokens=chunk,
+                        lanes=self.lanes or auto_lanes(usable, longest),
+                        runs=schedule.source_runs(s),
+                        max_seq_len=longest,
+                    )
+                )
+            except ValueError as e:
+                label = f"source {name!r} ({corpus.paths[0]}...)" if name else corpus.paths[0]
+                raise ValueError(f"{label}: {e}") from None
+        return orders
+
+    def batch_source(self, *, rows: RowSpec = None, first_step: int = 0) -> GlobalBatchSource:
         """The Grain data source: record ``i`` = rows ``[lo, hi)`` of global batch
-        ``first_step + i``."""
+        ``first_step + i`` (``rows`` may map each phase's batch size to its rows)."""
         return GlobalBatchSource(self, rows=rows, first_step=first_step)
 
     @property
     def num_batches(self) -> int | None:
-        """Global batches in ``num_epochs`` epochs (None when endless)."""
+        """Global batches in all (None when endless)."""
         return self.batch_source().num_batches
+
+    def estimate_steps(self, *, seq_len: int, batch_size: int, source: str | None = None) -> int:
+        """Steps of ``batch_size`` rows of ``seq_len`` in one epoch of a source (like Roxxel's
+        ``estimate_steps``, but exact for this pipeline's order: lane tails excluded)."""
+        name = source if source is not None else self.names[0]
+        corpus = open_rox(self.sources[name])
+        probe = dataclasses.replace(
+            self,
+            sources={name: self.sources[name]} if name else self.sources[name],
+            phases=None,
+            seq_len=seq_len,
+            global_batch_size=batch_size,
+            weights=None,
+            num_epochs=None,
+        )
+        order = probe._orders({name: corpus}, probe.schedule)[0]
+        return order.windows_per_epoch // batch_size
 
     def describe(self) -> dict[str, Any]:
         """The config and data identity a checkpoint is checked against."""
-        corpus = self.open()
-        order = self._geometry(corpus)
+        corpora = self.open()
+        orders = self._orders(corpora, self.schedule)
         return {
-            "data": corpus.fingerprint,
-            "seq_len": self.seq_len,
-            "global_batch_size": self.global_batch_size,
+            "data": {n: c.fingerprint for n, c in corpora.items()},
+            "phases": self.schedule.describe(),
             "seed": int(self.seed),
             "num_epochs": self.num_epochs,
             "eos_id": self.eos_id,
             "segmentation": self.segmentation,
-            "chunk_tokens": order.chunk_tokens,
-            "lanes": order.lanes,
+            "chunk_tokens": {n: o.chunk_tokens for n, o in zip(corpora, orders, strict=True)},
+            "lanes": {n: o.lanes for n, o in zip(corpora, orders, strict=True)},
+            "max_seq_len": orders[0].max_seq_len,
             "dtype": self.dtype.name,
         }
 
     # ---- through Grain ----------------------------------------------------------------
-    def map_dataset(
-        self, *, rows: tuple[int, int] | None = None, first_step: int = 0
-    ) -> grain.MapDataset:
+    def map_dataset(self, *, rows: RowSpec = None, first_step: int = 0) -> grain.MapDataset:
         """A ``grain.MapDataset`` whose element ``i`` is global batch ``first_step + i``."""
         return grain.MapDataset.source(self.batch_source(rows=rows, first_step=first_step))
 
     def iter_dataset(
         self,
         *,
-        rows: tuple[int, int] | None = None,
+        rows: RowSpec = None,
         first_step: int = 0,
         worker_count: int = 0,
         worker_buffer_size: int = 2,
@@ -160,7 +233,7 @@ class TokenPipeline:
     def data_loader(
         self,
         *,
-        rows: tuple[int, int] | None = None,
+        rows: RowSpec = None,
         first_step: int = 0,
         worker_count: int = 0,
         worker_buffer_size: int = 2,
@@ -184,6 +257,22 @@ class TokenPipeline:
         )
 
 
+def _normalize_sources(sources: Any) -> dict[str, Any]:
+    def spec(x: Any) -> Any:
+        if isinstance(x, (list, tuple)):
+            return tuple(os.fspath(p) for p in x)
+        return os.fspath(x) if isinstance(x, os.PathLike) else x
+
+    if isinstance(sources, Mapping):
+        if not sources:
+            raise ValueError("sources={} is empty; give at least one {name: path}")
+        bad = [n for n in sources if not isinstance(n, str) or not n]
+        if bad:
+            raise ValueError(f"source names must be non-empty strings, got {bad}")
+        return {n: spec(p) for n, p in sources.items()}
+    return {"": spec(sources)}
+
+
 class GlobalBatchSource:
     """A Grain ``RandomAccessDataSource`` of (this process's rows of) global batches.
 
@@ -191,74 +280,104 @@ class GlobalBatchSource:
     (not the process's rows, so a DataLoader checkpoint restores on another host count).
     """
 
-    def __init__(
-        self, pipeline: TokenPipeline, *, rows: tuple[int, int] | None, first_step: int
-    ) -> None:
-        self.pipeline = pipeline
-        b = pipeline.global_batch_size
-        lo, hi = rows if rows is not None else (0, b)
-        if not 0 <= lo < hi <= b:
-            raise ValueError(f"rows={rows} must satisfy 0 <= lo < hi <= global batch size {b}")
-        self.rows = (int(lo), int(hi))
-        self.first_step = int(first_step)
-        self.corpus = pipeline.open()
-        self.order = pipeline._geometry(self.corpus)
-        self.reader = WindowReader(self.corpus, self.order)
-        eos = pipeline.eos_id if pipeline.eos_id is not None else self.corpus.eos_id
-        self.eos_id = eos if pipeline.segmentation else None
-        self.dtype = pipeline.dtype
-        if pipeline.num_epochs is None:
-            self.num_batches: int | None = None
-            self._len = ENDLESS - self.first_step
-        else:
-            samples = self.order.windows_per_epoch * pipeline.num_epochs
-            self.num_batches = samples // b
-            self._len = max(0, self.num_batches - self.first_step)
-        if self.first_step < 0:
+    def __init__(self, pipeline: TokenPipeline, *, rows: RowSpec, first_step: int) -> None:
+        if first_step < 0:
             raise ValueError(f"first_step={first_step} must be >= 0")
+        self.pipeline = pipeline
+        self.schedule = pipeline.schedule
+        self.first_step = int(first_step)
+        self._rows = {}
+        for p in self.schedule.phases:
+            b = p.batch_size
+            r = rows.get(b) if isinstance(rows, Mapping) else rows
+            lo, hi = r if r is not None else (0, b)
+            if not 0 <= lo < hi <= b:
+                raise ValueError(f"rows={r} must satisfy 0 <= lo < hi <= batch size {b}")
+            self._rows[b] = (int(lo), int(hi))
+        self.corpora = pipeline.open()
+        self.orders = pipeline._orders(self.corpora, self.schedule)
+        self.readers = [
+            WindowReader(c, o) for c, o in zip(self.corpora.values(), self.orders, strict=True)
+        ]
+        self.eos_ids = [
+            (pipeline.eos_id if pipeline.eos_id is not None else c.eos_id)
+            if pipeline.segmentation
+            else None
+            for c in self.corpora.values()
+        ]
+        self.features = all(e is not None for e in self.eos_ids)
+        self.dtype = pipeline.dtype
+        total = self.schedule.total_steps
+        if pipeline.num_epochs is not None:
+            b = self.schedule.phases[0].batch_size
+            total = self.orders[0].windows_per_epoch * pipeline.num_epochs // b
+        self.num_batches: int | None = total
+        self._len = (ENDLESS if total is None else max(0, total)) - self.first_step
+        self._len = max(0, self._len)
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        """This process's rows of the first phase's batches."""
+        return self._rows[self.schedule.phases[0].batch_size]
 
     def __len__(self) -> int:
         return self._len
 
     def __repr__(self) -> str:
         p = self.pipeline
+        data = {n: c.fingerprint for n, c in self.corpora.items()}
         ident = json.dumps(
             [
-                self.corpus.fingerprint,
-                p.seq_len,
-                p.global_batch_size,
+                data,
+                self.schedule.describe(),
                 int(p.seed),
                 p.num_epochs,
-                self.eos_id,
-                self.order.chunk_tokens,
-                self.order.lanes,
+                self.eos_ids,
+                [(o.chunk_tokens, o.lanes) for o in self.orders],
                 p.dtype.name,
                 self.first_step,
             ]
         )
         digest = hashlib.sha1(ident.encode()).hexdigest()[:16]
+        shown = ",".join(f"{n}:{f}" if n else f for n, f in data.items())
         return (
-            f"GlobalBatchSource(data={self.corpus.fingerprint}, seq_len={p.seq_len}, "
-            f"global_batch_size={p.global_batch_size}, seed={p.seed}, "
-            f"first_step={self.first_step}, config={digest})"
+            f"GlobalBatchSource(data={shown}, phases={len(self.schedule.phases)}, "
+            f"seed={p.seed}, first_step={self.first_step}, config={digest})"
         )
 
-    def global_step(self, index: int) -> int:
-        return self.first_step + index
+    def sources_of(self, step: int) -> np.ndarray:
+        """Which source (index into ``pipeline.names``) serves each row of global ``step``."""
+        p = self.schedule.phases[self.schedule.phase_of_step(step)]
+        return self.schedule.step_samples(step, 0, p.batch_size)[1]
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         index = int(index)
         if not 0 <= index < self._len:
             raise IndexError(f"batch {index} is out of range for {self._len} batches")
-        b = self.pipeline.global_batch_size
         step = self.first_step + index
-        lo, hi = self.rows
-        samples = np.arange(step * b + lo, step * b + hi, dtype=np.int64)
-        windows, joins = self.reader.read(samples, dtype=self.dtype)
+        phase = self.schedule.phases[self.schedule.phase_of_step(step)]
+        lo, hi = self._rows[phase.batch_size]
+        _, sources, own = self.schedule.step_samples(step, lo, hi)
+        if len(self.readers) == 1:
+            windows, joins = self.readers[0].read(own, dtype=self.dtype)
+            eos = self.eos_ids[0]
+            features = segment_features(windows, eos, joins) if eos is not None else {}
+        else:
+            windows = np.empty((hi - lo, phase.seq_len + 1), dtype=self.dtype)
+            features = {}
+            for s in np.unique(sources).tolist():
+                sel = np.flatnonzero(sources == s)
+                part, joins = self.readers[s].read(own[sel], dtype=self.dtype)
+                windows[sel] = part
+                eos = self.eos_ids[s]
+                if self.features and eos is not None:
+                    for key, value in segment_features(part, eos, joins).items():
+                        if key not in features:
+                            features[key] = np.empty((hi - lo, phase.seq_len), np.int32)
+                        features[key][sel] = value
         windows.flags.writeable = False  # inputs and targets are views of one buffer
         record = {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
-        if self.eos_id is not None:
-            record.update(segment_features(windows, int(self.eos_id), joins))
+        record.update(features)
         return record
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:

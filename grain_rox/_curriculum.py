@@ -1,0 +1,140 @@
+"""Curriculum phases: (steps, batch_size, seq_len, weights) and the step -> phase map.
+
+A schedule is a list of :class:`Phase`; the last may be endless (``steps=None``). Global step
+``k`` falls in the phase whose step range holds it (O(#phases)); its samples are numbered
+continuously across phases, and inside a phase they are split between sources by that phase's
+:class:`~grain_rox._mixing.Mixture`, counted from the phase's first sample.
+
+Each source therefore knows, in closed form, how many samples every phase drew from it, so its
+own sample counter — and with it its lane cursors (see ``_lanes``) — continues across phase
+boundaries: when ``seq_len``, ``batch_size`` or the weights change, no token is replayed and
+none is skipped.
+
+Roxxel's ``stream(..., start_step, completed_phases=[(steps, batch_size, seq_len), ...])``
+maps to ``[Phase(steps, batch_size, seq_len) for each completed phase] + [Phase(None,
+batch_size, seq_len)]`` for the current one (with grain_rox's own order, not roxxel's: use
+:func:`grain_rox.roxxel_stream` to reproduce roxxel's batches bit for bit).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from grain_rox._lanes import Run
+from grain_rox._mixing import Mixture, resolve_weights
+
+ENDLESS = 1 << 62
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One curriculum phase: ``steps`` global batches (None: forever) of ``batch_size`` rows
+    of ``seq_len`` tokens, drawn from the sources with ``weights`` (name -> weight).
+
+    >>> Phase(steps=100, batch_size=32, seq_len=256, weights={"code": 0.7, "prose": 0.3})
+    Phase(steps=100, batch_size=32, seq_len=256, weights={'code': 0.7, 'prose': 0.3})
+    """
+
+    steps: int | None
+    batch_size: int
+    seq_len: int
+    weights: Mapping[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise ValueError(f"Phase steps={self.steps!r} must be a positive int or None")
+        for name in ("batch_size", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"Phase {name}={value!r} must be a positive int")
+        if self.weights is not None:
+            object.__setattr__(self, "weights", dict(self.weights))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "batch_size": int(self.batch_size),
+            "seq_len": int(self.seq_len),
+            "weights": None if self.weights is None else dict(sorted(self.weights.items())),
+        }
+
+
+class Schedule:
+    """Phases over named sources: step -> (phase, samples), and each source's runs."""
+
+    def __init__(self, phases: Sequence[Phase], names: Sequence[str]) -> None:
+        if not phases:
+            raise ValueError("a schedule needs at least one Phase")
+        for i, p in enumerate(phases[:-1]):
+            if p.steps is None:
+                raise ValueError(f"only the last phase may be endless; phase {i} has steps=None")
+        self.phases = tuple(phases)
+        self.names = tuple(names)
+        self.mixtures = tuple(
+            Mixture.from_weights(resolve_weights(self.names, p.weights, f"phase {i}"))
+            for i, p in enumerate(self.phases)
+        )
+        self.step_starts = [0]
+        self.sample_starts = [0]
+        for p in self.phases:
+            steps = ENDLESS if p.steps is None else p.steps
+            self.step_starts.append(min(ENDLESS, self.step_starts[-1] + steps))
+            self.sample_starts.append(min(ENDLESS, self.sample_starts[-1] + steps * p.batch_size))
+        # Samples each source drew in each finished phase, and where each source's phase
+        # segment starts in its own sample numbering.
+        self.source_starts: list[list[int]] = []
+        base = [0] * len(self.names)
+        for i, p in enumerate(self.phases):
+            self.source_starts.append(list(base))
+            if p.steps is not None:
+                drawn = self.mixtures[i].counts(p.steps * p.batch_size)
+                base = [b + d for b, d in zip(base, drawn, strict=True)]
+        self.total_steps = None if self.phases[-1].steps is None else self.step_starts[-1]
+
+    def phase_of_step(self, step: int) -> int:
+        if step < 0 or (self.total_steps is not None and step >= self.total_steps):
+            raise IndexError(f"step {step} is outside the schedule (total {self.total_steps})")
+        return bisect.bisect_right(self.step_starts, step) - 1
+
+    def source_runs(self, source: int) -> list[Run]:
+        """The source's own sample ranges per phase, with that phase's seq_len."""
+        runs: list[Run] = []
+        for i, p in enumerate(self.phases):
+            start = self.source_starts[i][source]
+            if p.steps is None:
+                stop = ENDLESS
+            else:
+                stop = start + self.mixtures[i].counts(p.steps * p.batch_size)[source]
+            if stop > start:
+                if runs and runs[-1].seq_len == p.seq_len and runs[-1].stop == start:
+                    runs[-1] = Run(runs[-1].start, stop, p.seq_len)
+                else:
+                    runs.append(Run(start, stop, p.seq_len))
+        if not runs or runs[-1].stop != ENDLESS:
+            last = self.phases[-1].seq_len
+            start = runs[-1].stop if runs else 0
+            runs.append(Run(start, ENDLESS, last))  # never read; keeps the map total
+        return runs
+
+    def step_samples(self, step: int, lo: int, hi: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """For rows ``[lo, hi)`` of global batch ``step``: (phase, source of each row, the row's
+        sample index in its source's own numbering)."""
+        i = self.phase_of_step(step)
+        p = self.phases[i]
+        first = (step - self.step_starts[i]) * p.batch_size
+        mixture = self.mixtures[i]
+        sources = mixture.sources(first + lo, first + hi)
+        before = mixture.counts(first + lo)
+        own = np.empty(hi - lo, dtype=np.int64)
+        for s in range(len(self.names)):
+            rows = np.flatnonzero(sources == s)
+            own[rows] = self.source_starts[i][s] + before[s] + np.arange(rows.size)
+        return i, sources, own
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [p.describe() for p in self.phases]

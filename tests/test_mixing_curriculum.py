@@ -1,0 +1,209 @@
+"""Exact mixtures and curriculum phases: proportions, no replay or skip, O(1) resume."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline, write_rox
+from grain_rox._mixing import Mixture
+
+OFFSETS = {"a": 0, "b": 10_000_000, "c": 20_000_000}
+SIZES = {"a": 60_000, "b": 40_000, "c": 30_000}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """Three corpora whose token values encode (source, stream position)."""
+    d = tmp_path_factory.mktemp("mix")
+    paths = {}
+    for name, offset in OFFSETS.items():
+        path = str(d / f"{name}.rox")
+        tokens = np.arange(offset, offset + SIZES[name], dtype=np.uint32)
+        write_rox([tokens], path, block_size=4000, manifest=False)
+        paths[name] = path
+    return paths
+
+
+def source_of(tokens: np.ndarray) -> np.ndarray:
+    return tokens // 10_000_000
+
+
+@pytest.mark.parametrize(
+    "weights", [[0.7, 0.3], [0.5, 0.3, 0.2], [1, 1, 1], [0.9, 0.05, 0.03, 0.02], [0.01, 0.99]]
+)
+def test_mixture_counts_are_round_w_n_plus_minus_one_at_every_prefix(weights):
+    m = Mixture.from_weights(weights)
+    seq = m.sources(0, 20_000)
+    w = np.asarray(weights, float) / sum(weights)
+    onehot = np.zeros((seq.size, len(w)), np.int64)
+    onehot[np.arange(seq.size), seq] = 1
+    counts = np.cumsum(onehot, axis=0)
+    n = np.arange(1, seq.size + 1)[:, None]
+    assert np.abs(counts - np.round(w * n)).max() <= 1
+    for start in [0, 1, 777, 10**12]:
+        block = m.sources(start, start + 64)
+        delta = np.subtract(m.counts(start + 64), m.counts(start))
+        assert np.array_equal(np.bincount(block, minlength=len(w)), delta)
+
+
+def test_pipeline_rows_follow_the_mixture_exactly(sources):
+    pipe = TokenPipeline(
+        sources,
+        seq_len=16,
+        global_batch_size=10,
+        seed=1,
+        weights={"a": 0.5, "b": 0.3, "c": 0.2},
+        chunk_tokens=500,
+    )
+    ds = pipe.map_dataset()
+    src = pipe.batch_source()
+    served = np.zeros(3, np.int64)
+    for k in range(200):
+        batch = ds[k]
+        rows = source_of(batch["inputs"][:, 0])
+        np.testing.assert_array_equal(rows, src.sources_of(k))
+        served += np.bincount(rows, minlength=3)
+        n = (k + 1) * 10
+        assert np.abs(served - np.round(np.array([0.5, 0.3, 0.2]) * n)).max() <= 1
+    # Every row comes from one source only, and its targets continue its inputs.
+    batch = ds[3]
+    assert np.all(source_of(batch["inputs"]) == source_of(batch["inputs"][:, :1]))
+    np.testing.assert_array_equal(batch["targets"][:, :-1], batch["inputs"][:, 1:])
+
+
+def served_positions(pipe: TokenPipeline, steps: range, name: str) -> list[np.ndarray]:
+    ds = pipe.map_dataset()
+    out = []
+    for k in steps:
+        x = ds[k]["inputs"]
+        rows = x[source_of(x[:, 0]) == list(OFFSETS).index(name)]
+        out.extend(rows)
+    return out
+
+
+def test_phases_change_shapes_without_replaying_or_skipping(sources):
+    phases = [
+        Phase(steps=30, batch_size=8, seq_len=16, weights={"a": 0.5, "b": 0.5}),
+        Phase(steps=25, batch_size=4, seq_len=32, weights={"a": 0.2, "b": 0.4, "c": 0.4}),
+        Phase(steps=None, batch_size=6, seq_len=24, weights={"a": 1.0}),
+    ]
+    pipe = TokenPipeline(sources, phases=phases, seed=3, chunk_tokens=1000, lanes=8)
+    ds = pipe.map_dataset()
+    assert [ds[k]["inputs"].shape for k in (0, 29, 30, 54, 55, 500)] == [
+        (8, 16),
+        (8, 16),
+        (4, 32),
+        (4, 32),
+        (6, 24),
+        (6, 24),
+    ]
+    src = pipe.batch_source()
+    order = src.orders[0]  # source "a"
+    # Everything "a" served over the three phases: 1,920 + 640 + 345 * 144 = 52,240 tokens,
+    # inside its first epoch (8 lanes of 7,500 tokens, each keeping 33 tokens of room).
+    windows = served_positions(pipe, range(0, 400), "a")
+    owned = np.concatenate(windows)
+    assert owned.size == 1920 + 640 + 345 * 144
+    assert np.unique(owned).size == owned.size, "a token was served twice"
+    # No skip: map each served token back to (lane, cursor); per lane the cursors used form
+    # one contiguous range from 0 (the tail of the lane is the only unused part).
+    c = order.chunk_tokens
+    perm = order.chunk_permutation(0)
+    epoch_pos = perm.inverse(owned // c) * c + owned % c
+    assert epoch_pos.max() < order.stream_tokens  # still epoch 0
+    lane = epoch_pos // order.lane_tokens
+    cursor = epoch_pos % order.lane_tokens
+    for lane_id in range(order.lanes):
+        used = np.sort(cursor[lane == lane_id])
+        assert used.size and np.array_equal(used, np.arange(used.size)), f"lane {lane_id} gap"
+    # One more step of phase 3 per lane and "a" would start its second epoch: the next epoch
+    # serves tokens again, in a new order.
+    later = np.concatenate(served_positions(pipe, range(400, 460), "a"))
+    assert np.intersect1d(later, owned).size > 0
+
+
+def test_resume_deep_in_a_five_phase_three_source_schedule_is_o1(sources):
+    phases = [
+        Phase(steps=10**8, batch_size=8, seq_len=16, weights={"a": 1, "b": 1}),
+        Phase(steps=3 * 10**8, batch_size=4, seq_len=32, weights={"a": 1, "b": 1, "c": 2}),
+        Phase(steps=10**8, batch_size=8, seq_len=8, weights={"c": 1}),
+        Phase(steps=2 * 10**8, batch_size=2, seq_len=16, weights={"a": 3, "c": 1}),
+        Phase(steps=None, batch_size=8, seq_len=32, weights={"a": 1, "b": 1, "c": 1}),
+    ]
+    pipe = TokenPipeline(sources, phases=phases, seed=0, chunk_tokens=1000, lanes=8)
+    fresh = pipe.batch_source()
+    start = time.perf_counter()
+    late = pipe.batch_source(first_step=10**9)[0]
+    assert time.perf_counter() - start < 2.0  # construction included; the lookup itself is O(1)
+    start = time.perf_counter()
+    again = fresh[10**9]
+    assert time.perf_counter() - start < 0.2
+    for key in late:
+        np.testing.assert_array_equal(late[key], again[key])
+    assert late["inputs"].shape == (8, 32)
+
+
+def test_iterator_changes_shape_at_the_phase_boundary_with_prefetch(sources):
+    phases = [
+        Phase(steps=3, batch_size=16, seq_len=8, weights={"a": 1}),
+        Phase(steps=3, batch_size=8, seq_len=16, weights={"b": 1}),
+    ]
+    pipe = TokenPipeline(sources, phases=phases, seed=0, chunk_tokens=1000)
+    with MultiHostDataLoadIterator(pipe, prefetch=4) as it:
+        shapes = [next(it)["inputs"].shape for _ in range(6)]
+        with pytest.raises(StopIteration):
+            next(it)
+    assert shapes == [(16, 8)] * 3 + [(8, 16)] * 3
+    assert len(MultiHostDataLoadIterator(pipe)) == 6
+
+
+def test_appending_a_phase_restores_but_rewriting_history_is_refused(sources):
+    first = [Phase(steps=None, batch_size=8, seq_len=16, weights={"a": 0.5, "b": 0.5})]
+    pipe = TokenPipeline(sources, phases=first, seed=0, chunk_tokens=1000, max_seq_len=32)
+    it = MultiHostDataLoadIterator(pipe)
+    for _ in range(5):
+        next(it)
+    state = it.get_state()
+    it.close()
+    # Change the mixture from step 5 on: phase 0 is cut short where it was saved.
+    later = [
+        Phase(steps=5, batch_size=8, seq_len=16, weights={"a": 0.5, "b": 0.5}),
+        Phase(steps=None, batch_size=8, seq_len=32, weights={"c": 1.0}),
+    ]
+    moved = TokenPipeline(sources, phases=later, seed=0, chunk_tokens=1000, max_seq_len=32)
+    resumed = MultiHostDataLoadIterator(moved)
+    resumed.set_state(state)
+    batch = next(resumed)
+    assert batch["inputs"].shape == (8, 32)
+    assert set(source_of(np.asarray(batch["inputs"][:, 0])).tolist()) == {2}
+    resumed.close()
+    # The first five steps must stay as they ran.
+    wrong = [
+        Phase(steps=3, batch_size=8, seq_len=16, weights={"a": 0.5, "b": 0.5}),
+        Phase(steps=None, batch_size=8, seq_len=16, weights={"c": 1.0}),
+    ]
+    bad = MultiHostDataLoadIterator(
+        TokenPipeline(sources, phases=wrong, seed=0, chunk_tokens=1000, max_seq_len=32)
+    )
+    with pytest.raises(ValueError, match="phase 0 already ran 5 steps but now has only 3"):
+        bad.set_state(state)
+
+
+def test_estimate_steps_and_bad_schedules(sources):
+    pipe = TokenPipeline(
+        sources["a"], seq_len=16, global_batch_size=8, chunk_tokens=1000, lanes=8, num_epochs=1
+    )
+    assert pipe.estimate_steps(seq_len=16, batch_size=8) == pipe.num_batches
+    with pytest.raises(ValueError, match="gives no weights"):
+        TokenPipeline(sources, seq_len=16, global_batch_size=8)
+    with pytest.raises(ValueError, match=r"unknown sources \['d'\]"):
+        TokenPipeline(sources, seq_len=16, global_batch_size=8, weights={"d": 1})
+    with pytest.raises(ValueError, match="only the last phase may be endless"):
+        TokenPipeline(sources["a"], phases=[Phase(None, 4, 8), Phase(3, 4, 8)])
+    with pytest.raises(ValueError, match="not both"):
+        TokenPipeline(sources["a"], seq_len=8, phases=[Phase(None, 4, 8)])
+    with pytest.raises(ValueError, match="num_epochs applies to one source"):
+        TokenPipeline(sources, seq_len=8, global_batch_size=4, weights={"a": 1}, num_epochs=1)
