@@ -12,6 +12,9 @@ from grain_rox._curriculum import Phase as Phase
 from grain_rox._manifest import Manifest as Manifest
 from grain_rox._manifest import ShardRecord as ShardRecord
 from grain_rox._multihost import MultiHostDataLoadIterator as MultiHostDataLoadIterator
+from grain_rox._packing import RoxDocumentSource as RoxDocumentSource
+from grain_rox._packing import pack_documents as pack_documents
+from grain_rox._packing import padding_efficiency as padding_efficiency
 from grain_rox._pipeline import GlobalBatchSource as GlobalBatchSource
 from grain_rox._pipeline import TokenPipeline as TokenPipeline
 from grain_rox._rox_corpus import RoxCorpus as RoxCorpus
@@ -39,6 +42,7 @@ __all__ = [
     "RoxCheckpointHandler",
     "RoxCheckpointRestore",
     "RoxCheckpointSave",
+    "RoxDocumentSource",
     "RoxTokenSource",
     "TokenPipeline",
     "HFTokenizer",
@@ -53,6 +57,8 @@ __all__ = [
     "WriteResult",
     "get_tokenizer",
     "open_rox",
+    "pack_documents",
+    "padding_efficiency",
     "roxxel_stream",
     "write_rox",
 ]
