@@ -60,7 +60,9 @@ def notebooks(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against the peers, side by side in one process; prints a table of ratios."""
     session.install("-e", ".[tokenizers]", "roxxel==0.9.14")
-    session.run("python", "benchmarks/bench_format.py", *session.posargs, env=JAX_ENV)
+    for script in ("bench_format.py", "bench_pipeline.py", "bench_mixing.py"):
+        if os.path.exists(f"benchmarks/{script}"):
+            session.run("python", f"benchmarks/{script}", *session.posargs, env=JAX_ENV)
 
 
 @nox.session

@@ -127,6 +127,9 @@ class Schedule:
         i = self.phase_of_step(step)
         p = self.phases[i]
         first = (step - self.step_starts[i]) * p.batch_size
+        if len(self.names) == 1:  # no mixing: the source's own samples, in order
+            own = self.source_starts[i][0] + first + np.arange(lo, hi, dtype=np.int64)
+            return i, np.zeros(hi - lo, dtype=np.int64), own
         mixture = self.mixtures[i]
         sources = mixture.sources(first + lo, first + hi)
         before = mixture.counts(first + lo)

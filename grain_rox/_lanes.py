@@ -56,13 +56,24 @@ class Rows:
     seq_len: np.ndarray  # (n,) int64
 
 
-def auto_lanes(stream_tokens: int, max_seq_len: int, *, max_lanes: int = DEFAULT_MAX_LANES) -> int:
-    """Lanes such that each lane holds >= 64 windows of the longest seq_len (at least 1).
+def auto_lanes(
+    stream_tokens: int,
+    max_seq_len: int,
+    *,
+    max_lanes: int = DEFAULT_MAX_LANES,
+    multiple_of: int = 1,
+) -> int:
+    """Lanes such that each lane holds >= 64 windows of the longest seq_len (at least 1),
+    rounded down to a multiple of the batch size when there are enough: then a batch never
+    spans two rounds, and its rows come from as many different lanes.
 
-    >>> auto_lanes(100_000_000, 1024), auto_lanes(10_000, 16)
-    (1024, 9)
+    >>> auto_lanes(100_000_000, 1024), auto_lanes(10_000, 16), auto_lanes(50_000_000, 1024, multiple_of=32)
+    (1024, 9, 736)
     """
-    return int(max(1, min(max_lanes, stream_tokens // (MIN_WINDOWS_PER_LANE * (max_seq_len + 1)))))
+    lanes = max(1, min(max_lanes, stream_tokens // (MIN_WINDOWS_PER_LANE * (max_seq_len + 1))))
+    if multiple_of > 1 and lanes >= multiple_of:
+        lanes -= lanes % multiple_of
+    return int(lanes)
 
 
 class LaneOrder:

@@ -197,10 +197,17 @@ class MultiHostDataLoadIterator:
         return it
 
     def _to_global(self, local: Any) -> Any:
+        placed: dict[int, jax.Array] = {}  # the same host array (e.g. shared positions) once
+
         def place(x: Any) -> Any:
-            x = np.asarray(x)
-            global_shape = (x.shape[0] * self._row_factor(x.shape[0]), *x.shape[1:])
-            return jax.make_array_from_process_local_data(self.sharding, x, global_shape)
+            key = id(x)
+            if key not in placed:
+                arr = np.ascontiguousarray(x)  # a strided view would be copied slower by JAX
+                global_shape = (arr.shape[0] * self._row_factor(arr.shape[0]), *arr.shape[1:])
+                placed[key] = jax.make_array_from_process_local_data(
+                    self.sharding, arr, global_shape
+                )
+            return placed[key]
 
         return jax.tree_util.tree_map(place, local)
 

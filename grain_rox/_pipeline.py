@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import zlib
 from collections.abc import Mapping, Sequence
@@ -141,6 +142,7 @@ class TokenPipeline:
         orders = []
         assert self.phases is not None
         longest = self.max_seq_len or max(p.seq_len for p in self.phases)
+        batch = math.lcm(*(p.batch_size for p in self.phases))
         for s, (name, corpus) in enumerate(corpora.items()):
             chunk = self.chunk_tokens or auto_chunk_tokens(corpus.num_tokens)
             usable = sum((sh.num_tokens // chunk) * chunk for sh in corpus.shards)
@@ -150,7 +152,7 @@ class TokenPipeline:
                         [sh.num_tokens for sh in corpus.shards],
                         seed=_source_seed(int(self.seed), name),
                         chunk_tokens=chunk,
-                        lanes=self.lanes or auto_lanes(usable, longest),
+                        lanes=self.lanes or auto_lanes(usable, longest, multiple_of=batch),
                         runs=schedule.source_runs(s),
                         max_seq_len=longest,
                     )
@@ -263,6 +265,8 @@ def _normalize_sources(sources: Any) -> dict[str, Any]:
             return tuple(os.fspath(p) for p in x)
         return os.fspath(x) if isinstance(x, os.PathLike) else x
 
+    if isinstance(sources, Mapping) and set(sources) == {""}:
+        return {"": spec(sources[""])}  # already normalised (dataclasses.replace)
     if isinstance(sources, Mapping):
         if not sources:
             raise ValueError("sources={} is empty; give at least one {name: path}")

@@ -233,14 +233,21 @@ def segment_features(
     """
     n, width = windows.shape
     seq_len = width - 1
-    starts = np.zeros((n, seq_len), dtype=bool)  # position t starts a new segment
-    starts[:, 1:] = windows[:, : seq_len - 1] == eos_id
+    starts = np.empty((n, seq_len), dtype=bool)  # position t starts a new segment
+    starts[:, 0] = True
+    np.equal(windows[:, : seq_len - 1], eos_id, out=starts[:, 1:])
     if joins is not None:
-        starts |= joins[:, :seq_len]
-    segmentation = (1 + np.cumsum(starts, axis=1)).astype(np.int32)
-    idx = np.arange(seq_len, dtype=np.int32)
-    last_start = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
-    position = (idx - last_start).astype(np.int32)
+        starts[:, 1:] |= joins[:, 1:seq_len]
+    # Segments are sparse: expand them from their start positions (one pass, no scans).
+    first = np.flatnonzero(starts)
+    lengths = np.diff(first, append=n * seq_len)
+    position = np.arange(n * seq_len, dtype=np.int32)
+    position -= np.repeat(first.astype(np.int32), lengths)
+    row_first = np.searchsorted(first, np.arange(n) * seq_len)
+    number = np.arange(1, first.size + 1, dtype=np.int32)
+    number -= np.repeat(row_first.astype(np.int32), np.diff(row_first, append=first.size))
+    segmentation = np.repeat(number, lengths).reshape(n, seq_len)
+    position = position.reshape(n, seq_len)
     target_segmentation = segmentation
     if joins is not None and joins[:, 1:].any():
         target_segmentation = np.where(joins[:, 1:], 0, segmentation).astype(np.int32)
