@@ -460,6 +460,8 @@ def bench_throughput(cfg: Config, corpus: Corpus, roxxel: Any) -> tuple[list[Row
     pipe_noseg = grain_rox.TokenPipeline(
         corpus.directory, seq_len=SEQ_LEN, global_batch_size=BATCH, seed=0, segmentation=False
     )
+    pipe_win = dataclasses.replace(pipe, layout="windows")
+    pipe_win_noseg = dataclasses.replace(pipe_noseg, layout="windows")
     n = cfg.batches
 
     def floor(device: bool) -> Callable[[int], dict[str, float]]:
@@ -543,6 +545,8 @@ def bench_throughput(cfg: Config, corpus: Corpus, roxxel: Any) -> tuple[list[Row
         "floor_numpy": (floor(False), n),
         "grain_rox_jax": (rox_jax(pipe), n),
         "grain_rox_jax_noseg": (rox_jax(pipe_noseg), n),
+        "grain_rox_jax_windows": (rox_jax(pipe_win), n),
+        "grain_rox_jax_windows_noseg": (rox_jax(pipe_win_noseg), n),
         "grain_rox_numpy": (rox_iter(pipe), n),
         "grain_rox_numpy_noseg": (rox_iter(pipe_noseg), n),
         "grain_rox_source": (rox_source, n),
@@ -631,6 +635,14 @@ def bench_throughput(cfg: Config, corpus: Corpus, roxxel: Any) -> tuple[list[Row
             bps("floor_numpy"), True,
             "pipeline.batch_source()[k] for k = 1..N: the host work without Grain (6 arrays)",
             "same runs as 1d"),
+        Row("1j", "grain_rox_jax windows / floor_device_put", "batch/s",
+            bps("grain_rox_jax_windows"), bps("floor_device_put"), True,
+            "as 1a with layout='windows': windows + stacked segments = 2 arrays",
+            "same runs as 1a"),
+        Row("1k", "grain_rox_jax windows seg=False / floor", "batch/s",
+            bps("grain_rox_jax_windows_noseg"), bps("floor_device_put"), True,
+            "as 1a with layout='windows', segmentation=False: 1 array, like the floor",
+            "same runs as 1a", ratio_at_least(1.0)),
         place,
     ]  # fmt: skip
     return rows, runs

@@ -17,6 +17,7 @@ from grain_rox._packing import pack_documents as pack_documents
 from grain_rox._packing import padding_efficiency as padding_efficiency
 from grain_rox._pipeline import GlobalBatchSource as GlobalBatchSource
 from grain_rox._pipeline import TokenPipeline as TokenPipeline
+from grain_rox._pipeline import unpack_windows as unpack_windows
 from grain_rox._rox_corpus import RoxCorpus as RoxCorpus
 from grain_rox._rox_corpus import ShardInfo as ShardInfo
 from grain_rox._rox_corpus import open_rox as open_rox
@@ -60,5 +61,6 @@ __all__ = [
     "pack_documents",
     "padding_efficiency",
     "roxxel_stream",
+    "unpack_windows",
     "write_rox",
 ]

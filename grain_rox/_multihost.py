@@ -74,15 +74,16 @@ def _history_problems(saved: list[dict[str, Any]], now: list[dict[str, Any]], st
         ]
         if diff:
             return f"phase {i}, which ran from step {start}, changed ({', '.join(diff)})"
-        done = step - start  # steps of this phase already consumed
         old_steps, new_steps = old["steps"], new["steps"]
+        if old_steps is not None and step >= start + old_steps:  # this phase ran in full
+            if new_steps != old_steps:
+                return f"phase {i} ran its {old_steps} steps but now has {new_steps}"
+            start += old_steps
+            continue
+        done = step - start  # the phase that was running when the state was saved
         if new_steps is not None and new_steps < done:
             return f"phase {i} already ran {done} steps but now has only {new_steps}"
-        if old_steps is not None and done >= old_steps and new_steps != old_steps:
-            return f"phase {i} ran its {old_steps} steps but now has {new_steps}"
-        if old_steps is None or new_steps != old_steps:
-            return ""  # the running phase continues, or is cut short here: later phases are new
-        start += old_steps
+        return ""  # it continues, or is cut short here: later phases may differ
     return ""
 
 

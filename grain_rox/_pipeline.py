@@ -58,6 +58,11 @@ class TokenPipeline:
     ``max_seq_len`` (default: the longest phase's) is the window room every lane keeps at an
     epoch's end; a run that may later add a phase with longer windows must set it up front.
 
+    ``layout="windows"`` yields ``{"windows": (B, seq_len + 1)}`` (plus ``"segments"``:
+    (B, 3, seq_len) = inputs_segmentation, inputs_position, targets_segmentation) instead of
+    six MaxText arrays: fewer, larger transfers to the devices (each transfer has a fixed
+    cost); :func:`grain_rox.unpack_windows` turns it back into MaxText features inside a jit.
+
     Each record has ``inputs`` and ``targets`` (``seq_len`` tokens each, targets shifted by
     one) and, when an EOS id is known (argument or manifest), ``inputs_segmentation``,
     ``inputs_position``, ``targets_segmentation`` and ``targets_position``.
@@ -87,6 +92,7 @@ class TokenPipeline:
     lanes: int | None = None
     max_seq_len: int | None = None
     dtype: Any = np.int32
+    layout: str = "maxtext"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", _normalize_sources(self.sources))
@@ -99,7 +105,11 @@ class TokenPipeline:
                 Phase(None, int(self.global_batch_size), int(self.seq_len), self.weights),  # type: ignore[arg-type]
             )
         else:
-            if self.seq_len is not None or self.global_batch_size is not None or self.weights:
+            shorthand = (self.seq_len, self.global_batch_size, self.weights)
+            derived = None not in shorthand[:2] and tuple(self.phases) == (
+                Phase(None, self.global_batch_size, self.seq_len, self.weights),  # type: ignore[arg-type]
+            )  # true after dataclasses.replace() of a shorthand pipeline
+            if shorthand != (None, None, None) and not derived:
                 raise ValueError(
                     "give either phases=[Phase(...), ...] or seq_len/global_batch_size/weights, "
                     "not both"
@@ -117,6 +127,8 @@ class TokenPipeline:
         if not 0 <= int(self.seed) < 2**63:
             raise ValueError(f"seed={self.seed} must be a non-negative 64-bit int")
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        if self.layout not in ("maxtext", "windows"):
+            raise ValueError(f"layout={self.layout!r}; use 'maxtext' or 'windows'")
         Schedule(phases, list(self.sources))  # validates names and weights early
 
     # ---- the data ---------------------------------------------------------------------
@@ -204,6 +216,7 @@ class TokenPipeline:
             "lanes": {n: o.lanes for n, o in zip(corpora, orders, strict=True)},
             "max_seq_len": orders[0].max_seq_len,
             "dtype": self.dtype.name,
+            "layout": self.layout,
         }
 
     # ---- through Grain ----------------------------------------------------------------
@@ -257,6 +270,25 @@ class TokenPipeline:
             worker_buffer_size=worker_buffer_size,
             read_options=batch_read_options(),
         )
+
+
+def unpack_windows(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """MaxText features from a ``layout="windows"`` batch (numpy or jax; cheap inside a jit).
+
+    >>> import numpy as np
+    >>> b = unpack_windows({"windows": np.arange(5)[None]})
+    >>> b["inputs"].tolist(), b["targets"].tolist()
+    ([[0, 1, 2, 3]], [[1, 2, 3, 4]])
+    """
+    w = batch["windows"]
+    out = {"inputs": w[:, :-1], "targets": w[:, 1:]}
+    if "segments" in batch:
+        seg = batch["segments"]
+        out["inputs_segmentation"] = seg[:, 0]
+        out["inputs_position"] = seg[:, 1]
+        out["targets_segmentation"] = seg[:, 2]
+        out["targets_position"] = seg[:, 1]
+    return out
 
 
 def _normalize_sources(sources: Any) -> dict[str, Any]:
@@ -364,25 +396,53 @@ class GlobalBatchSource:
         _, sources, own = self.schedule.step_samples(step, lo, hi)
         if len(self.readers) == 1:
             windows, joins = self.readers[0].read(own, dtype=self.dtype)
-            eos = self.eos_ids[0]
-            features = segment_features(windows, eos, joins) if eos is not None else {}
         else:
             windows = np.empty((hi - lo, phase.seq_len + 1), dtype=self.dtype)
-            features = {}
+            joins = None
             for s in np.unique(sources).tolist():
                 sel = np.flatnonzero(sources == s)
-                part, joins = self.readers[s].read(own[sel], dtype=self.dtype)
+                part, part_joins = self.readers[s].read(own[sel], dtype=self.dtype)
                 windows[sel] = part
-                eos = self.eos_ids[s]
-                if self.features and eos is not None:
-                    for key, value in segment_features(part, eos, joins).items():
-                        if key not in features:
-                            features[key] = np.empty((hi - lo, phase.seq_len), np.int32)
-                        features[key][sel] = value
+                if part_joins is not None:
+                    if joins is None:
+                        joins = np.zeros(windows.shape, dtype=bool)
+                    joins[sel] = part_joins
+        features = self._features(windows, joins, sources)
         windows.flags.writeable = False  # inputs and targets are views of one buffer
+        if self.pipeline.layout == "windows":
+            record = {"windows": windows}
+            if features:
+                record["segments"] = np.stack(
+                    [
+                        features["inputs_segmentation"],
+                        features["inputs_position"],
+                        features["targets_segmentation"],
+                    ],
+                    axis=1,
+                )
+            return record
         record = {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
         record.update(features)
         return record
+
+    def _features(
+        self, windows: np.ndarray, joins: np.ndarray | None, sources: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        if not self.features:
+            return {}
+        eos_ids = [int(e) for e in self.eos_ids if e is not None]
+        if len(set(eos_ids)) == 1:  # one EOS id for all sources: one pass over the batch
+            return segment_features(windows, eos_ids[0], joins)
+        out: dict[str, np.ndarray] = {}
+        for s in np.unique(sources).tolist():
+            sel = np.flatnonzero(sources == s)
+            part_joins = None if joins is None else joins[sel]
+            part = segment_features(windows[sel], eos_ids[s], part_joins)
+            for key, value in part.items():
+                if key not in out:
+                    out[key] = np.empty((windows.shape[0], windows.shape[1] - 1), np.int32)
+                out[key][sel] = value
+        return out
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         return [self[i] for i in indices]

@@ -207,3 +207,23 @@ def test_estimate_steps_and_bad_schedules(sources):
         TokenPipeline(sources["a"], seq_len=8, phases=[Phase(None, 4, 8)])
     with pytest.raises(ValueError, match="num_epochs applies to one source"):
         TokenPipeline(sources, seq_len=8, global_batch_size=4, weights={"a": 1}, num_epochs=1)
+
+
+def test_schedule_history_rules():
+    from grain_rox._multihost import _history_problems
+
+    def ph(*steps, seq=16):
+        return [Phase(s, 8, seq, {"a": 1}).describe() for s in steps]
+
+    assert _history_problems(ph(30, 30), ph(30, 30), 40) == ""
+    assert _history_problems(ph(30, 30), ph(30, 50, 10), 40) == ""  # the running phase grows
+    assert _history_problems(ph(30, 30), ph(30, 10, 10), 40) == ""  # cut short where it stands
+    assert _history_problems(ph(30, 30), ph(20, 40), 40) == (
+        "phase 0 ran its 30 steps but now has 20"
+    )
+    assert _history_problems(ph(30, 30), ph(30, 5), 40) == (
+        "phase 1 already ran 10 steps but now has only 5"
+    )
+    assert _history_problems(ph(None), ph(5, None), 5) == ""
+    assert "changed (seq_len 16 -> 32)" in _history_problems(ph(30, 30), ph(30, seq=32), 40)
+    assert _history_problems(ph(30, 30), ph(30, 30), 30) == ""

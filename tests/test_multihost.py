@@ -157,3 +157,22 @@ def test_grain_worker_processes_feed_the_iterator(pipe):
         got = [np.asarray(next(it)["inputs"]) for _ in range(3)]
     ds = pipe.map_dataset()
     assert all(np.array_equal(g, ds[k]["inputs"]) for k, g in enumerate(got))
+
+
+def test_windows_layout_places_fewer_arrays_and_unpacks_to_maxtext(pipe):
+    import dataclasses
+
+    from grain_rox import unpack_windows
+
+    compact = dataclasses.replace(pipe, layout="windows")
+    with MultiHostDataLoadIterator(compact) as it:
+        batch = next(it)
+    assert set(batch) == {"windows", "segments"}
+    assert batch["windows"].shape == (16, 33) and batch["segments"].shape == (16, 3, 32)
+    expected = pipe.map_dataset()[0]
+    unpacked = jax.jit(unpack_windows)(batch)
+    assert set(unpacked) == set(expected)
+    for key, value in unpacked.items():
+        np.testing.assert_array_equal(np.asarray(value), expected[key])
+    with pytest.raises(ValueError, match="layout='rows'"):
+        dataclasses.replace(pipe, layout="rows")
