@@ -11,6 +11,7 @@ from grain_rox._checkpoint import RoxCheckpointSave as RoxCheckpointSave
 from grain_rox._curriculum import Phase as Phase
 from grain_rox._manifest import Manifest as Manifest
 from grain_rox._manifest import ShardRecord as ShardRecord
+from grain_rox._mixing import mix_datasets as mix_datasets
 from grain_rox._multihost import MultiHostDataLoadIterator as MultiHostDataLoadIterator
 from grain_rox._packing import RoxDocumentSource as RoxDocumentSource
 from grain_rox._packing import pack_documents as pack_documents
@@ -57,6 +58,7 @@ __all__ = [
     "Tokenizer",
     "WriteResult",
     "get_tokenizer",
+    "mix_datasets",
     "open_rox",
     "pack_documents",
     "padding_efficiency",

@@ -35,6 +35,7 @@ _PURPOSE_CHUNKS = 1
 _PURPOSE_ROUNDS = 2
 DEFAULT_CHUNK_TOKENS = 1 << 16
 DEFAULT_MAX_LANES = 1024
+CHUNK_TABLE_LIMIT = 1 << 20
 MIN_WINDOWS_PER_LANE = 64
 
 
@@ -126,6 +127,12 @@ class LaneOrder:
                 "use fewer lanes, a smaller chunk_tokens, or more data"
             )
         self._rounds = _RoundTable(self.runs, self.lanes, self.lane_tokens, self.max_seq_len)
+        self._chunk_tables: dict[int, np.ndarray] = {}
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        state["_chunk_tables"] = {}  # a cache: rebuilt on demand, never pickled
+        return state
 
     @property
     def windows_per_epoch(self) -> int:
@@ -135,6 +142,17 @@ class LaneOrder:
 
     def chunk_permutation(self, epoch: int) -> FeistelPermutation:
         return FeistelPermutation(self.num_chunks, derive_key(self.seed, _PURPOSE_CHUNKS, epoch))
+
+    def physical_chunks(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """``pi_epoch(positions)``: from a per-epoch table when the corpus has at most
+        :data:`CHUNK_TABLE_LIMIT` chunks (8 MiB), else straight from the Feistel network."""
+        if self.num_chunks > CHUNK_TABLE_LIMIT:
+            return self.chunk_permutation(epoch)(positions)
+        table = self._chunk_tables.get(epoch)
+        if table is None:
+            table = self.chunk_permutation(epoch)(np.arange(self.num_chunks))
+            self._chunk_tables = {epoch: table}  # the current epoch only: bounded memory
+        return table[positions]
 
     def round_permutation(self, epoch: int, round_: int) -> FeistelPermutation:
         return FeistelPermutation(self.lanes, derive_key(self.seed, _PURPOSE_ROUNDS, epoch, round_))

@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 
+import grain
 import numpy as np
+
+from grain_rox._order import derive_key
 
 WEIGHT_SCALE = 1 << 30
 
@@ -90,14 +94,44 @@ class Mixture:
         return tuple(c)
 
     def sources(self, start: int, stop: int) -> np.ndarray:
-        """The source of each sample in ``[start, stop)`` (int64 array)."""
-        c = list(self.counts(start))
-        out = np.empty(max(0, stop - start), dtype=np.int64)
-        for k in range(out.size):
-            i = self._best_next(c)
-            out[k] = i
-            c[i] += 1
-        return out
+        """The source of each sample in ``[start, stop)`` (int64 array).
+
+        The counts at both ends are exact, so the block holds exactly the right seats; they
+        are ordered by float priority, and the rare runs of nearly equal priorities (where
+        float64 cannot tell them apart) are re-sorted with exact integer arithmetic.
+        """
+        n = max(0, stop - start)
+        if n == 0:
+            return np.empty(0, dtype=np.int64)
+        c0, c1 = self.counts(start), self.counts(stop)
+        src = np.repeat(np.arange(len(self.weights)), np.subtract(c1, c0))
+        seat = np.concatenate(
+            [np.arange(a, b, dtype=np.int64) for a, b in zip(c0, c1, strict=True)]
+        )
+        w = np.asarray(self.weights, dtype=np.float64)[src]
+        key = w / (2.0 * seat + 1.0)
+        order = np.lexsort((src, -key))
+        src, seat, key = src[order], seat[order], key[order]
+        close = np.flatnonzero(np.abs(np.diff(key)) <= key[1:] * 1e-12)
+        if close.size:
+            self._exact_runs(src, seat, close)
+        return src
+
+    def _exact_runs(self, src: np.ndarray, seat: np.ndarray, close: np.ndarray) -> None:
+        """Re-sort, exactly, each run of neighbours whose float priorities nearly tie."""
+        runs: list[list[int]] = []
+        for i in close.tolist():
+            if runs and runs[-1][-1] == i:
+                runs[-1].append(i + 1)
+            else:
+                runs.append([i, i + 1])
+        for run in runs:
+            items = [(int(src[i]), int(seat[i])) for i in run]
+            ranked = sorted(
+                items, key=lambda t: (Fraction(-self.weights[t[0]], 2 * t[1] + 1), t[0])
+            )
+            for pos, (s_, m_) in zip(run, ranked, strict=True):
+                src[pos], seat[pos] = s_, m_
 
 
 def resolve_weights(
@@ -115,3 +149,55 @@ def resolve_weights(
     if unknown:
         raise ValueError(f"{where} weights name unknown sources {unknown}; sources: {list(names)}")
     return tuple(float(weights.get(n, 0.0)) for n in names)
+
+
+class _ExactSelection(grain.transforms.DatasetSelectionMap):
+    """Grain selection map: element ``i`` -> (source, the source's own sample index)."""
+
+    def __init__(self, mixture: Mixture, length: int) -> None:
+        self.mixture = mixture
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        before = self.mixture.counts(index)
+        after = self.mixture.counts(index + 1)
+        source = next(i for i, (a, b) in enumerate(zip(before, after, strict=True)) if b > a)
+        return source, before[source]
+
+
+def mix_datasets(
+    datasets: Mapping[str, grain.MapDataset],
+    weights: Mapping[str, float],
+    *,
+    seed: int = 0,
+    length: int | None = None,
+) -> grain.MapDataset:
+    """Mix Grain ``MapDataset``s with exact proportions, as a random-access ``MapDataset``.
+
+    Element ``i`` comes from the source that the Sainte-Laguë sequence (see the module doc)
+    assigns to sample ``i``; each source is shuffled with a new permutation every epoch and
+    repeats, so the mixture never ends early (``length`` defaults to the largest source's
+    length divided by its weight share).
+
+    >>> import grain
+    >>> ds = mix_datasets({"a": grain.MapDataset.range(100), "b": grain.MapDataset.range(1000, 1010)},
+    ...                   {"a": 0.75, "b": 0.25}, seed=0, length=8)
+    >>> [int(x >= 1000) for x in ds]
+    [0, 0, 1, 0, 0, 0, 1, 0]
+    """
+    names = list(datasets)
+    shares = resolve_weights(names, weights, "mix_datasets")
+    mixture = Mixture.from_weights(shares)
+    total = sum(shares)
+    if length is None:
+        length = max(
+            int(len(datasets[n]) * total / w) for n, w in zip(names, shares, strict=True) if w
+        )
+    parts = [
+        datasets[n].shuffle(seed=derive_key(seed, i) % (1 << 31)).repeat()
+        for i, n in enumerate(names)
+    ]
+    return grain.MapDataset.select_from_datasets(parts, _ExactSelection(mixture, length))

@@ -86,7 +86,7 @@ class WindowReader:
         phys = np.empty_like(q)
         for e in np.unique(epoch).tolist():
             sel = epoch == e
-            phys[sel] = order.chunk_permutation(e)(q[sel])
+            phys[sel] = order.physical_chunks(e, q[sel])
         shard, chunk_start = order.chunk_location(phys)
         win_start = rows.offset[row_of_piece]
         win_end = win_start + rows.seq_len[row_of_piece] + 1

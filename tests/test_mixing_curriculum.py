@@ -227,3 +227,31 @@ def test_schedule_history_rules():
     assert _history_problems(ph(None), ph(5, None), 5) == ""
     assert "changed (seq_len 16 -> 32)" in _history_problems(ph(30, 30), ph(30, seq=32), 40)
     assert _history_problems(ph(30, 30), ph(30, 30), 30) == ""
+
+
+def test_mix_datasets_for_users_own_grain_pipelines():
+    import grain
+
+    from grain_rox import mix_datasets
+
+    a, b = grain.MapDataset.range(0, 50), grain.MapDataset.range(1000, 1010)
+    ds = mix_datasets({"a": a, "b": b}, {"a": 0.6, "b": 0.4}, seed=5, length=200)
+    values = [int(v) for v in ds]
+    assert len(values) == 200
+    is_b = np.array([v >= 1000 for v in values])
+    counts = np.cumsum(is_b)
+    assert np.abs(counts - np.round(0.4 * np.arange(1, 201))).max() <= 1
+    # "b" has 10 elements: every epoch of it serves each exactly once, in a new order.
+    b_values = [v for v in values if v >= 1000]
+    epochs = [b_values[i : i + 10] for i in range(0, 80, 10)]
+    assert all(sorted(e) == list(range(1000, 1010)) for e in epochs)
+    assert len({tuple(e) for e in epochs}) > 1
+    # Random access agrees with iteration, and the iterator restores exactly.
+    assert [int(ds[i]) for i in (0, 77, 199)] == [values[0], values[77], values[199]]
+    it = iter(ds.to_iter_dataset())
+    for _ in range(30):
+        next(it)
+    state = it.get_state()
+    again = iter(ds.to_iter_dataset())
+    again.set_state(state)
+    assert [int(next(again)) for _ in range(5)] == values[30:35]
