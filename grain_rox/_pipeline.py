@@ -184,6 +184,11 @@ class TokenPipeline:
         """Global batches in all (None when endless)."""
         return self.batch_source().num_batches
 
+    @property
+    def total_steps(self) -> int | None:
+        """Steps of the whole schedule, like Roxxel's ``total_steps`` (None when endless)."""
+        return self.num_batches
+
     def estimate_steps(self, *, seq_len: int, batch_size: int, source: str | None = None) -> int:
         """Steps of ``batch_size`` rows of ``seq_len`` in one epoch of a source (like Roxxel's
         ``estimate_steps``, but exact for this pipeline's order: lane tails excluded)."""

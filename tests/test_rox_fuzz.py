@@ -8,7 +8,6 @@ bytes, or raises only ``RoxFormatError`` (naming the file) or ``FileNotFoundErro
 from __future__ import annotations
 
 import contextlib
-import itertools
 import pickle
 import signal
 import struct
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from shard_bytes import make_shard
 
 from grain_rox import RoxFormatError, open_rox, write_rox
 
@@ -35,30 +35,6 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-def make_shard(
-    blocks: list[bytes],
-    dtype: str = "uint8",
-    ends: list[int] | None = None,
-    *,
-    num_blocks: int | None = None,
-    raw_size: int | None = None,
-    dtype_field: bytes | None = None,
-    signature: bytes = SIGNATURE,
-) -> bytes:
-    """Return the bytes of a shard holding ``blocks``; keyword arguments override footer fields."""
-    raw = b"".join(blocks)
-    if ends is None:
-        ends = list(itertools.accumulate(len(b) for b in blocks))
-    index = struct.pack(f"<{len(ends)}q", *ends)
-    footer = FOOTER.pack(
-        len(ends) if num_blocks is None else num_blocks,
-        len(raw) if raw_size is None else raw_size,
-        dtype.encode("ascii").ljust(8, b"\x00") if dtype_field is None else dtype_field,
-        signature,
-    )
-    return raw + index + footer
 
 
 def raw_size_of(shard: bytes) -> int:
