@@ -46,7 +46,11 @@ def _is_global(state: dict[str, Any]) -> bool:
 
 
 class RoxCheckpointHandler(ocp.CheckpointHandler):
-    """Orbax handler for data iterators; see the module doc."""
+    """Orbax handler for data iterators; see the module doc (registered for the args below).
+
+    >>> RoxCheckpointHandler().typestr()
+    'grain_rox._checkpoint.RoxCheckpointHandler'
+    """
 
     def save(self, directory: epath.Path, args: RoxCheckpointSave) -> None:
         raw = args.item.get_state()
@@ -87,7 +91,11 @@ class RoxCheckpointHandler(ocp.CheckpointHandler):
 @ocp.args.register_with_handler(RoxCheckpointHandler, for_save=True)
 @dataclasses.dataclass
 class RoxCheckpointSave(ocp.args.CheckpointArgs):
-    """Orbax args: save ``item``'s data state (a MultiHostDataLoadIterator)."""
+    """Orbax args: save ``item``'s data state (a MultiHostDataLoadIterator).
+
+    >>> isinstance(RoxCheckpointSave(item=None), ocp.args.CheckpointArgs)
+    True
+    """
 
     item: Any
 
@@ -95,6 +103,10 @@ class RoxCheckpointSave(ocp.args.CheckpointArgs):
 @ocp.args.register_with_handler(RoxCheckpointHandler, for_restore=True)
 @dataclasses.dataclass
 class RoxCheckpointRestore(ocp.args.CheckpointArgs):
-    """Orbax args: restore ``item``'s data state in place (returns ``item``)."""
+    """Orbax args: restore ``item``'s data state in place (returns ``item``).
+
+    >>> isinstance(RoxCheckpointRestore(item=None), ocp.args.CheckpointArgs)
+    True
+    """
 
     item: Any

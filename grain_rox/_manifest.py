@@ -66,7 +66,11 @@ def sha256_file(path: str, *, chunk_bytes: int = 8 << 20) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ShardRecord:
-    """One shard's entry in a manifest."""
+    """One shard's entry in a manifest.
+
+    >>> ShardRecord(file_size=64, num_blocks=2, raw_size=16, sha256=None, num_tokens=8).facts()
+    (64, 2, 16)
+    """
 
     file_size: int
     num_blocks: int
@@ -95,7 +99,12 @@ class ShardRecord:
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """A shard set's manifest: shared facts plus one :class:`ShardRecord` per shard file name."""
+    """A shard set's manifest: shared facts plus one :class:`ShardRecord` per shard file name.
+
+    >>> m = Manifest(dtype="uint16", block_size=8, shards={}, eos_id=256)
+    >>> Manifest.from_json(m.to_json(), "x.manifest.json") == m
+    True
+    """
 
     dtype: str
     block_size: int

@@ -206,7 +206,11 @@ def pack_documents(
 
 
 def padding_efficiency(batches: Sequence[dict[str, np.ndarray]]) -> float:
-    """Fraction of positions that hold a real token (segmentation != 0)."""
+    """Fraction of positions that hold a real token (segmentation != 0).
+
+    >>> padding_efficiency([{"inputs_segmentation": np.array([[1, 1, 2, 0]])}])
+    0.75
+    """
     real = sum(int(np.count_nonzero(b["inputs_segmentation"])) for b in batches)
     total = sum(int(b["inputs_segmentation"].size) for b in batches)
     return real / total if total else 0.0

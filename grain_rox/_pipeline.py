@@ -319,6 +319,14 @@ class GlobalBatchSource:
 
     Thread-safe, picklable without open handles, with a repr that identifies data and config
     (not the process's rows, so a DataLoader checkpoint restores on another host count).
+
+    >>> import tempfile, os, numpy as np
+    >>> from grain_rox import TokenPipeline, write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "g.rox")
+    >>> _ = write_rox([np.arange(9000, dtype=np.uint16)], path)
+    >>> source = TokenPipeline(path, seq_len=16, global_batch_size=4).batch_source(rows=(2, 4))
+    >>> source[0]["inputs"].shape, repr(source).startswith("GlobalBatchSource(data=")
+    ((2, 16), True)
     """
 
     def __init__(self, pipeline: TokenPipeline, *, rows: RowSpec, first_step: int) -> None:

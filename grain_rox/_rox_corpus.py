@@ -36,7 +36,16 @@ _SAMPLE_BYTES = 4096
 
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
-    """Facts about one shard of a corpus (see :attr:`RoxCorpus.shards`)."""
+    """Facts about one shard of a corpus (see :attr:`RoxCorpus.shards`).
+
+    >>> import tempfile, os
+    >>> from grain_rox import open_rox, write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.rox")
+    >>> _ = write_rox(["abcdefgh"], path, block_size=4)
+    >>> info = open_rox(path).shards[0]
+    >>> info.num_blocks, info.num_tokens, info.num_documents
+    (2, 8, 1)
+    """
 
     path: str
     file_size: int

@@ -58,7 +58,13 @@ _COPY_BYTES = 8 << 20
 
 @dataclasses.dataclass(frozen=True)
 class WriteResult:
-    """What :func:`write_rox` wrote."""
+    """What :func:`write_rox` wrote.
+
+    >>> import tempfile, os
+    >>> result = write_rox(["ab", "c"], os.path.join(tempfile.mkdtemp(), "w.rox"), block_size=4)
+    >>> result.num_documents, result.num_tokens, result.num_padding_tokens, len(result.paths)
+    (2, 3, 1, 1)
+    """
 
     paths: tuple[str, ...]  # shards created or rewritten by this call, in order
     manifest_path: str | None
