@@ -198,19 +198,23 @@ class MultiHostDataLoadIterator:
         return it
 
     def _to_global(self, local: Any) -> Any:
-        placed: dict[int, jax.Array] = {}  # the same host array (e.g. shared positions) once
-
-        def place(x: Any) -> Any:
-            key = id(x)
-            if key not in placed:
-                arr = np.ascontiguousarray(x)  # a strided view would be copied slower by JAX
-                global_shape = (arr.shape[0] * self._row_factor(arr.shape[0]), *arr.shape[1:])
-                placed[key] = jax.make_array_from_process_local_data(
-                    self.sharding, arr, global_shape
+        leaves, treedef = jax.tree_util.tree_flatten(local)
+        unique: dict[int, np.ndarray] = {}  # the same host array (shared positions) once
+        for leaf in leaves:
+            if id(leaf) not in unique:
+                unique[id(leaf)] = np.ascontiguousarray(leaf)  # JAX copies strided views slower
+        arrays = list(unique.values())
+        if jax.process_count() == 1:
+            placed = jax.device_put(arrays, self.sharding)  # one batched transfer
+        else:
+            placed = [
+                jax.make_array_from_process_local_data(
+                    self.sharding, a, (a.shape[0] * self._row_factor(a.shape[0]), *a.shape[1:])
                 )
-            return placed[key]
-
-        return jax.tree_util.tree_map(place, local)
+                for a in arrays
+            ]
+        by_id = dict(zip(unique, placed, strict=True))
+        return jax.tree_util.tree_unflatten(treedef, [by_id[id(leaf)] for leaf in leaves])
 
     def _row_factor(self, local_rows: int) -> int:
         if self._pipeline is not None:
