@@ -16,20 +16,13 @@ All data lives in a temporary directory that is removed at the end; nothing is d
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
-import gc
+import functools
 import glob
-import io
-import json
 import os
-import platform
 import shutil
 import statistics
-import struct
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -37,10 +30,27 @@ from typing import Any
 
 import numpy as np
 
-FOOTER = struct.Struct("<qq8s8s")
-SIGNATURE = b"ROXXEL02"
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "bench_out" / "format.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for _harness, however this is run
+import _harness
+from _harness import (
+    Row,
+    arg_parser,
+    build_sparse,
+    finish,
+    footer,
+    import_roxxel,
+    machine,
+    print_header,
+    quiet,
+    read_through,
+    scratch_dir,
+    status_kib,
+)
+
+# This script's runs follow each other without waiting for threads, and its progress lines
+# carry no elapsed time.
+interleave = functools.partial(_harness.interleave, settle_threads=False)
+log = functools.partial(_harness.log, elapsed=False)
 
 
 # ---- configuration --------------------------------------------------------------------------
@@ -88,94 +98,7 @@ QUICK = dataclasses.replace(
 )
 
 
-# ---- results ----------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Row:
-    """One line of the table: medians of interleaved runs and their ratio."""
-
-    key: str
-    what: str
-    unit: str
-    ours: list[float]
-    theirs: list[float]
-    higher_is_better: bool
-    ours_is: str  # legend: what "ours" ran
-    theirs_is: str  # legend: what "theirs" ran
-    skipped: str | None = None
-    scale: float = 1.0  # displayed value = raw value / scale
-    note: str = ""
-
-    @property
-    def ours_median(self) -> float | None:
-        return statistics.median(self.ours) if self.ours else None
-
-    @property
-    def theirs_median(self) -> float | None:
-        return statistics.median(self.theirs) if self.theirs else None
-
-    @property
-    def ratio(self) -> float | None:
-        a, b = self.ours_median, self.theirs_median
-        if a is None or b is None or b <= 0 or a < 0:
-            return None
-        return a / b
-
-    @property
-    def noise(self) -> float | None:
-        """Largest relative spread, (max - min) / median, of the two sides."""
-        spreads = []
-        for values in (self.ours, self.theirs):
-            if len(values) > 1:
-                m = statistics.median(values)
-                if m > 0:
-                    spreads.append((max(values) - min(values)) / m)
-        return max(spreads) if spreads else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "what": self.what,
-            "unit": self.unit,
-            "ours": self.ours_median,
-            "theirs": self.theirs_median,
-            "ratio_ours_over_theirs": self.ratio,
-            "better": "higher" if self.higher_is_better else "lower",
-            "runs": min(len(self.ours), len(self.theirs)),
-            "ours_runs": self.ours,
-            "theirs_runs": self.theirs,
-            "relative_spread": self.noise,
-            "ours_is": self.ours_is,
-            "theirs_is": self.theirs_is,
-            "skipped": self.skipped,
-            "note": self.note,
-        }
-
-
-def interleave(runs: int, contenders: dict[str, Callable[[], dict[str, float]]]) -> dict:
-    """Call each contender ``runs`` times, interleaved; collect every metric it returns."""
-    out: dict[str, dict[str, list[float]]] = {name: {} for name in contenders}
-    for _ in range(runs):
-        for name, fn in contenders.items():
-            gc.collect()
-            for metric, value in fn().items():
-                out[name].setdefault(metric, []).append(value)
-    return out
-
-
-def log(msg: str) -> None:
-    print(f"  .. {msg}", file=sys.stderr, flush=True)
-
-
 # ---- helpers ----------------------------------------------------------------------------------
-def footer(path: str) -> tuple[int, int, str]:
-    """(blocks, raw bytes, dtype name) of one shard."""
-    with open(path, "rb") as f:
-        f.seek(-FOOTER.size, os.SEEK_END)
-        n, raw, dt, sig = FOOTER.unpack(f.read(FOOTER.size))
-    assert sig == SIGNATURE, path
-    return n, raw, dt.rstrip(b"\0").decode()
-
-
 def written_tokens(directory: str) -> int:
     """Tokens in every shard under ``directory``, from the footers (padding included)."""
     total = 0
@@ -191,19 +114,6 @@ def raw_region(path: str) -> bytes:
         return f.read(raw)
 
 
-def status_kib() -> dict[str, int]:
-    """This process's RssAnon and VmSize (kB) from /proc/self/status."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("RssAnon", "VmSize"):
-                out[key] = int(value.split()[0])
-    if len(out) != 2:
-        raise RuntimeError("no RssAnon/VmSize in /proc/self/status (not Linux?)")
-    return out
-
-
 def fsync_all(directory: str) -> None:
     """Flush a finished write's dirty pages so they are not written back during a later run."""
     for p in glob.glob(os.path.join(directory, "*")):
@@ -212,18 +122,6 @@ def fsync_all(directory: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def quiet() -> contextlib.AbstractContextManager[Any]:
-    """Swallow roxxel's progress chatter on stdout."""
-    return contextlib.redirect_stdout(io.StringIO())
-
-
-def import_roxxel() -> Any:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # roxxel imports jax; never probe for TPUs
-    with quiet():
-        import roxxel
-    return roxxel
 
 
 class RoxxelTiktoken:
@@ -378,28 +276,6 @@ def bench_convert(cfg: Config, tmp: str) -> list[Row]:
 
 
 # ---- row 2: opening a 1 TiB sparse corpus -----------------------------------------------------
-def build_sparse(cfg: Config, directory: str) -> str | None:
-    """Write the sparse shards; return a reason to skip, or None."""
-    n_blocks = cfg.sparse_shard_bytes // cfg.sparse_block_bytes
-    ends = (np.arange(1, n_blocks + 1, dtype="<i8") * cfg.sparse_block_bytes).tobytes()
-    tail = ends + FOOTER.pack(n_blocks, cfg.sparse_shard_bytes, b"uint16", SIGNATURE)
-    try:
-        for i in range(cfg.sparse_shards):
-            path = os.path.join(directory, f"big_{i:04d}.rox")
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            try:
-                os.ftruncate(fd, cfg.sparse_shard_bytes)  # the raw region is one hole
-                os.pwrite(fd, tail, cfg.sparse_shard_bytes)
-                used = os.fstat(fd).st_blocks * 512
-            finally:
-                os.close(fd)
-            if used > 64 << 20:
-                return f"the filesystem allocated {used:,} bytes for a sparse file"
-    except OSError as e:
-        return f"cannot create {cfg.sparse_shard_bytes:,}-byte sparse files here: {e}"
-    return None
-
-
 def bench_open(cfg: Config, tmp: str) -> list[Row]:
     import grain_rox
 
@@ -411,11 +287,15 @@ def bench_open(cfg: Config, tmp: str) -> list[Row]:
     size += f", {cfg.sparse_shard_bytes // cfg.sparse_block_bytes} blocks of "
     size += f"{cfg.sparse_block_bytes >> 20} MiB each)"
     keys = ("2a", "2b", "2c", "2d")
-    reason = build_sparse(cfg, directory)
+    reason = build_sparse(
+        directory, cfg.sparse_shards, cfg.sparse_shard_bytes, cfg.sparse_block_bytes
+    )
     if reason is not None:
         shutil.rmtree(directory)
         log(f"row 2 skipped: {reason}")
-        return [Row(k, "1 TiB sparse corpus", "-", [], [], False, "", "", reason) for k in keys]
+        return [
+            Row(k, "1 TiB sparse corpus", "-", [], [], False, "", "", skipped=reason) for k in keys
+        ]
     log(f"row 2: built {size}")
 
     # The same random 1024-token ranges for both, none crossing a block (so none a shard).
@@ -525,9 +405,7 @@ def bench_windows(cfg: Config, tmp: str) -> list[Row]:
     log(f"row 3: {raw / 2**20:.0f} MiB single-shard uint16 corpus written")
 
     # Warm the page cache and both mappings' page tables (one token per 4 KiB page).
-    with open(path, "rb", buffering=0) as f:
-        while f.read(8 << 20):
-            pass
+    read_through([path])
     assert int(mm[::2048].sum()) == int(view[::2048].sum())
 
     w, batch = cfg.window_tokens, cfg.gather_batch
@@ -608,146 +486,29 @@ def bench_windows(cfg: Config, tmp: str) -> list[Row]:
     ]  # fmt: skip
 
 
-# ---- table ------------------------------------------------------------------------------------
-def fmt(value: float | None, scale: float = 1.0) -> str:
-    if value is None:
-        return "-"
-    v = value / scale
-    if v == 0:
-        return "0"
-    if abs(v) >= 100:
-        return f"{v:,.0f}"
-    if abs(v) >= 10:
-        return f"{v:.1f}"
-    if abs(v) >= 1:
-        return f"{v:.2f}"
-    return f"{v:.3g}"
-
-
-def render(rows: list[Row]) -> str:
-    header = ("row", "measurement", "unit", "ours", "theirs", "ours/theirs", "better", "runs",
-              "spread")  # fmt: skip
-    lines = []
-    for r in rows:
-        if r.skipped:
-            lines.append((r.key, r.what, r.unit, "skip", "skip", "-", "-", "0", "-"))
-            continue
-        ratio = r.ratio
-        noise = r.noise
-        if ratio is None and r.ours_median == 0 and r.theirs_median == 0:
-            shown = "equal"
-        else:
-            shown = "-" if ratio is None else f"{ratio:.2f}x"
-        lines.append(
-            (
-                r.key,
-                r.what,
-                r.unit,
-                fmt(r.ours_median, r.scale),
-                fmt(r.theirs_median, r.scale),
-                shown,
-                "higher" if r.higher_is_better else "lower",
-                str(min(len(r.ours), len(r.theirs))),
-                "-" if noise is None else f"{100 * noise:.0f}%",
-            )
-        )
-    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
-    right = {3, 4, 5, 7, 8}
-
-    def line(cells: tuple[str, ...]) -> str:
-        return "  ".join(
-            c.rjust(wd) if i in right else c.ljust(wd)
-            for i, (c, wd) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    out = [line(header), line(tuple("-" * wd for wd in widths))]
-    out += [line(x) for x in lines]
-    out.append("")
-    out.append("spread = (max - min) / median of the noisier side. Legend (ours | theirs):")
-    for r in rows:
-        if r.skipped:
-            out.append(f"  {r.key}: skipped: {r.skipped}")
-            continue
-        if r.ours_is:
-            out.append(f"  {r.key}: ours   = {r.ours_is}")
-            out.append(f"  {' ' * len(r.key)}  theirs = {r.theirs_is}")
-        if r.note:
-            out.append(f"  {' ' * len(r.key)}  note: {r.note}")
-    return "\n".join(out)
-
-
-def machine() -> dict[str, Any]:
-    import grain_rox
-
-    info: dict[str, Any] = {
-        "nproc": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "grain_rox": grain_rox.__version__,
-        "platform": platform.platform(),
-        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("roxxel", "tiktoken"):
-        try:
-            info[dist] = version(dist)
-        except PackageNotFoundError:
-            info[dist] = None
-    return info
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, < 60 s (smoke test)")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="where to write the JSON")
-    parser.add_argument("--tmpdir", default=None, help="where to put the temporary data")
-    parser.add_argument(
-        "--only", default="123", help="which row groups to run, e.g. '13' (default: all)"
-    )
-    args = parser.parse_args(argv)
+    args = arg_parser(__doc__, "format", groups="123", example="13").parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    info = machine()
+    info = machine(("roxxel", "tiktoken"))
     started = time.perf_counter()
-    runs = sorted({cfg.runs_convert, cfg.runs_open, cfg.runs_windows})
-    load = f" | load avg {info['loadavg'][0]:.2f}" if info["loadavg"] else ""
-    print(
+    print_header(
         f"grain_rox {info['grain_rox']} vs roxxel {info['roxxel']} | nproc {info['nproc']} "
         f"(usable {info['usable_cpus']}) | python {info['python']} | numpy {info['numpy']} | "
-        f"tiktoken {info['tiktoken']}{load}",
-        flush=True,
-    )
-    print(
-        f"mode: {'quick' if cfg.quick else 'full'}. Shown: medians of N interleaved runs "
-        f"(A, B, A, B, ...; N = {'/'.join(map(str, runs))} per row, see 'runs'); "
-        "ratio = ours / theirs.",
-        flush=True,
+        f"tiktoken {info['tiktoken']}",
+        info,
+        cfg.quick,
+        (cfg.runs_convert, cfg.runs_open, cfg.runs_windows),
+        order="A, B, A, B",
     )
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="grain_rox_bench_", dir=args.tmpdir) as tmp:
+    with scratch_dir(args.tmpdir) as tmp:
         if "1" in args.only:
             rows += bench_convert(cfg, tmp)
         if "2" in args.only:
             rows += bench_open(cfg, tmp)
         if "3" in args.only:
             rows += bench_windows(cfg, tmp)
-    elapsed = time.perf_counter() - started
-    print("\n" + render(rows), flush=True)
-    print(f"\ntotal {elapsed:.0f} s", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "benchmark": "format",
-        "mode": "quick" if cfg.quick else "full",
-        "machine": info,
-        "config": dataclasses.asdict(cfg),
-        "seconds": elapsed,
-        "rows": [r.to_json() for r in rows],
-    }
-    out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {out}")
-    return 0
+    return finish(args.out, "format", cfg, info, started, rows, targets=False)
 
 
 if __name__ == "__main__":

@@ -27,17 +27,11 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ["JAX_PLATFORMS"] = "cpu"
 
-import argparse
 import cProfile
 import dataclasses
-import gc
-import json
-import platform
 import pstats
 import statistics
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -49,8 +43,23 @@ import numpy as np
 import grain_rox
 from grain_rox import Phase, TokenPipeline
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "bench_out" / "mixing.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for _harness, however this is run
+from _harness import (
+    REPO,
+    Row,
+    arg_parser,
+    finish,
+    interleave,
+    log,
+    machine,
+    ours_below,
+    print_header,
+    ratio_at_least,
+    read_through,
+    scratch_dir,
+    warm_up,
+)
+
 SEQ_LEN = 1024
 BATCH = 32
 VOCAB = 50257
@@ -116,157 +125,7 @@ def deep_phases() -> list[Phase]:
     ]
 
 
-# ---- results ----------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """A target from the issue: its text, and how to judge a row against it."""
-
-    text: str
-    passes: Callable[[Row], bool | None]
-
-
-def ratio_at_least(x: float) -> Target:
-    return Target(f"ratio >= {x:g}", lambda r: None if r.ratio is None else r.ratio >= x)
-
-
-def ours_below(limit: float, shown: str) -> Target:
-    return Target(
-        f"ours < {shown}", lambda r: None if r.ours_median is None else r.ours_median < limit
-    )
-
-
-@dataclasses.dataclass
-class Row:
-    """One line of the table: medians of interleaved runs, their ratio and the target."""
-
-    key: str
-    what: str
-    unit: str
-    ours: list[float]
-    theirs: list[float]
-    higher_is_better: bool
-    ours_is: str  # legend: what "ours" ran
-    theirs_is: str  # legend: what "theirs" ran
-    target: Target | None = None
-    skipped: str | None = None
-    scale: float = 1.0  # displayed value = raw value / scale
-    note: str = ""
-
-    @property
-    def ours_median(self) -> float | None:
-        return statistics.median(self.ours) if self.ours else None
-
-    @property
-    def theirs_median(self) -> float | None:
-        return statistics.median(self.theirs) if self.theirs else None
-
-    @property
-    def ratio(self) -> float | None:
-        a, b = self.ours_median, self.theirs_median
-        if a is None or b is None or b <= 0 or a < 0:
-            return None
-        return a / b
-
-    @property
-    def noise(self) -> float | None:
-        """Largest relative spread, (max - min) / median, of the two sides."""
-        spreads = []
-        for values in (self.ours, self.theirs):
-            if len(values) > 1:
-                m = statistics.median(values)
-                if m > 0:
-                    spreads.append((max(values) - min(values)) / m)
-        return max(spreads) if spreads else None
-
-    @property
-    def verdict(self) -> str:
-        if self.skipped or self.target is None:
-            return "-"
-        ok = self.target.passes(self)
-        return "-" if ok is None else ("PASS" if ok else "MISS")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "what": self.what,
-            "unit": self.unit,
-            "scale": self.scale,
-            "ours": self.ours_median,
-            "theirs": self.theirs_median,
-            "ratio_ours_over_theirs": self.ratio,
-            "better": "higher" if self.higher_is_better else "lower",
-            "target": self.target.text if self.target else None,
-            "verdict": self.verdict,
-            "runs": min(len(self.ours), len(self.theirs)),
-            "ours_runs": self.ours,
-            "theirs_runs": self.theirs,
-            "relative_spread": self.noise,
-            "ours_is": self.ours_is,
-            "theirs_is": self.theirs_is,
-            "skipped": self.skipped,
-            "note": self.note,
-        }
-
-
-_LINGERING: set[threading.Thread] = set()  # threads that outlived a grace period: not waited on
-
-
-def settle(before: set[threading.Thread], what: str, timeout: float = 5.0) -> None:
-    """Wait until the threads started since ``before`` have ended (Grain's read threads of one
-    contender must not run into the next contender's timing)."""
-    deadline = time.perf_counter() + timeout
-    while True:
-        extra = [
-            t
-            for t in threading.enumerate()
-            if t not in before and t not in _LINGERING and t.is_alive()
-        ]
-        if not extra:
-            return
-        if time.perf_counter() > deadline:
-            log(f"warning: {what} left threads running: {[t.name for t in extra]}")
-            _LINGERING.update(extra)
-            return
-        time.sleep(0.005)
-
-
-def interleave(runs: int, contenders: Mapping[str, Callable[[], dict[str, float]]]) -> dict:
-    """Call each contender ``runs`` times, interleaved; collect every metric it returns."""
-    out: dict[str, dict[str, list[float]]] = {name: {} for name in contenders}
-    for _ in range(runs):
-        for name, fn in contenders.items():
-            gc.collect()
-            before = set(threading.enumerate())
-            for metric, value in fn().items():
-                out[name].setdefault(metric, []).append(value)
-            settle(before, name)
-    return out
-
-
-def warm_up(contenders: Mapping[str, Callable[[], dict[str, float]]]) -> None:
-    """One untimed pass of every contender: first-call costs out of the medians."""
-    for name, fn in contenders.items():
-        before = set(threading.enumerate())
-        fn()
-        settle(before, name)
-
-
-_T0 = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"  .. [{time.perf_counter() - _T0:5.1f} s] {msg}", file=sys.stderr, flush=True)
-
-
 # ---- helpers ----------------------------------------------------------------------------------
-def read_through(paths: list[str]) -> None:
-    """Warm the page cache: read every file once."""
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while f.read(8 << 20):
-                pass
-
-
 def write_sources(cfg: Config, directory: str) -> dict[str, str]:
     """One `.rox` file per source: random uint16 ids in [0, VOCAB), EOS-separated every 1M."""
     paths = {}
@@ -410,22 +269,17 @@ def bench_mixing(cfg: Config, paths: dict[str, str], force_profile: bool) -> tup
     details: dict[str, Any] = {"runs": runs, "bookkeeping_runs": book_runs, "lanes": lanes}
     if force_profile or row.verdict == "MISS":
         log("row 1a: profiling the mixed reads")
-        pipe = mixed(True)
 
-        def profiled() -> None:
-            s = pipe.batch_source()
-            for k in range(n + 1):
-                s[k]
+        def one_pass(pipe: TokenPipeline) -> Callable[[], None]:
+            def run() -> None:
+                s = pipe.batch_source()
+                for k in range(n + 1):
+                    s[k]
 
-        details["profile_mixed"] = profile_top(profiled)
-        pipe_u = unmixed(True)
+            return run
 
-        def profiled_u() -> None:
-            s = pipe_u.batch_source()
-            for k in range(n + 1):
-                s[k]
-
-        details["profile_unmixed"] = profile_top(profiled_u)
+        details["profile_mixed"] = profile_top(one_pass(mixed(True)))
+        details["profile_unmixed"] = profile_top(one_pass(unmixed(True)))
     return rows, details
 
 
@@ -641,136 +495,29 @@ def pack_legend(contender: str, length: int, docs: int, tokens: int) -> str:
     )
 
 
-# ---- table ------------------------------------------------------------------------------------
-def fmt(value: float | None, scale: float = 1.0) -> str:
-    if value is None:
-        return "-"
-    v = value / scale
-    if v == 0:
-        return "0"
-    if abs(v) >= 100:
-        return f"{v:,.0f}"
-    if abs(v) >= 10:
-        return f"{v:.1f}"
-    if abs(v) >= 1:
-        return f"{v:.2f}"
-    return f"{v:.3g}"
-
-
-def render(rows: list[Row]) -> str:
-    header = ("row", "measurement", "unit", "ours", "theirs", "ours/theirs", "better", "target",
-              "result", "runs", "spread")  # fmt: skip
-    lines = []
-    for r in rows:
-        if r.skipped:
-            lines.append((r.key, r.what, r.unit, "skip", "skip", "-", "-",
-                          r.target.text if r.target else "-", "-", "0", "-"))  # fmt: skip
-            continue
-        ratio = r.ratio
-        noise = r.noise
-        if ratio is None and r.ours_median == 0 and r.theirs_median == 0:
-            shown = "equal"
-        else:
-            shown = "-" if ratio is None else f"{ratio:.3f}x" if r.unit == "fraction" else (
-                f"{ratio:.2f}x")  # fmt: skip
-        lines.append(
-            (
-                r.key,
-                r.what,
-                r.unit,
-                f"{r.ours_median:.4f}" if r.unit == "fraction" else fmt(r.ours_median, r.scale),
-                f"{r.theirs_median:.4f}" if r.unit == "fraction" else fmt(r.theirs_median, r.scale),
-                shown,
-                "higher" if r.higher_is_better else "lower",
-                r.target.text if r.target else "-",
-                r.verdict,
-                str(min(len(r.ours), len(r.theirs))),
-                "-" if noise is None else f"{100 * noise:.0f}%",
-            )
-        )
-    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
-    right = {3, 4, 5, 9, 10}
-
-    def line(cells: tuple[str, ...]) -> str:
-        return "  ".join(
-            c.rjust(wd) if i in right else c.ljust(wd)
-            for i, (c, wd) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    out = [line(header), line(tuple("-" * wd for wd in widths))]
-    out += [line(x) for x in lines]
-    out.append("")
-    out.append(
-        "spread = (max - min) / median of the noisier side; target = the issue's, judged on "
-        "the medians. Legend (ours | theirs):"
-    )
-    for r in rows:
-        if r.skipped:
-            out.append(f"  {r.key}: skipped: {r.skipped}")
-            continue
-        if r.ours_is:
-            out.append(f"  {r.key}: ours   = {r.ours_is}")
-            out.append(f"  {' ' * len(r.key)}  theirs = {r.theirs_is}")
-        if r.note:
-            out.append(f"  {' ' * len(r.key)}  note: {r.note}")
-    return "\n".join(out)
-
-
-def machine() -> dict[str, Any]:
-    import jax
-
-    info: dict[str, Any] = {
-        "nproc": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "jax": jax.__version__,
-        "jax_devices": jax.device_count(),
-        "grain_rox": grain_rox.__version__,
-        "platform": platform.platform(),
-        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        info["grain"] = version("grain")
-    except PackageNotFoundError:
-        info["grain"] = None
-    return info
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, < 60 s (smoke test)")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="where to write the JSON")
-    parser.add_argument("--tmpdir", default=None, help="where to put the temporary data")
-    parser.add_argument(
-        "--only", default="123", help="which row groups to run, e.g. '13' (default: all)"
-    )
+    parser = arg_parser(__doc__, "mixing", groups="123", example="13")
     parser.add_argument(
         "--profile", action="store_true", help="profile row 1's reads even when 1a passes"
     )
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    info = machine()
+    import jax
+
+    info = machine(("grain",), {"jax": jax.__version__, "jax_devices": jax.device_count()})
     started = time.perf_counter()
-    load = f" | load avg {info['loadavg'][0]:.2f}" if info["loadavg"] else ""
-    print(
+    print_header(
         f"grain_rox {info['grain_rox']} | grain {info['grain']} | jax {info['jax']} "
         f"({info['jax_devices']} devices) | nproc {info['nproc']} (usable {info['usable_cpus']})"
-        f" | python {info['python']} | numpy {info['numpy']}{load}",
-        flush=True,
-    )
-    runs = sorted({cfg.runs_mixing, cfg.runs_resume, cfg.runs_packing})
-    print(
-        f"mode: {'quick' if cfg.quick else 'full'}. Shown: medians of N interleaved runs "
-        f"(A, B, C, A, B, C, ...; N = {'/'.join(map(str, runs))} per row, see 'runs'); "
-        "ratio = ours / theirs.",
-        flush=True,
+        f" | python {info['python']} | numpy {info['numpy']}",
+        info,
+        cfg.quick,
+        (cfg.runs_mixing, cfg.runs_resume, cfg.runs_packing),
+        order="A, B, C, A, B, C",
     )
     rows: list[Row] = []
     extra: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="grain_rox_bench_", dir=args.tmpdir) as tmp:
+    with scratch_dir(args.tmpdir) as tmp:
         if set(args.only) & set("12"):
             t0 = time.perf_counter()
             paths = write_sources(cfg, tmp)
@@ -784,27 +531,12 @@ def main(argv: list[str] | None = None) -> int:
         if "3" in args.only:
             r, extra["packing"] = bench_packing(cfg, tmp)
             rows += r
-    elapsed = time.perf_counter() - started
-    print("\n" + render(rows), flush=True)
-    for kind in ("mixed", "unmixed"):
-        prof = extra.get("mixing", {}).get(f"profile_{kind}")
-        if prof:
-            print("\n" + render_profile(f"cProfile of 1a's {kind} reads", prof), flush=True)
-    print(f"\ntotal {elapsed:.0f} s", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "benchmark": "mixing",
-        "mode": "quick" if cfg.quick else "full",
-        "machine": info,
-        "config": dataclasses.asdict(cfg),
-        "seconds": elapsed,
-        "rows": [r.to_json() for r in rows],
-        "details": extra,
-    }
-    out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {out}")
-    return 0
+    profiles = [
+        render_profile(f"cProfile of 1a's {kind} reads", prof)
+        for kind in ("mixed", "unmixed")
+        if (prof := extra.get("mixing", {}).get(f"profile_{kind}"))
+    ]
+    return finish(args.out, "mixing", cfg, info, started, rows, extra, appendix=profiles)
 
 
 if __name__ == "__main__":

@@ -30,21 +30,14 @@ os.environ["XLA_FLAGS"] = (
     + f" --xla_force_host_platform_device_count={N_DEVICES}"
 ).strip()
 
-import argparse
 import bisect
-import contextlib
 import ctypes
 import dataclasses
 import gc
 import glob
-import io
-import json
-import platform
 import shutil
 import statistics
-import struct
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,10 +51,30 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import grain_rox
 
-FOOTER = struct.Struct("<qq8s8s")
-SIGNATURE = b"ROXXEL02"
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "bench_out" / "pipeline.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for _harness, however this is run
+from _harness import (
+    Row,
+    arg_parser,
+    build_sparse,
+    finish,
+    footer,
+    import_roxxel,
+    interleave,
+    log,
+    machine,
+    ours_at_most,
+    ours_below,
+    ours_within,
+    print_header,
+    quiet,
+    ratio_at_least,
+    read_through,
+    scratch_dir,
+    settle,
+    status_kib,
+    warm_up,
+)
+
 SEQ_LEN = 1024
 BATCH = 32
 WIDTH = SEQ_LEN + 1  # a window: seq_len inputs + the shifted last target
@@ -120,194 +133,7 @@ QUICK = dataclasses.replace(
 )
 
 
-# ---- results ----------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """A target from the issue: its text, and how to judge a row against it."""
-
-    text: str
-    passes: Callable[[Row], bool | None]
-
-
-def ratio_at_least(x: float) -> Target:
-    return Target(f"ratio >= {x:g}", lambda r: None if r.ratio is None else r.ratio >= x)
-
-
-def ours_below(limit: float, shown: str) -> Target:
-    return Target(
-        f"ours < {shown}", lambda r: None if r.ours_median is None else r.ours_median < limit
-    )
-
-
-def ours_within(tolerance: float, shown: str) -> Target:
-    """|ours - theirs| <= tolerance: "flat", "independent of"."""
-
-    def passes(r: Row) -> bool | None:
-        a, b = r.ours_median, r.theirs_median
-        return None if a is None or b is None else abs(a - b) <= tolerance
-
-    return Target(f"|ours-theirs| <= {shown}", passes)
-
-
-def ours_at_most(limit: float, shown: str) -> Target:
-    return Target(
-        f"ours <= {shown}", lambda r: None if r.ours_median is None else r.ours_median <= limit
-    )
-
-
-@dataclasses.dataclass
-class Row:
-    """One line of the table: medians of interleaved runs, their ratio and the target."""
-
-    key: str
-    what: str
-    unit: str
-    ours: list[float]
-    theirs: list[float]
-    higher_is_better: bool
-    ours_is: str  # legend: what "ours" ran
-    theirs_is: str  # legend: what "theirs" ran
-    target: Target | None = None
-    skipped: str | None = None
-    scale: float = 1.0  # displayed value = raw value / scale
-    note: str = ""
-
-    @property
-    def ours_median(self) -> float | None:
-        return statistics.median(self.ours) if self.ours else None
-
-    @property
-    def theirs_median(self) -> float | None:
-        return statistics.median(self.theirs) if self.theirs else None
-
-    @property
-    def ratio(self) -> float | None:
-        a, b = self.ours_median, self.theirs_median
-        if a is None or b is None or b <= 0 or a < 0:
-            return None
-        return a / b
-
-    @property
-    def noise(self) -> float | None:
-        """Largest relative spread, (max - min) / median, of the two sides."""
-        spreads = []
-        for values in (self.ours, self.theirs):
-            if len(values) > 1:
-                m = statistics.median(values)
-                if m > 0:
-                    spreads.append((max(values) - min(values)) / m)
-        return max(spreads) if spreads else None
-
-    @property
-    def verdict(self) -> str:
-        if self.skipped or self.target is None:
-            return "-"
-        ok = self.target.passes(self)
-        return "-" if ok is None else ("PASS" if ok else "MISS")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "what": self.what,
-            "unit": self.unit,
-            "scale": self.scale,
-            "ours": self.ours_median,
-            "theirs": self.theirs_median,
-            "ratio_ours_over_theirs": self.ratio,
-            "better": "higher" if self.higher_is_better else "lower",
-            "target": self.target.text if self.target else None,
-            "verdict": self.verdict,
-            "runs": min(len(self.ours), len(self.theirs)),
-            "ours_runs": self.ours,
-            "theirs_runs": self.theirs,
-            "relative_spread": self.noise,
-            "ours_is": self.ours_is,
-            "theirs_is": self.theirs_is,
-            "skipped": self.skipped,
-            "note": self.note,
-        }
-
-
-_LINGERING: set[threading.Thread] = set()  # threads that outlived a grace period: not waited on
-
-
-def settle(before: set[threading.Thread], what: str, timeout: float = 5.0) -> None:
-    """Wait until the threads started since ``before`` have ended (prefetchers of a closed
-    contender must not run into the next contender's timing)."""
-    deadline = time.perf_counter() + timeout
-    while True:
-        extra = [
-            t
-            for t in threading.enumerate()
-            if t not in before and t not in _LINGERING and t.is_alive()
-        ]
-        if not extra:
-            return
-        if time.perf_counter() > deadline:
-            log(f"warning: {what} left threads running: {[t.name for t in extra]}")
-            _LINGERING.update(extra)
-            return
-        time.sleep(0.005)
-
-
-def interleave(runs: int, contenders: dict[str, Callable[[], dict[str, float]]]) -> dict:
-    """Call each contender ``runs`` times, interleaved; collect every metric it returns."""
-    out: dict[str, dict[str, list[float]]] = {name: {} for name in contenders}
-    for _ in range(runs):
-        for name, fn in contenders.items():
-            gc.collect()
-            before = set(threading.enumerate())
-            for metric, value in fn().items():
-                out[name].setdefault(metric, []).append(value)
-            settle(before, name)
-    return out
-
-
-_T0 = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"  .. [{time.perf_counter() - _T0:5.1f} s] {msg}", file=sys.stderr, flush=True)
-
-
 # ---- helpers ----------------------------------------------------------------------------------
-def footer(path: str) -> tuple[int, int, str]:
-    """(blocks, raw bytes, dtype name) of one shard."""
-    with open(path, "rb") as f:
-        f.seek(-FOOTER.size, os.SEEK_END)
-        n, raw, dt, sig = FOOTER.unpack(f.read(FOOTER.size))
-    assert sig == SIGNATURE, path
-    return n, raw, dt.rstrip(b"\0").decode()
-
-
-def status_kib() -> dict[str, int]:
-    """This process's RssAnon and VmSize (kB) from /proc/self/status."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("RssAnon", "VmSize"):
-                out[key] = int(value.split()[0])
-    if len(out) != 2:
-        raise RuntimeError("no RssAnon/VmSize in /proc/self/status (not Linux?)")
-    return out
-
-
-def quiet() -> contextlib.AbstractContextManager[Any]:
-    """Swallow roxxel's chatter on stdout."""
-    return contextlib.redirect_stdout(io.StringIO())
-
-
-def import_roxxel() -> Any:
-    """roxxel, or None when it is not installed (its rows are then skipped)."""
-    try:
-        with quiet():
-            import roxxel
-    except ImportError:
-        return None
-    return roxxel
-
-
 def close_iterator(it: Any) -> None:
     """Close a Grain iterator (DataLoaderIterator has no close(); its dataset iterator has)."""
     for obj in (it, getattr(it, "_iterator", None)):
@@ -315,14 +141,6 @@ def close_iterator(it: Any) -> None:
         if callable(closer):
             closer()
             return
-
-
-def read_through(paths: list[str]) -> None:
-    """Warm the page cache: read every file once."""
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while f.read(8 << 20):
-                pass
 
 
 def data_sharding() -> NamedSharding:
@@ -736,10 +554,7 @@ def bench_latency(cfg: Config, corpus: Corpus, roxxel: Any) -> list[Row]:
     contenders = {"ours": first_ours}
     if roxxel is not None:
         contenders["theirs"] = first_theirs
-    for name, fn in contenders.items():  # warm-up
-        before = set(threading.enumerate())
-        fn()
-        settle(before, name)
+    warm_up(contenders)
     first = interleave(cfg.runs_latency, contenders)
     log("row 2 done")
     return [
@@ -759,28 +574,6 @@ def bench_latency(cfg: Config, corpus: Corpus, roxxel: Any) -> list[Row]:
 
 
 # ---- row 3: anonymous RSS ---------------------------------------------------------------------
-def build_sparse(cfg: Config, directory: str) -> str | None:
-    """Write the sparse shards; return a reason to skip, or None."""
-    n_blocks = cfg.sparse_shard_bytes // cfg.sparse_block_bytes
-    ends = (np.arange(1, n_blocks + 1, dtype="<i8") * cfg.sparse_block_bytes).tobytes()
-    tail = ends + FOOTER.pack(n_blocks, cfg.sparse_shard_bytes, b"uint16", SIGNATURE)
-    try:
-        for i in range(cfg.sparse_shards):
-            path = os.path.join(directory, f"big_{i:04d}.rox")
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            try:
-                os.ftruncate(fd, cfg.sparse_shard_bytes)  # the raw region is one hole
-                os.pwrite(fd, tail, cfg.sparse_shard_bytes)
-                used = os.fstat(fd).st_blocks * 512
-            finally:
-                os.close(fd)
-            if used > 64 << 20:
-                return f"the filesystem allocated {used:,} bytes for a sparse file"
-    except OSError as e:
-        return f"cannot create {cfg.sparse_shard_bytes:,}-byte sparse files here: {e}"
-    return None
-
-
 # What "flat" means here. Noise: the kernel batches RSS counters per CPU, malloc grows and trims
 # its heaps lazily (jumps of 2-3 MiB either way), and one batch of 6 int32 arrays is 768 KiB.
 # Signal: anything per chunk or per block of a 1 TiB corpus would be tens of MiB.
@@ -824,7 +617,9 @@ def bench_rss(cfg: Config, corpus: Corpus, tmp: str, throughput: dict) -> list[R
     total = cfg.sparse_shards * cfg.sparse_shard_bytes
     size = f"{total / 2**40:g} TiB sparse ({cfg.sparse_shards} x {cfg.sparse_shard_bytes >> 30} GiB"
     size += f", blocks of {cfg.sparse_block_bytes >> 20} MiB)"
-    reason = build_sparse(cfg, directory)
+    reason = build_sparse(
+        directory, cfg.sparse_shards, cfg.sparse_shard_bytes, cfg.sparse_block_bytes
+    )
     if reason is not None:
         shutil.rmtree(directory)
         log(f"row 3c skipped: {reason}")
@@ -863,10 +658,7 @@ def bench_rss(cfg: Config, corpus: Corpus, tmp: str, throughput: dict) -> list[R
     # after its thread ends: every fresh prefetch thread would add that to one side's delta.
     arenas_limited = limit_malloc_arenas()
     contenders = {"big": first_batch(big), "small": first_batch(small)}
-    for name, fn in contenders.items():  # warm-up
-        before = set(threading.enumerate())
-        fn()
-        settle(before, name)
+    warm_up(contenders)
     runs = interleave(cfg.runs_rss, contenders)
     shutil.rmtree(directory)
     log("row 3 done")
@@ -1028,137 +820,36 @@ def bench_closeness(cfg: Config, tmp: str) -> tuple[list[Row], dict]:
     return rows, {"lanes": lanes, "join_crossing_rows": crossing, "runs": runs}
 
 
-# ---- table ------------------------------------------------------------------------------------
-def fmt(value: float | None, scale: float = 1.0) -> str:
-    if value is None:
-        return "-"
-    v = value / scale
-    if v == 0:
-        return "0"
-    if abs(v) >= 100:
-        return f"{v:,.0f}"
-    if abs(v) >= 10:
-        return f"{v:.1f}"
-    if abs(v) >= 1:
-        return f"{v:.2f}"
-    return f"{v:.3g}"
-
-
-def render(rows: list[Row]) -> str:
-    header = ("row", "measurement", "unit", "ours", "theirs", "ours/theirs", "better", "target",
-              "result", "runs", "spread")  # fmt: skip
-    lines = []
-    for r in rows:
-        if r.skipped:
-            lines.append((r.key, r.what, r.unit, "skip", "skip", "-", "-",
-                          r.target.text if r.target else "-", "-", "0", "-"))  # fmt: skip
-            continue
-        ratio = r.ratio
-        noise = r.noise
-        if ratio is None and r.ours_median == 0 and r.theirs_median == 0:
-            shown = "equal"
-        else:
-            shown = "-" if ratio is None else f"{ratio:.2f}x"
-        lines.append(
-            (
-                r.key,
-                r.what,
-                r.unit,
-                fmt(r.ours_median, r.scale),
-                fmt(r.theirs_median, r.scale),
-                shown,
-                "higher" if r.higher_is_better else "lower",
-                r.target.text if r.target else "-",
-                r.verdict,
-                str(min(len(r.ours), len(r.theirs)) if r.theirs else len(r.ours)),
-                "-" if noise is None else f"{100 * noise:.0f}%",
-            )
-        )
-    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
-    right = {3, 4, 5, 9, 10}
-
-    def line(cells: tuple[str, ...]) -> str:
-        return "  ".join(
-            c.rjust(wd) if i in right else c.ljust(wd)
-            for i, (c, wd) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    out = [line(header), line(tuple("-" * wd for wd in widths))]
-    out += [line(x) for x in lines]
-    out.append("")
-    out.append(
-        "spread = (max - min) / median of the noisier side; target = the issue's, judged on "
-        "the medians. Legend (ours | theirs):"
-    )
-    for r in rows:
-        if r.skipped:
-            out.append(f"  {r.key}: skipped: {r.skipped}")
-            continue
-        if r.ours_is:
-            out.append(f"  {r.key}: ours   = {r.ours_is}")
-            out.append(f"  {' ' * len(r.key)}  theirs = {r.theirs_is}")
-        if r.note:
-            out.append(f"  {' ' * len(r.key)}  note: {r.note}")
-    return "\n".join(out)
-
-
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "nproc": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "jax": jax.__version__,
-        "jax_devices": jax.device_count(),
-        "jax_platform": jax.devices()[0].platform,
-        "grain_rox": grain_rox.__version__,
-        "platform": platform.platform(),
-        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("roxxel", "grain"):
-        try:
-            info[dist] = version(dist)
-        except PackageNotFoundError:
-            info[dist] = None
-    return info
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, < 60 s (smoke test)")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="where to write the JSON")
-    parser.add_argument("--tmpdir", default=None, help="where to put the temporary data")
-    parser.add_argument(
-        "--only", default="1234", help="which row groups to run, e.g. '14' (default: all)"
-    )
-    args = parser.parse_args(argv)
+    args = arg_parser(__doc__, "pipeline", groups="1234", example="14").parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    info = machine()
+    info = machine(
+        ("roxxel", "grain"),
+        {
+            "jax": jax.__version__,
+            "jax_devices": jax.device_count(),
+            "jax_platform": jax.devices()[0].platform,
+        },
+    )
     if info["jax_devices"] != N_DEVICES:
         log(f"warning: JAX sees {info['jax_devices']} devices, not {N_DEVICES} (was JAX imported "
             "before this module set XLA_FLAGS?)")  # fmt: skip
-    roxxel = import_roxxel()
+    roxxel = import_roxxel(required=False)
     started = time.perf_counter()
-    load = f" | load avg {info['loadavg'][0]:.2f}" if info["loadavg"] else ""
-    print(
+    print_header(
         f"grain_rox {info['grain_rox']} | grain {info['grain']} | roxxel {info['roxxel']} | "
         f"jax {info['jax']} ({info['jax_devices']} {info['jax_platform']} devices) | nproc "
         f"{info['nproc']} (usable {info['usable_cpus']}) | python {info['python']} | numpy "
-        f"{info['numpy']}{load}",
-        flush=True,
-    )
-    runs = sorted({cfg.runs_throughput, cfg.runs_latency, cfg.runs_rss, cfg.close_seeds})
-    print(
-        f"mode: {'quick' if cfg.quick else 'full'}. Shown: medians of N interleaved runs "
-        f"(A, B, C, A, B, C, ...; N = {'/'.join(map(str, runs))} per row, see 'runs'); "
-        f"ratio = ours / theirs; batches are ({BATCH}, {SEQ_LEN}).",
-        flush=True,
+        f"{info['numpy']}",
+        info,
+        cfg.quick,
+        (cfg.runs_throughput, cfg.runs_latency, cfg.runs_rss, cfg.close_seeds),
+        order="A, B, C, A, B, C",
+        tail=f"; batches are ({BATCH}, {SEQ_LEN})",
     )
     rows: list[Row] = []
     extra: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="grain_rox_bench_", dir=args.tmpdir) as tmp:
+    with scratch_dir(args.tmpdir) as tmp:
         corpus = None
         if set(args.only) & set("123"):
             directory = os.path.join(tmp, "tokens")
@@ -1183,23 +874,7 @@ def main(argv: list[str] | None = None) -> int:
         if "4" in args.only:
             r, extra["closeness"] = bench_closeness(cfg, tmp)
             rows += r
-    elapsed = time.perf_counter() - started
-    print("\n" + render(rows), flush=True)
-    print(f"\ntotal {elapsed:.0f} s", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "benchmark": "pipeline",
-        "mode": "quick" if cfg.quick else "full",
-        "machine": info,
-        "config": dataclasses.asdict(cfg),
-        "seconds": elapsed,
-        "rows": [r.to_json() for r in rows],
-        "details": extra,
-    }
-    out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {out}")
-    return 0
+    return finish(args.out, "pipeline", cfg, info, started, rows, extra)
 
 
 if __name__ == "__main__":
