@@ -157,9 +157,6 @@ class LaneOrder:
     def round_permutation(self, epoch: int, round_: int) -> FeistelPermutation:
         return FeistelPermutation(self.lanes, derive_key(self.seed, _PURPOSE_ROUNDS, epoch, round_))
 
-    def epoch_of_sample(self, sample: int) -> int:
-        return self._rounds.locate(sample // self.lanes).epoch
-
     def locate(self, samples: np.ndarray) -> Rows:
         """Epoch, epoch-stream offset and seq_len of each sample (any order, any values)."""
         samples = np.asarray(samples, dtype=np.int64)

@@ -134,10 +134,6 @@ class RoxDocumentSource:
 
     __getitems__ = _getitems
 
-    def document_lengths(self) -> np.ndarray:
-        """Tokens per piece (``inputs`` length + 1)."""
-        return self._pieces()[1].copy()
-
 
 def _rename(record: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out = {}

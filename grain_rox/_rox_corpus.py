@@ -311,10 +311,6 @@ class RoxCorpus:
             s += 1
         return np.concatenate(pieces)
 
-    def token_shard(self, position: int) -> int:
-        """The shard holding global token ``position``."""
-        return bisect.bisect_right(self._token_starts_list, position) - 1
-
     # ---- checking --------------------------------------------------------------------------
     def verify(self, *, checksums: bool = True) -> None:
         """Check every shard's whole index and, with a manifest, its sha256 checksum.
