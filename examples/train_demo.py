@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--report", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.out = os.path.abspath(args.out)  # Orbax wants absolute checkpoint paths
     os.makedirs(args.out, exist_ok=True)
 
     if args.resume:  # the fresh process: continue from the checkpoint, report, exit
