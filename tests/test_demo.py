@@ -17,10 +17,11 @@ def test_demo_trains_checkpoints_and_resumes_bit_exactly(tmp_path, monkeypatch, 
     pytest.importorskip("optax")
     module = runpy.run_path(str(DEMO), run_name="train_demo")
     monkeypatch.setattr(sys, "argv", [str(DEMO)])
+    monkeypatch.chdir(tmp_path)  # a relative --out, as `nox -s demo` uses
     code = module["main"](
         [
             "--out",
-            str(tmp_path / "out"),
+            "out",
             "--phase1",
             "20",
             "--phase2",
