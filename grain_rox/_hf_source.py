@@ -1,0 +1,184 @@
+"""HuggingFace ``datasets`` data held eagerly (Arrow, memory-mapped) as a Grain source.
+
+:class:`HFEagerSource` wraps a ``datasets.Dataset`` (or builds one from local Parquet / JSON /
+Arrow files or a dict; never the Hub) as a plain ``RandomAccessDataSource``: records are dicts
+of numpy arrays, reads of many rows are one Arrow ``take`` (:meth:`HFEagerSource._getitems`,
+:meth:`HFEagerSource.get_batch`), and pickling carries only the Arrow cache file paths, which
+every Grain worker reopens memory-mapped: no data is copied. A dataset that lives only in
+memory (``Dataset.from_dict``) is first written to an Arrow cache (``cache_dir``, default a
+temporary directory) so that workers can share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".json": "json", ".jsonl": "json",
+            ".arrow": "arrow"}  # fmt: skip
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(
+            "HFEagerSource needs HuggingFace datasets: pip install 'grain_rox[hf]'"
+        ) from None
+    return datasets
+
+
+def _load_files(files: Sequence[str]) -> Any:
+    datasets = _datasets()
+    missing = [f for f in files if not os.path.exists(f)]
+    if missing:
+        raise FileNotFoundError(f"data files not found: {missing}")
+    kinds = {_FORMATS.get(os.path.splitext(f)[1].lower()) for f in files}
+    if len(kinds) != 1 or None in kinds:
+        raise ValueError(
+            f"data files {list(files)} must all be .parquet, .json/.jsonl or .arrow (one kind)"
+        )
+    kind = kinds.pop()
+    if kind == "arrow":
+        parts = [datasets.Dataset.from_file(f) for f in files]
+        return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    return datasets.load_dataset(kind, data_files=list(files), split="train")
+
+
+class HFEagerSource:
+    """A HuggingFace dataset as a Grain ``RandomAccessDataSource`` of numpy dicts.
+
+    >>> import datasets
+    >>> ds = datasets.Dataset.from_dict({"ids": [[1, 2], [3, 4]], "label": [0, 1], "t": ["a", "b"]})
+    >>> source = HFEagerSource(ds, exclude_keys=["t"])
+    >>> len(source), source[1]["ids"].tolist(), source.get_batch([0, 1])["label"].tolist()
+    (2, [3, 4], [0, 1])
+    """
+
+    def __init__(
+        self,
+        dataset: Any = None,
+        *,
+        data_files: str | Sequence[str] | None = None,
+        data: Mapping[str, Sequence[Any]] | None = None,
+        include_keys: Sequence[str] | None = None,
+        exclude_keys: Sequence[str] | None = None,
+        cache_dir: str | None = None,
+    ) -> None:
+        given = [x is not None for x in (dataset, data_files, data)]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of dataset=, data_files= or data=")
+        datasets = _datasets()
+        if data_files is not None:
+            dataset = _load_files([data_files] if isinstance(data_files, str) else data_files)
+        elif data is not None:
+            dataset = datasets.Dataset.from_dict(dict(data))
+        if isinstance(dataset, datasets.DatasetDict):
+            raise ValueError(
+                f"got a DatasetDict with splits {list(dataset)}; pass one split, e.g. ds['train']"
+            )
+        if not isinstance(dataset, datasets.Dataset):
+            raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}")
+        if len(dataset) == 0:
+            raise ValueError("the dataset is empty: a Grain source needs at least one row")
+        columns = list(dataset.column_names)
+        for name, keys in (("include_keys", include_keys), ("exclude_keys", exclude_keys)):
+            unknown = sorted(set(keys or ()) - set(columns))
+            if unknown:
+                raise ValueError(f"{name} names missing columns {unknown}; columns: {columns}")
+        keep = [c for c in columns if (include_keys is None or c in include_keys)]
+        keep = [c for c in keep if c not in set(exclude_keys or ())]
+        if not keep:
+            raise ValueError(f"no column left after include/exclude keys; columns: {columns}")
+        if not dataset.cache_files:  # in memory only: write an Arrow cache workers can map
+            target = cache_dir or tempfile.mkdtemp(prefix="grain_rox_hf_")
+            dataset.save_to_disk(target)
+            dataset = datasets.load_from_disk(target)
+        self.columns = keep
+        self.files = [f["filename"] for f in dataset.cache_files]
+        self.features = {c: str(dataset.features[c]) for c in keep}
+        self._num_rows = len(dataset)
+        self._identity = self._fingerprint()
+        self._lock = threading.Lock()
+        self._dataset: Any = dataset.select_columns(keep).with_format("numpy")
+
+    def _fingerprint(self) -> str:
+        facts = [[os.path.basename(f), os.path.getsize(f)] for f in self.files] + [
+            self._num_rows,
+            self.columns,
+            self.features,
+        ]
+        return hashlib.sha1(json.dumps(facts).encode()).hexdigest()[:16]
+
+    @property
+    def dataset(self) -> Any:
+        """The (column-filtered, numpy-formatted) dataset, reopened lazily after pickling."""
+        if self._dataset is None:
+            with self._lock:
+                if self._dataset is None:
+                    datasets = _datasets()
+                    parts = [datasets.Dataset.from_file(f) for f in self.files]
+                    ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+                    self._dataset = ds.select_columns(self.columns).with_format("numpy")
+        return self._dataset
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_dataset"] = None  # workers reopen the Arrow files memory-mapped
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._num_rows
+
+    def __repr__(self) -> str:
+        return (
+            f"HFEagerSource(rows={self._num_rows}, columns={self.columns}, "
+            f"fingerprint={self._identity})"
+        )
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        index = int(index)
+        if not 0 <= index < self._num_rows:
+            raise IndexError(f"row {index} is out of range for {self._num_rows} rows")
+        row = self.dataset[index]
+        return {k: np.asarray(v) for k, v in row.items()}
+
+    def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """Many rows with one Arrow ``take``."""
+        batch = self.dataset[[int(i) for i in indices]]
+        return [{k: np.asarray(batch[k][j]) for k in self.columns} for j in range(len(indices))]
+
+    __getitems__ = _getitems
+
+    def get_batch(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        """Rows ``indices`` stacked per column (one Arrow call); ragged columns are an error
+        naming the column and the rows whose shapes differ."""
+        batch = self.dataset[[int(i) for i in indices]]
+        out = {}
+        for key in self.columns:
+            value = batch[key]
+            if value.dtype == object:
+                shapes = [np.shape(v) for v in value]
+                if len(set(shapes)) > 1:
+                    first = shapes[0]
+                    rows = [int(indices[j]) for j, s in enumerate(shapes) if s != first][:5]
+                    raise ValueError(
+                        f"column {key!r} is ragged: row {int(indices[0])} has shape {first} but "
+                        f"rows {rows} differ; pack or pad it (grain_rox.pack_documents) or "
+                        "exclude it"
+                    )
+                value = np.stack(list(value))
+            out[key] = value
+        return out
