@@ -19,7 +19,7 @@ import numpy as np
 
 from grain_rox._tokenizers import Tokenizer
 
-FORMATS = ("auto", "text", "jsonl", "parquet")
+FORMATS = ("auto", "text", "jsonl", "parquet", "hf")
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -33,6 +33,8 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
             if not matched:
                 raise FileNotFoundError(f"the input glob {spec!r} matched no files")
             files.extend(p for p in matched if os.path.isfile(p))
+        elif is_hf_dataset_dir(spec):
+            files.append(spec)  # a HuggingFace dataset saved with save_to_disk: one input
         elif os.path.isdir(spec):
             found: list[str] = []
             for root, dirs, names in os.walk(spec):
@@ -48,8 +50,37 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
     return files
 
 
+def is_hf_dataset_dir(path: str) -> bool:
+    """Whether ``path`` is a dataset written by HF ``save_to_disk`` (a Dataset or DatasetDict)."""
+    return os.path.isdir(path) and any(
+        os.path.exists(os.path.join(path, name)) for name in ("state.json", "dataset_dict.json")
+    )
+
+
+def _hf_documents(path: str, text_column: str) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("reading a HF dataset needs: pip install 'grain_rox[hf]'") from None
+    ds = datasets.load_from_disk(path)
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds:
+            raise ValueError(f"{path} holds splits {list(ds)} and no 'train'; pass one split")
+        ds = ds["train"]
+    if text_column not in ds.column_names:
+        raise KeyError(
+            f"{path} has no column {text_column!r} (it has {ds.column_names}); pass --text-column"
+        )
+    for batch in ds.select_columns([text_column]).iter(batch_size=1024):
+        for value in batch[text_column]:
+            if value is not None:
+                yield value
+
+
 def detect_format(path: str) -> str:
-    """Guess a file's format from its name: jsonl, parquet, or text."""
+    """Guess a file's format from its name: jsonl, parquet, hf (a saved dataset) or text."""
+    if is_hf_dataset_dir(path):
+        return "hf"
     lower = path.lower()
     if lower.endswith(_JSONL_SUFFIXES):
         return "jsonl"
@@ -71,12 +102,14 @@ def _text_of(record: object, column: str, where: str) -> str:
 def read_documents(
     files: Iterable[str], *, fmt: str = "auto", text_column: str = "text"
 ) -> Iterator[str]:
-    """Yield one document per text file, per JSONL line, or per Parquet row."""
+    """Yield one document per text file, JSONL line, Parquet row or HF dataset row."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
     for path in files:
         kind = detect_format(path) if fmt == "auto" else fmt
-        if kind == "text":
+        if kind == "hf":
+            yield from _hf_documents(path, text_column)
+        elif kind == "text":
             with open(path, encoding="utf-8", errors="replace") as f:
                 yield f.read()
         elif kind == "jsonl":

@@ -50,7 +50,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    conv = sub.add_parser("convert", help="tokenize text/JSONL/Parquet into .rox shards")
+    conv = sub.add_parser(
+        "convert", help="tokenize text/JSONL/Parquet files or a saved HF dataset into .rox shards"
+    )
     conv.add_argument("inputs", nargs="*", help="files, directories or globs")
     conv.add_argument("--builtin", choices=BUILTIN_CORPORA, help="use an embedded corpus")
     conv.add_argument("-o", "--output", required=True, help="shard path, e.g. data/train.rox")

@@ -183,3 +183,14 @@ def test_tokenize_in_order_keeps_order_across_threads_and_chunks():
     tok = ByteTokenizer()
     got = list(tokenize_in_order(iter(docs), tok, workers=2, chunk_chars=50))
     assert [a.tolist() for a in got] == [tok.encode(d).tolist() for d in docs]
+
+
+def test_convert_a_huggingface_dataset_saved_on_disk(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    saved = str(tmp_path / "hf_ds")
+    datasets.Dataset.from_dict({"body": ["ab", "c", None], "n": [1, 2, 3]}).save_to_disk(saved)
+    out = str(tmp_path / "h.rox")
+    assert main(["convert", saved, "-o", out, "--text-column", "body", "--block-size", "4"]) == 0
+    assert tokens_of(out) == [97, 98, 256, 99, 256, 256]
+    assert main(["convert", saved, "-o", str(tmp_path / "x.rox")]) == 2
+    assert "has no column 'text'" in capsys.readouterr().err
