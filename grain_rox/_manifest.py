@@ -83,6 +83,20 @@ class ShardRecord:
     def facts(self) -> tuple[int, int, int]:
         return (self.file_size, self.num_blocks, self.raw_size)
 
+    def check_checksum(self, path: str) -> bool:
+        """Compare the shard's sha256 with this record; False if no checksum is recorded."""
+        if self.sha256 is None:
+            return False
+        actual = sha256_file(path)
+        if actual != self.sha256:
+            raise RoxFormatError(
+                path,
+                f"sha256 is {actual} but the manifest records {self.sha256}: "
+                "the shard's bytes are damaged",
+                "restore the shard from a good copy or re-create it",
+            )
+        return True
+
     def check(self, header: ShardHeader, manifest_path: str) -> None:
         """Raise if ``header`` (read from the shard itself) disagrees with this record."""
         ours = self.facts()

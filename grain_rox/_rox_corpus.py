@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from grain_rox._manifest import Manifest, ShardRecord, load_manifest, manifest_path_for, sha256_file
+from grain_rox._manifest import Manifest, ShardRecord, load_manifest, manifest_path_for
 from grain_rox._paths import PathSpec, resolve_shard_paths
 from grain_rox._rox_format import (
     FULL_INDEX_CHECK_LIMIT,
@@ -320,15 +320,8 @@ class RoxCorpus:
         for s, (h, r) in enumerate(zip(self._headers, self._records, strict=True)):
             if h.num_blocks:
                 self._uniform[s] = check_index(h, self._map(s).ends)
-            if checksums and r is not None and r.sha256 is not None:
-                actual = sha256_file(h.path)
-                if actual != r.sha256:
-                    raise RoxFormatError(
-                        h.path,
-                        f"sha256 is {actual} but the manifest records {r.sha256}: "
-                        "the shard's bytes are damaged",
-                        "restore the shard from a good copy or re-create it",
-                    )
+            if checksums and r is not None:
+                r.check_checksum(h.path)
 
     # ---- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
