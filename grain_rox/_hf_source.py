@@ -35,8 +35,8 @@ def _datasets() -> Any:
     return datasets
 
 
-def _load_files(files: Sequence[str]) -> Any:
-    datasets = _datasets()
+def _file_kind(files: Sequence[str]) -> str:
+    """The one format of ``files`` (parquet, json or arrow); errors name the bad files."""
     missing = [f for f in files if not os.path.exists(f)]
     if missing:
         raise FileNotFoundError(f"data files not found: {missing}")
@@ -45,7 +45,26 @@ def _load_files(files: Sequence[str]) -> Any:
         raise ValueError(
             f"data files {list(files)} must all be .parquet, .json/.jsonl or .arrow (one kind)"
         )
-    kind = kinds.pop()
+    return str(kinds.pop())
+
+
+def _kept_columns(
+    columns: Sequence[str], include: Sequence[str] | None, exclude: Sequence[str] | None
+) -> list[str]:
+    """``columns`` filtered by include/exclude keys; unknown keys are errors."""
+    for name, keys in (("include_keys", include), ("exclude_keys", exclude)):
+        unknown = sorted(set(keys or ()) - set(columns))
+        if unknown:
+            raise ValueError(f"{name} names missing columns {unknown}; columns: {list(columns)}")
+    keep = [c for c in columns if (include is None or c in include) and c not in set(exclude or ())]
+    if not keep:
+        raise ValueError(f"no column left after include/exclude keys; columns: {list(columns)}")
+    return keep
+
+
+def _load_files(files: Sequence[str]) -> Any:
+    datasets = _datasets()
+    kind = _file_kind(files)
     if kind == "arrow":
         parts = [datasets.Dataset.from_file(f) for f in files]
         return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
@@ -88,15 +107,7 @@ class HFEagerSource:
             raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}")
         if len(dataset) == 0:
             raise ValueError("the dataset is empty: a Grain source needs at least one row")
-        columns = list(dataset.column_names)
-        for name, keys in (("include_keys", include_keys), ("exclude_keys", exclude_keys)):
-            unknown = sorted(set(keys or ()) - set(columns))
-            if unknown:
-                raise ValueError(f"{name} names missing columns {unknown}; columns: {columns}")
-        keep = [c for c in columns if (include_keys is None or c in include_keys)]
-        keep = [c for c in keep if c not in set(exclude_keys or ())]
-        if not keep:
-            raise ValueError(f"no column left after include/exclude keys; columns: {columns}")
+        keep = _kept_columns(list(dataset.column_names), include_keys, exclude_keys)
         if not dataset.cache_files:  # in memory only: write an Arrow cache workers can map
             target = cache_dir or tempfile.mkdtemp(prefix="grain_rox_hf_")
             dataset.save_to_disk(target)
@@ -215,15 +226,7 @@ class HFStreamingSource:
         exclude_keys: Sequence[str] | None = None,
     ) -> None:
         self.files = [data_files] if isinstance(data_files, str) else list(data_files)
-        missing = [f for f in self.files if not os.path.exists(f)]
-        if missing:
-            raise FileNotFoundError(f"data files not found: {missing}")
-        kinds = {_FORMATS.get(os.path.splitext(f)[1].lower()) for f in self.files}
-        if len(kinds) != 1 or None in kinds:
-            raise ValueError(
-                f"data files {self.files} must all be .parquet, .json/.jsonl or .arrow"
-            )
-        self.kind = kinds.pop()
+        self.kind = _file_kind(self.files)
         self.shuffle_buffer = int(shuffle_buffer)
         self.seed = int(seed)
         self.shard = (int(shard[0]), int(shard[1]))
@@ -237,17 +240,10 @@ class HFStreamingSource:
 
         ds = datasets.load_dataset(self.kind, data_files=self.files, split="train", streaming=True)
         columns = list(ds.column_names or [])
-        for name, keys in (
-            ("include_keys", self.include_keys),
-            ("exclude_keys", self.exclude_keys),
-        ):
-            unknown = sorted(set(keys or ()) - set(columns))
-            if unknown and columns:
-                raise ValueError(f"{name} names missing columns {unknown}; columns: {columns}")
-        keep = [c for c in columns if self.include_keys is None or c in self.include_keys]
-        keep = [c for c in keep if c not in self.exclude_keys]
-        if columns and keep != columns:
-            ds = ds.select_columns(keep)
+        if columns:  # known from the files' schema
+            keep = _kept_columns(columns, self.include_keys, self.exclude_keys)
+            if keep != columns:
+                ds = ds.select_columns(keep)
         index, count = self.shard
         if count > 1:
             ds = split_dataset_by_node(ds, rank=index, world_size=count)
