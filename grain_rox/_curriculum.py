@@ -131,8 +131,8 @@ class Schedule:
             own = self.source_starts[i][0] + first + np.arange(lo, hi, dtype=np.int64)
             return i, np.zeros(hi - lo, dtype=np.int64), own
         mixture = self.mixtures[i]
-        sources = mixture.sources(first + lo, first + hi)
         before = mixture.counts(first + lo)
+        sources = mixture.sources_from(first + lo, first + hi, before)
         own = np.empty(hi - lo, dtype=np.int64)
         for s in range(len(self.names)):
             rows = np.flatnonzero(sources == s)

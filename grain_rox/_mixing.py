@@ -100,10 +100,14 @@ class Mixture:
         are ordered by float priority, and the rare runs of nearly equal priorities (where
         float64 cannot tell them apart) are re-sorted with exact integer arithmetic.
         """
+        return self.sources_from(start, stop, self.counts(start))
+
+    def sources_from(self, start: int, stop: int, before: Sequence[int]) -> np.ndarray:
+        """:meth:`sources` when ``before = counts(start)`` is already known."""
         n = max(0, stop - start)
         if n == 0:
             return np.empty(0, dtype=np.int64)
-        c0, c1 = self.counts(start), self.counts(stop)
+        c0, c1 = tuple(before), self.counts(stop)
         src = np.repeat(np.arange(len(self.weights)), np.subtract(c1, c0))
         seat = np.concatenate(
             [np.arange(a, b, dtype=np.int64) for a, b in zip(c0, c1, strict=True)]

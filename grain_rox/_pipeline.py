@@ -13,6 +13,7 @@ costs the same for ``k = 10`` and ``k = 10**9``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -129,7 +130,7 @@ class TokenPipeline:
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
         if self.layout not in ("maxtext", "windows"):
             raise ValueError(f"layout={self.layout!r}; use 'maxtext' or 'windows'")
-        Schedule(phases, list(self.sources))  # validates names and weights early
+        self.schedule  # noqa: B018 - builds it now: names and weights are validated early
 
     # ---- the data ---------------------------------------------------------------------
     @property
@@ -141,8 +142,9 @@ class TokenPipeline:
         """The path spec of a single-source pipeline (the mapping otherwise)."""
         return self.sources[""] if set(self.sources) == {""} else self.sources
 
-    @property
+    @functools.cached_property
     def schedule(self) -> Schedule:
+        """The phases over the named sources (built once per pipeline)."""
         assert self.phases is not None
         return Schedule(self.phases, self.names)
 
