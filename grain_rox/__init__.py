@@ -23,6 +23,7 @@ from grain_rox._tokenizers import Tokenizer as Tokenizer
 from grain_rox._tokenizers import get_tokenizer as get_tokenizer
 
 if TYPE_CHECKING:  # the pipeline side imports jax, grain and orbax: loaded on first use
+    from grain_rox._batches import shuffled_batches as shuffled_batches
     from grain_rox._checkpoint import RoxCheckpointHandler as RoxCheckpointHandler
     from grain_rox._checkpoint import RoxCheckpointRestore as RoxCheckpointRestore
     from grain_rox._checkpoint import RoxCheckpointSave as RoxCheckpointSave
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # the pipeline side imports jax, grain and orbax: loaded on f
     from grain_rox._hf_stream import HFStreamingSource as HFStreamingSource
     from grain_rox._mixing import mix_datasets as mix_datasets
     from grain_rox._multihost import MultiHostDataLoadIterator as MultiHostDataLoadIterator
+    from grain_rox._numpy_source import NumpySource as NumpySource
     from grain_rox._packing import RoxDocumentSource as RoxDocumentSource
     from grain_rox._packing import pack_documents as pack_documents
     from grain_rox._packing import padding_efficiency as padding_efficiency
@@ -48,6 +50,7 @@ _LAZY = {
     "HFEagerSource": "grain_rox._hf_source",
     "HFStreamingSource": "grain_rox._hf_stream",
     "MultiHostDataLoadIterator": "grain_rox._multihost",
+    "NumpySource": "grain_rox._numpy_source",
     "Phase": "grain_rox._curriculum",
     "RoxBlockSource": "grain_rox._rox_source",
     "RoxCheckpointHandler": "grain_rox._checkpoint",
@@ -60,6 +63,7 @@ _LAZY = {
     "pack_documents": "grain_rox._packing",
     "padding_efficiency": "grain_rox._packing",
     "roxxel_stream": "grain_rox._roxxel_stream",
+    "shuffled_batches": "grain_rox._batches",
     "unpack_windows": "grain_rox._pipeline",
 }
 
@@ -81,6 +85,7 @@ __all__ = [
     "ByteTokenizer",
     "GlobalBatchSource",
     "MultiHostDataLoadIterator",
+    "NumpySource",
     "RoxBlockSource",
     "RoxCheckpointHandler",
     "RoxCheckpointRestore",
@@ -106,6 +111,7 @@ __all__ = [
     "pack_documents",
     "padding_efficiency",
     "roxxel_stream",
+    "shuffled_batches",
     "unpack_windows",
     "write_rox",
 ]

@@ -18,14 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
+from grain_rox._batches import shuffled_batches
 from grain_rox._hf_records import (
     RecordFormat,
     hf_datasets,
@@ -33,7 +31,6 @@ from grain_rox._hf_records import (
     load_files,
     stack_column,
 )
-from grain_rox._order import FeistelPermutation, derive_key
 
 
 def _dataset_from(spec: Any) -> Any:
@@ -178,7 +175,7 @@ class HFEagerSource:
 
     __getitems__ = _getitems
 
-    def get_batch(self, indices: Sequence[int]) -> dict[str, Any]:
+    def get_batch(self, indices: Sequence[int] | Any) -> dict[str, Any]:
         """Rows ``indices`` stacked per column (one Arrow call); ragged or text columns are
         errors naming the column (and the rows whose shapes differ)."""
         rows = self._check(indices)
@@ -202,100 +199,15 @@ class HFEagerSource:
     ) -> Any:
         """A ``grain.MapDataset`` whose element ``i`` is batch ``i``, read with one Arrow call.
 
-        Every epoch is a new seeded permutation of the rows (a Feistel bijection, O(1) memory)
-        cut into ``len(self) // batch_size`` batches; the last ``len(self) % batch_size`` rows
-        of an epoch's order wait for another epoch. ``num_epochs=None`` repeats forever.
-        ``shard=(index, count)`` keeps process ``index``'s ``batch_size // count`` rows of every
-        batch, so the global order is the same on any number of processes. Iterate with
-        ``.to_iter_dataset(grain.ReadOptions(num_threads=0))``; its ``get_state`` /
-        ``set_state`` (or Orbax through ``grain.checkpoint``) resume at the exact batch.
+        See :func:`grain_rox.shuffled_batches`: a new seeded permutation every epoch, the same
+        global order on any number of processes (``shard``), exact resume through Grain's
+        iterator state.
 
         >>> src = HFEagerSource(data={"x": list(range(10))})
         >>> ds = src.batches(4, seed=1, num_epochs=2)
         >>> len(ds), sorted(ds[0]["x"].tolist() + ds[1]["x"].tolist()) != list(range(8))
         (4, True)
         """
-        return _grain().MapDataset.source(
-            HFBatchSource(
-                self,
-                batch_size,
-                seed=seed,
-                shuffle=shuffle,
-                num_epochs=num_epochs,
-                shard=shard,
-            )
+        return shuffled_batches(
+            self, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
         )
-
-
-def _grain() -> Any:
-    import grain
-
-    return grain
-
-
-class HFBatchSource:
-    """Batch ``i`` of an :class:`HFEagerSource` in a seeded per-epoch order (see ``batches``)."""
-
-    def __init__(
-        self,
-        source: HFEagerSource,
-        batch_size: int,
-        *,
-        seed: int,
-        shuffle: bool,
-        num_epochs: int | None,
-        shard: tuple[int, int],
-    ) -> None:
-        index, count = int(shard[0]), int(shard[1])
-        if batch_size < 1 or batch_size > len(source):
-            raise ValueError(
-                f"batch_size={batch_size} must be between 1 and the {len(source)} rows of {source!r}"
-            )
-        if count < 1 or not 0 <= index < count or batch_size % count:
-            raise ValueError(
-                f"shard={shard} must be (index, count) with 0 <= index < count and count "
-                f"dividing batch_size={batch_size}"
-            )
-        if num_epochs is not None and num_epochs < 1:
-            raise ValueError(f"num_epochs={num_epochs} must be >= 1, or None for endless")
-        self.source = source
-        self.batch_size = int(batch_size)
-        self.seed = int(seed)
-        self.shuffle = bool(shuffle)
-        self.num_epochs = num_epochs
-        self.shard = (index, count)
-        self.per_epoch = len(source) // self.batch_size
-        self._order: tuple[int, FeistelPermutation] | None = None
-
-    def __len__(self) -> int:
-        return sys.maxsize if self.num_epochs is None else self.per_epoch * self.num_epochs
-
-    def __repr__(self) -> str:
-        return (
-            f"HFBatchSource({self.source!r}, batch_size={self.batch_size}, seed={self.seed}, "
-            f"shuffle={self.shuffle}, num_epochs={self.num_epochs}, shard={self.shard})"
-        )
-
-    def rows(self, index: int) -> np.ndarray:
-        """The dataset rows of batch ``index`` that this shard reads."""
-        if not 0 <= index < len(self):
-            raise IndexError(f"batch {index} is out of range for {len(self)} batches")
-        epoch, within = divmod(int(index), self.per_epoch)
-        part = self.batch_size // self.shard[1]
-        first = within * self.batch_size + self.shard[0] * part
-        positions = np.arange(first, first + part, dtype=np.int64)
-        if not self.shuffle:
-            return positions
-        order = self._order  # one read: Grain may call from several threads
-        if order is None or order[0] != epoch:
-            order = (epoch, FeistelPermutation(len(self.source), key=derive_key(self.seed, epoch)))
-            self._order = order
-        return order[1](positions)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.source.get_batch(self.rows(index).tolist())
-
-    def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        return [self[i] for i in indices]
-
-    __getitems__ = _getitems

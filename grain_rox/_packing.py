@@ -145,24 +145,31 @@ def _rename(record: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-class _NextTokenPairs(grain.transforms.Map):
-    """``{key: tokens}`` -> ``inputs`` = tokens[:-1], ``targets`` = tokens[1:] (<= seq_len)."""
+class _AsDocument(grain.transforms.Map):
+    """A record as ``{"inputs", "targets"}``: a token array (bare, or under ``key``) becomes
+    ``inputs`` = tokens[:-1], ``targets`` = tokens[1:], cut to ``seq_len``; an
+    ``{"inputs", "targets"}`` record passes unchanged."""
 
-    def __init__(self, key: str, seq_len: int) -> None:
+    def __init__(self, key: str | None, seq_len: int) -> None:
         self.key = key
         self.seq_len = seq_len
 
-    def map(self, record: Any) -> dict[str, np.ndarray]:
-        if self.key not in record:
+    def map(self, record: Any) -> Any:
+        if isinstance(record, np.ndarray):
+            tokens = record
+        elif self.key is None:
+            return record
+        elif self.key in record:
+            tokens = np.asarray(record[self.key])
+        else:
             raise KeyError(
                 f"tokens_key={self.key!r} is not in the record (keys: {sorted(record)}); name "
                 "the column that holds token ids"
             )
-        tokens = np.asarray(record[self.key])
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
             raise ValueError(
-                f"record[{self.key!r}] must be a 1-D integer token array, got {tokens.dtype} "
-                f"of shape {tokens.shape}; tokenize text first (HFEagerSource(tokenize=...))"
+                f"a document must be a 1-D integer token array, got {tokens.dtype} of shape "
+                f"{tokens.shape}; tokenize text first (HFEagerSource(tokenize=...))"
             )
         tokens = tokens[: self.seq_len + 1]
         return {"inputs": tokens[:-1], "targets": tokens[1:]}
@@ -184,10 +191,10 @@ def pack_documents(
     """Pack ``source``'s ``{"inputs", "targets"}`` records into ``(batch_size, seq_len)``.
 
     ``source`` is a Grain source or ``MapDataset`` (for example a :func:`mix_datasets`
-    mixture). With ``tokens_key``, records instead hold a document's tokens under that key
-    (for example an :class:`~grain_rox.HFEagerSource` column read with ``tokenize=``):
-    ``inputs`` = tokens[:-1] and ``targets`` = tokens[1:], truncated to ``seq_len`` (documents
-    too long for a row are cut; :class:`RoxDocumentSource` splits them instead).
+    mixture). A record that is a 1-D integer array (an ArrayRecord or ``.npy`` document), or
+    that holds one under ``tokens_key`` (for example an :class:`~grain_rox.HFEagerSource`
+    column read with ``tokenize=``), is a document: ``inputs`` = tokens[:-1] and ``targets`` =
+    tokens[1:], cut to ``seq_len`` (:class:`RoxDocumentSource` splits long documents instead).
 
     Records are shuffled per epoch (``seed``), packed into ``num_packing_bins`` bins (default
     ``batch_size``) by best- or first-fit, and batched. Output features: ``inputs``,
@@ -209,8 +216,7 @@ def pack_documents(
     if seq_len < 1 or batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be >= 1")
     ds = source if isinstance(source, grain.MapDataset) else grain.MapDataset.source(source)
-    if tokens_key is not None:
-        ds = ds.map(_NextTokenPairs(tokens_key, seq_len))
+    ds = ds.map(_AsDocument(tokens_key, seq_len))
     index, count = shard
     if count > 1:
         ds = ds[index::count]

@@ -385,7 +385,7 @@ def test_hf_token_documents_pack_and_mix_beside_rox_documents(tmp_path):
     batches = list(pack_documents(mixed, seq_len=32, batch_size=2, num_epochs=1))
     tokens = np.concatenate([b["inputs"][b["inputs_segmentation"] > 0] for b in batches])
     assert (tokens >= 300).any() and ((tokens < 257) & (tokens > 0)).any()
-    with pytest.raises(ValueError, match="1-D integer token array"):
+    with pytest.raises(ValueError, match="a document must be a 1-D integer token array"):
         list(
             pack_documents(
                 HFEagerSource(data={"t": ["x"]}),

@@ -1,0 +1,185 @@
+"""``.npy`` arrays (memory-mapped) as a Grain source with a one-gather batch path.
+
+The layout loaderx's ``NPDataset`` serves: one ``.npy`` file per feature (``train_data.npy``,
+``train_label.npy``, ...), row ``i`` of every file is record ``i``, any fixed record shape.
+:class:`NumpySource` opens each file with ``np.load(mmap_mode="r")`` lazily in every process
+(pickling carries only the paths), reads a batch with one fancy-index gather per file, and
+gets grain_rox's order, sharding and checkpointing through :meth:`NumpySource.batches`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from grain_rox._batches import shuffled_batches
+
+ArraySpec = str | os.PathLike[str] | np.ndarray
+
+
+def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from a ``.npy`` header (the data is not read); truncation is an error."""
+    fmt = np.lib.format
+    try:
+        with open(path, "rb") as f:
+            version = fmt.read_magic(f)
+            read_header = (
+                fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(f)
+            available = os.fstat(f.fileno()).st_size - f.tell()
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{path}: not a readable .npy file ({e}); write it with np.save") from None
+    if dtype.hasobject:
+        raise ValueError(
+            f"{path}: dtype {dtype} holds Python objects, which cannot be memory-mapped; "
+            "save a numeric array"
+        )
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if available < expected:
+        raise ValueError(
+            f"{path}: truncated: the header promises {shape} {dtype} ({expected} bytes) but "
+            f"only {available} bytes follow it; rewrite the file"
+        )
+    return tuple(int(n) for n in shape), dtype
+
+
+class NumpySource:
+    """Rows of ``.npy`` files (or arrays) as a Grain ``RandomAccessDataSource``.
+
+    ``arrays`` is one path/array (records are arrays) or a mapping of names to paths/arrays
+    (records are dicts), all with the same number of rows.
+
+    >>> import numpy as np, tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "x.npy"), np.arange(12, dtype=np.int32).reshape(6, 2))
+    >>> np.save(os.path.join(d, "y.npy"), np.arange(6) % 2)
+    >>> src = NumpySource({"x": os.path.join(d, "x.npy"), "y": os.path.join(d, "y.npy")})
+    >>> len(src), src[2]["x"].tolist(), src.get_batch([5, 0])["y"].tolist()
+    (6, [4, 5], [1, 0])
+    """
+
+    def __init__(self, arrays: ArraySpec | Mapping[str, ArraySpec]) -> None:
+        self._single = not isinstance(arrays, Mapping)
+        specs: dict[str, ArraySpec] = dict(arrays) if isinstance(arrays, Mapping) else {"": arrays}
+        if not specs:
+            raise ValueError("NumpySource needs at least one array or .npy path")
+        paths = {k: os.fspath(v) for k, v in specs.items() if not isinstance(v, np.ndarray)}
+        missing = [p for p in paths.values() if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(f"these .npy files do not exist: {missing}")
+        self.paths = paths
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, str] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+        for key, spec in specs.items():
+            if isinstance(spec, np.ndarray):
+                shape, dtype = spec.shape, spec.dtype
+                self._arrays[key] = spec
+            else:
+                shape, dtype = _npy_header(paths[key])
+            if len(shape) == 0:
+                raise ValueError(f"{self._name(key)} is a 0-d array: it has no rows to serve")
+            self.shapes[key], self.dtypes[key] = tuple(shape), str(dtype)
+        lengths = {self._name(k): s[0] for k, s in self.shapes.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"the arrays disagree on their number of rows: {lengths}")
+        self._num_rows = next(iter(lengths.values()))
+        if self._num_rows == 0:
+            raise ValueError(f"{lengths}: no rows: a Grain source needs at least one")
+        self._identity = self._fingerprint()
+        self._lock = threading.Lock()
+
+    def _name(self, key: str) -> str:
+        return self.paths.get(key) or (f"array {key!r}" if key else "the array")
+
+    def _fingerprint(self) -> str:
+        facts = []
+        for key in sorted(self.shapes):
+            if key in self.paths:
+                stat = os.stat(self.paths[key])
+                where: Any = [os.path.basename(self.paths[key]), stat.st_size, stat.st_mtime_ns]
+            else:
+                where = hashlib.sha1(np.ascontiguousarray(self._arrays[key]).data).hexdigest()
+            facts.append([key, where, self.shapes[key], self.dtypes[key]])
+        return hashlib.sha1(json.dumps(facts).encode()).hexdigest()[:16]
+
+    def _array(self, key: str) -> np.ndarray:
+        array = self._arrays.get(key)
+        if array is None:
+            with self._lock:
+                array = self._arrays.get(key)
+                if array is None:
+                    array = np.load(self.paths[key], mmap_mode="r", allow_pickle=False)
+                    self._arrays[key] = array
+        return array
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_arrays"] = {k: v for k, v in self._arrays.items() if k not in self.paths}
+        del state["_lock"]  # memory maps are reopened in each process
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._num_rows
+
+    def __repr__(self) -> str:
+        parts = {k or "array": f"{self.dtypes[k]}{list(self.shapes[k])}" for k in self.shapes}
+        return f"NumpySource({parts}, fingerprint={self._identity})"
+
+    def _pick(self, rows: Any) -> Any:
+        if self._single:
+            return np.asarray(self._array("")[rows])
+        return {k: np.asarray(self._array(k)[rows]) for k in self.shapes}
+
+    def __getitem__(self, index: int) -> Any:
+        index = int(index)
+        if not 0 <= index < self._num_rows:
+            raise IndexError(f"row {index} is out of range for {self._num_rows} rows")
+        return self._pick(index)
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> Any:
+        """Rows ``indices`` stacked: one gather per array."""
+        rows = np.asarray(indices, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self._num_rows):
+            bad = rows[(rows < 0) | (rows >= self._num_rows)][:5].tolist()
+            raise IndexError(f"rows {bad} are out of range for {self._num_rows} rows")
+        return self._pick(rows)
+
+    def _getitems(self, indices: Sequence[int]) -> list[Any]:
+        batch = self.get_batch(indices)
+        if self._single:
+            return list(batch)
+        return [{k: v[j] for k, v in batch.items()} for j in range(len(indices))]
+
+    __getitems__ = _getitems
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_epochs: int | None = 1,
+        shard: tuple[int, int] = (0, 1),
+    ) -> Any:
+        """Batch ``i`` as Grain element ``i``, one gather per file (see
+        :func:`grain_rox.shuffled_batches`).
+
+        >>> src = NumpySource(np.arange(8))
+        >>> src.batches(4, shuffle=False)[1].tolist()
+        [4, 5, 6, 7]
+        """
+        return shuffled_batches(
+            self, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
+        )

@@ -1,0 +1,136 @@
+"""NumpySource: .npy files (loaderx's NPDataset layout) as a memory-mapped Grain source."""
+
+from __future__ import annotations
+
+import pickle
+
+import grain
+import numpy as np
+import pytest
+
+from grain_rox import NumpySource, pack_documents
+
+
+@pytest.fixture
+def npy_pair(tmp_path):
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 255, size=(100, 4, 5), dtype=np.uint8)
+    labels = np.arange(100, dtype=np.int64) * 7
+    np.save(tmp_path / "train_data.npy", data)
+    np.save(tmp_path / "train_label.npy", labels)
+    return str(tmp_path / "train_data.npy"), str(tmp_path / "train_label.npy"), data, labels
+
+
+def test_rows_and_batches_are_the_files_rows(npy_pair):
+    xp, yp, data, _ = npy_pair
+    src = NumpySource({"x": xp, "y": yp})
+    assert len(src) == 100
+    rec = src[42]
+    assert np.array_equal(rec["x"], data[42]) and int(rec["y"]) == 294
+    batch = src.get_batch([3, 99, 0])
+    assert np.array_equal(batch["x"], data[[3, 99, 0]]) and batch["y"].tolist() == [21, 693, 0]
+    assert [int(r["y"]) for r in src._getitems([5, 6])] == [35, 42]
+    single = NumpySource(xp)
+    assert np.array_equal(single[7], data[7]) and np.array_equal(
+        single.get_batch([1, 2]), data[1:3]
+    )
+    assert isinstance(single._array(""), np.memmap)
+    with pytest.raises(IndexError, match=r"rows \[100\] are out of range for 100 rows"):
+        src.get_batch([1, 100])
+
+
+def test_pickles_paths_not_data_and_has_a_content_repr(npy_pair):
+    xp, yp, _, _ = npy_pair
+    src = NumpySource({"x": xp, "y": yp})
+    src.get_batch([0])  # opens the memory maps
+    blob = pickle.dumps(src)
+    assert len(blob) < 1_000
+    clone = pickle.loads(blob)
+    assert repr(clone) == repr(src) and "uint8[100, 4, 5]" in repr(src)
+    assert np.array_equal(clone[9]["x"], src[9]["x"])
+    np.save(yp, np.zeros(100, np.int64))
+    assert repr(NumpySource({"x": xp, "y": yp})) != repr(src)
+
+
+def test_batches_cover_epochs_reshuffle_shard_and_resume(npy_pair):
+    xp, yp, _, labels = npy_pair
+    src = NumpySource({"x": xp, "y": yp})
+    ds = src.batches(10, seed=4, num_epochs=-1)
+    epoch0 = np.concatenate([ds[i]["y"] for i in range(10)])
+    epoch1 = np.concatenate([ds[i]["y"] for i in range(10, 20)])
+    assert sorted(epoch0.tolist()) == sorted(epoch1.tolist()) == labels.tolist()
+    assert not np.array_equal(epoch0, epoch1)
+    halves = [src.batches(10, seed=4, num_epochs=-1, shard=(i, 2)) for i in range(2)]
+    assert np.array_equal(np.concatenate([h[13]["y"] for h in halves]), ds[13]["y"])
+    it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0)))
+    for _ in range(17):
+        next(it)
+    state = it.get_state()
+    expected = [next(it)["y"].tolist() for _ in range(6)]
+    again = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0)))
+    again.set_state(state)
+    assert [next(again)["y"].tolist() for _ in range(6)] == expected
+
+
+def test_grain_data_loader_and_packing_of_token_rows(npy_pair, tmp_path):
+    xp, yp, _, labels = npy_pair
+    src = NumpySource({"x": xp, "y": yp})
+    loader = grain.DataLoader(
+        data_source=src,
+        sampler=grain.samplers.IndexSampler(
+            num_records=100,
+            shuffle=True,
+            seed=0,
+            num_epochs=1,
+            shard_options=grain.sharding.NoSharding(),
+        ),
+        operations=[grain.transforms.Batch(25)],
+        worker_count=0,
+    )
+    served = np.concatenate([b["y"] for b in loader])
+    assert sorted(served.tolist()) == labels.tolist()
+    tokens = np.arange(1, 61, dtype=np.int32).reshape(6, 10)
+    np.save(tmp_path / "tokens.npy", tokens)
+    packed = list(
+        pack_documents(
+            NumpySource(str(tmp_path / "tokens.npy")),
+            seq_len=20,
+            batch_size=1,
+            num_epochs=1,
+            shuffle=False,
+        )
+    )
+    first = packed[0]
+    assert first["inputs"][0, :9].tolist() == list(range(1, 10))
+    assert first["targets"][0, :9].tolist() == list(range(2, 11))
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda d: {"x": d / "nope.npy", "y": d / "gone.npy"}, FileNotFoundError,
+         r"do not exist: \['.*nope.npy', '.*gone.npy'\]"),
+        (lambda d: {"x": d / "a.npy", "y": d / "b.npy"}, ValueError,
+         r"disagree on their number of rows: \{'.*a.npy': 100, '.*b.npy': 99\}"),
+        (lambda d: d / "trunc.npy", ValueError, r"trunc.npy: truncated: the header promises"),
+        (lambda d: d / "text.npy", ValueError, r"text.npy: not a readable .npy file"),
+        (lambda d: d / "obj.npy", ValueError, "holds Python objects"),
+        (lambda d: np.float32(3), ValueError, "0-d array"),
+        (lambda d: {}, ValueError, "at least one array"),
+    ],
+)  # fmt: skip
+def test_bad_files_are_explained(tmp_path, make, error, match):
+    np.save(tmp_path / "a.npy", np.zeros(100))
+    np.save(tmp_path / "b.npy", np.zeros(99))
+    np.save(tmp_path / "trunc.npy", np.zeros((50, 8)))
+    with open(tmp_path / "trunc.npy", "r+b") as f:
+        f.truncate(300)
+    (tmp_path / "text.npy").write_text("hello")
+    np.save(tmp_path / "obj.npy", np.array([{}, []], dtype=object), allow_pickle=True)
+    spec = make(tmp_path)
+    if not isinstance(spec, dict | np.generic):
+        spec = str(spec)
+    elif isinstance(spec, np.generic):
+        spec = np.asarray(spec)
+    with pytest.raises(error, match=match):
+        NumpySource(spec)
