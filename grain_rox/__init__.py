@@ -23,6 +23,8 @@ from grain_rox._tokenizers import Tokenizer as Tokenizer
 from grain_rox._tokenizers import get_tokenizer as get_tokenizer
 
 if TYPE_CHECKING:  # the pipeline side imports jax, grain and orbax: loaded on first use
+    from grain_rox._array_record import ArrayRecordSource as ArrayRecordSource
+    from grain_rox._array_record_export import export_array_record as export_array_record
     from grain_rox._batches import shuffled_batches as shuffled_batches
     from grain_rox._checkpoint import RoxCheckpointHandler as RoxCheckpointHandler
     from grain_rox._checkpoint import RoxCheckpointRestore as RoxCheckpointRestore
@@ -46,6 +48,8 @@ if TYPE_CHECKING:  # the pipeline side imports jax, grain and orbax: loaded on f
 __version__ = "0.1.0.dev0"
 
 _LAZY = {
+    "ArrayRecordSource": "grain_rox._array_record",
+    "export_array_record": "grain_rox._array_record_export",
     "GlobalBatchSource": "grain_rox._pipeline",
     "HFEagerSource": "grain_rox._hf_source",
     "HFStreamingSource": "grain_rox._hf_stream",
@@ -82,6 +86,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ArrayRecordSource",
     "ByteTokenizer",
     "GlobalBatchSource",
     "MultiHostDataLoadIterator",
@@ -105,6 +110,7 @@ __all__ = [
     "TiktokenTokenizer",
     "Tokenizer",
     "WriteResult",
+    "export_array_record",
     "get_tokenizer",
     "mix_datasets",
     "open_rox",

@@ -19,9 +19,10 @@ import numpy as np
 
 from grain_rox._tokenizers import Tokenizer
 
-FORMATS = ("auto", "text", "jsonl", "parquet", "hf")
+FORMATS = ("auto", "text", "jsonl", "parquet", "hf", "array_record")
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
+_ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
@@ -78,10 +79,13 @@ def _hf_documents(path: str, text_column: str) -> Iterator[str]:
 
 
 def detect_format(path: str) -> str:
-    """Guess a file's format from its name: jsonl, parquet, hf (a saved dataset) or text."""
+    """Guess a file's format from its name: jsonl, parquet, hf (a saved dataset),
+    array_record (token documents) or text."""
     if is_hf_dataset_dir(path):
         return "hf"
     lower = path.lower()
+    if lower.endswith(_ARRAY_RECORD_SUFFIXES) or ".array_record-" in lower:
+        return "array_record"
     if lower.endswith(_JSONL_SUFFIXES):
         return "jsonl"
     if lower.endswith(_PARQUET_SUFFIXES):
@@ -107,6 +111,11 @@ def read_documents(
         raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
     for path in files:
         kind = detect_format(path) if fmt == "auto" else fmt
+        if kind == "array_record":
+            raise ValueError(
+                f"{path} holds token documents, not text: convert ArrayRecord inputs on their "
+                "own, with --record-dtype"
+            )
         if kind == "hf":
             yield from _hf_documents(path, text_column)
         elif kind == "text":

@@ -2,6 +2,8 @@
 
     grain-rox convert docs/ notes.jsonl -o data/train.rox --tokenizer cl100k_base
     grain-rox convert --builtin code -o data/code.rox --max-shard-bytes 64MiB
+    grain-rox convert docs.array_record -o data/train.rox --record-dtype uint16 --tokenizer bytes
+    grain-rox export data/train.rox -o docs.array_record
     grain-rox inspect data/ [--json]
     grain-rox verify data/
 
@@ -20,7 +22,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from grain_rox._builtin_corpus import BUILTIN_CORPORA, builtin_documents
-from grain_rox._convert import FORMATS, expand_inputs, read_documents, tokenize_in_order
+from grain_rox._convert import (
+    FORMATS,
+    detect_format,
+    expand_inputs,
+    read_documents,
+    tokenize_in_order,
+)
 from grain_rox._rox_corpus import open_rox
 from grain_rox._rox_format import RoxFormatError
 from grain_rox._rox_writer import write_rox
@@ -63,6 +71,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     conv.add_argument("--format", choices=FORMATS, default="auto", dest="fmt")
     conv.add_argument("--text-column", default="text", help="JSONL/Parquet text field")
+    conv.add_argument(
+        "--record-dtype",
+        default=None,
+        help="ArrayRecord inputs: the dtype of the token documents' raw records, e.g. uint16",
+    )
     conv.add_argument("--block-size", type=parse_size, default=4096, help="bytes per block")
     conv.add_argument(
         "--max-shard-bytes",
@@ -79,6 +92,16 @@ def _build_parser() -> argparse.ArgumentParser:
         help="chunks tokenized at once (default 1: the tokenizer itself uses all cores)",
     )
     conv.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    conv.add_argument("--no-verify", action="store_true", help="skip re-reading the checksums")
+
+    exp = sub.add_parser("export", help="write .rox documents (split at EOS) to ArrayRecord")
+    exp.add_argument("path", nargs="+", help="shard file, directory, glob or base path")
+    exp.add_argument("-o", "--output", required=True, help="the .array_record file to write")
+    exp.add_argument("--eos-id", type=int, default=None, help="default: the manifest's EOS id")
+    exp.add_argument("--group-size", type=int, default=1, help="records per ArrayRecord chunk")
+    exp.add_argument("--compression", choices=("zstd", "uncompressed"), default="zstd")
+    exp.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    exp.add_argument("--no-progress", action="store_true", help="never show a progress bar")
 
     insp = sub.add_parser("inspect", help="describe shards: dtype, blocks, tokens, manifest")
     insp.add_argument("path", nargs="+", help="shard file, directory, glob or base path")
@@ -102,7 +125,7 @@ def _limited(docs: Iterator[str], limit: int | None) -> Iterator[str]:
         yield doc
 
 
-def _progress(docs: Iterator[str], enabled: bool, label: str) -> Iterator[str]:
+def _progress(docs: Iterator[Any], enabled: bool, label: str) -> Iterator[Any]:
     if not enabled:
         yield from docs
         return
@@ -118,18 +141,29 @@ def _convert(args: argparse.Namespace) -> int:
         print("grain-rox convert: error: give input paths or --builtin (not both)", file=sys.stderr)
         return 2
     tok = get_tokenizer(args.tokenizer)
+    files = [] if args.builtin else expand_inputs(args.inputs)
+    token_docs = bool(files) and (
+        args.fmt == "array_record" or all(detect_format(f) == "array_record" for f in files)
+    )
     if args.builtin:
-        docs: Iterator[str] = builtin_documents(args.builtin)
+        docs: Iterator[Any] = builtin_documents(args.builtin)
         label = f"built-in '{args.builtin}'"
+    elif token_docs:
+        if args.record_dtype is None:
+            raise ValueError(
+                "ArrayRecord token documents need their dtype: pass --record-dtype (e.g. uint16)"
+            )
+        from grain_rox._array_record import ArrayRecordSource
+
+        docs = ArrayRecordSource(files, dtype=args.record_dtype).iter_arrays()
+        label = ", ".join(args.inputs)[:60]
     else:
-        docs = read_documents(
-            expand_inputs(args.inputs), fmt=args.fmt, text_column=args.text_column
-        )
+        docs = read_documents(files, fmt=args.fmt, text_column=args.text_column)
         label = ", ".join(args.inputs)[:60]
     docs = _progress(_limited(docs, args.limit), not args.no_progress, label)
     start = time.perf_counter()
     result = write_rox(
-        tokenize_in_order(docs, tok, workers=args.workers),
+        docs if token_docs else tokenize_in_order(docs, tok, workers=args.workers),
         args.output,
         tokenizer=tok,
         block_size=args.block_size,
@@ -142,6 +176,30 @@ def _convert(args: argparse.Namespace) -> int:
         f"wrote {result.num_documents} documents, {result.num_tokens} {tok.name} tokens "
         f"({result.dtype}) into {len(result.paths)} shard(s) in {seconds:.1f}s "
         f"({rate:,.0f} tokens/s); manifest {result.manifest_path}"
+    )
+    if not args.no_verify:
+        bad = [r for r in verify_rox(list(result.paths)) if not r.ok]
+        if bad:
+            raise ValueError(f"read back after writing, {bad[0].path}: {bad[0].problem}")
+        print(f"verified {len(result.paths)} shard(s): checksums match")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from grain_rox._array_record_export import export_array_record
+
+    result = export_array_record(
+        _path_spec(args.path),
+        args.output,
+        eos_id=args.eos_id,
+        group_size=args.group_size,
+        compression=args.compression,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    print(
+        f"wrote {result.num_documents} documents, {result.num_tokens} tokens ({result.dtype} "
+        f"records) to {result.path}; read back and verified, sha256 {result.sha256[:16]}"
     )
     return 0
 
@@ -235,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _convert(args)
         if args.command == "inspect":
             return _inspect(args)
+        if args.command == "export":
+            return _export(args)
         return _verify(args)
     except (
         FileNotFoundError,
@@ -244,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         TypeError,
         ValueError,
         ImportError,
+        OSError,
     ) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"grain-rox {args.command}: error: {message}", file=sys.stderr)

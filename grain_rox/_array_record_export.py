@@ -1,0 +1,145 @@
+"""`.rox` shards to ArrayRecord token documents (split at EOS), written atomically, verified.
+
+The inverse of ``grain-rox convert --format array_record``: every document (the tokens
+between two EOS tokens, EOS left out) becomes one raw record of the corpus dtype, so
+:class:`~grain_rox.ArrayRecordSource` (``dtype=``) and loaderx-style readers serve it. Empty
+documents (runs of EOS, such as the final block's padding) are not written. The file is
+written under a temporary name, read back in full and compared (record count and sha256 of
+all record bytes) before it is renamed into place: a writer killed half-way leaves no file
+that looks valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from grain_rox._array_record import close_quietly
+from grain_rox._paths import PathSpec
+from grain_rox._rox_corpus import RoxCorpus, open_rox
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_array_record` wrote."""
+
+    path: str
+    num_documents: int
+    num_tokens: int
+    dtype: str
+    sha256: str
+
+
+def rox_documents(corpus: RoxCorpus, eos_id: int) -> Iterator[np.ndarray]:
+    """The corpus's documents in order, split at ``eos_id`` (EOS dropped; empty ones skipped;
+    trailing tokens after the last EOS kept unless they are all the padding token)."""
+    carry = np.empty(0, corpus.dtype)
+    for s in range(len(corpus.shards)):
+        tokens = corpus.shard_tokens(s)
+        ends = np.flatnonzero(tokens == eos_id)
+        start = 0
+        for end in ends.tolist():
+            doc = tokens[start:end]
+            if carry.size:
+                doc, carry = np.concatenate([carry, doc]), carry[:0]
+            if doc.size:
+                yield doc
+            start = end + 1
+        if start < tokens.size:
+            carry = np.concatenate([carry, tokens[start:]])
+    pad = corpus.pad_id
+    if carry.size and not (pad is not None and np.all(carry == pad)):
+        yield carry
+
+
+def export_array_record(
+    paths: PathSpec | RoxCorpus,
+    output: str | os.PathLike[str],
+    *,
+    eos_id: int | None = None,
+    group_size: int = 1,
+    compression: str = "zstd",
+    overwrite: bool = False,
+    progress: bool = False,
+) -> ExportResult:
+    """Write the documents of `.rox` shards to one ArrayRecord file (one raw record each).
+
+    >>> import tempfile, os, numpy as np
+    >>> from grain_rox import write_rox, ArrayRecordSource
+    >>> d = tempfile.mkdtemp()
+    >>> _ = write_rox([np.array([5, 6], np.uint16), np.array([7], np.uint16)],
+    ...               os.path.join(d, "c.rox"), separator=0, block_size=16)
+    >>> r = export_array_record(os.path.join(d, "c.rox"), os.path.join(d, "c.array_record"),
+    ...                         eos_id=0)
+    >>> r.num_documents, [a.tolist() for a in ArrayRecordSource(r.path, dtype=r.dtype)._getitems([0, 1])]
+    (2, [[5, 6], [7]])
+    """
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+    output = os.fspath(output)
+    if os.path.exists(output) and not overwrite:
+        raise FileExistsError(f"{output} exists; pass overwrite=True (--overwrite) to replace it")
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size} must be >= 1")
+    if compression not in ("zstd", "uncompressed"):
+        raise ValueError(f"compression={compression!r}; use 'zstd' or 'uncompressed'")
+    corpus = open_rox(paths)
+    eos = eos_id if eos_id is not None else corpus.eos_id
+    if eos is None:
+        raise ValueError(
+            f"{corpus.paths[0]}: no EOS id to split documents at (the shards have no manifest); "
+            "pass eos_id= (--eos-id)"
+        )
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    temp = f"{output}.tmp-{os.getpid()}"
+    digest = hashlib.sha256()
+    count = tokens = 0
+    writer = ArrayRecordWriter(temp, f"group_size:{group_size},{compression}")
+    try:
+        if not writer.ok():
+            raise OSError(f"cannot write {temp}: is the directory writable?")
+        docs: Any = rox_documents(corpus, int(eos))
+        if progress:
+            from tqdm.auto import tqdm
+
+            docs = tqdm(
+                docs, desc=f"exporting {os.path.basename(output)}", unit="doc", disable=None
+            )
+        for doc in docs:
+            record = np.ascontiguousarray(doc).tobytes()
+            writer.write(record)
+            digest.update(record)
+            count += 1
+            tokens += int(doc.size)
+        writer.close()
+        if count == 0:
+            raise ValueError(f"{corpus.paths[0]}: no documents to export (is eos_id={eos} right?)")
+        _check_written(ArrayRecordReader, temp, count, digest.hexdigest())
+        os.replace(temp, output)
+    except BaseException:
+        close_quietly(writer)
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+    return ExportResult(output, count, tokens, str(corpus.dtype), digest.hexdigest())
+
+
+def _check_written(reader_class: Any, path: str, count: int, sha256: str) -> None:
+    """Read ``path`` back in full; its records must hash to what was written."""
+    reader = reader_class(path, "readahead_buffer_size:16M")
+    try:
+        if reader.num_records() != count:
+            raise OSError(f"{path}: wrote {count} records but {reader.num_records()} read back")
+        digest = hashlib.sha256()
+        for start in range(0, count, 4096):
+            for record in reader.read(start, min(start + 4096, count)):
+                digest.update(record)
+        if digest.hexdigest() != sha256:
+            raise OSError(f"{path}: the records read back differ from those written")
+    finally:
+        close_quietly(reader)

@@ -1,0 +1,280 @@
+"""ArrayRecordSource and export: token documents and fixed-shape rows in ArrayRecord files,
+written with array_record's own writer; conversion both ways through the CLI."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import grain
+import numpy as np
+import pytest
+from array_record.python.array_record_module import ArrayRecordWriter
+
+from grain_rox import (
+    ArrayRecordSource,
+    RoxDocumentSource,
+    export_array_record,
+    mix_datasets,
+    open_rox,
+    pack_documents,
+    write_rox,
+)
+from grain_rox.cli import main
+
+
+def write_records(path, arrays, options="group_size:1"):
+    writer = ArrayRecordWriter(str(path), options)
+    for a in arrays:
+        writer.write(a if isinstance(a, bytes) else np.ascontiguousarray(a).tobytes())
+    writer.close()
+    return str(path)
+
+
+def documents(n, seed=0, dtype=np.uint16):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, 5000, size=rng.integers(1, 40)).astype(dtype) for _ in range(n)]
+
+
+@pytest.mark.parametrize("options", ["group_size:1", "group_size:64,uncompressed"])
+def test_token_documents_across_files_globs_and_lists(tmp_path, options):
+    docs = documents(150)
+    a = write_records(tmp_path / "part-0.array_record", docs[:100], options)
+    b = write_records(tmp_path / "part-1.array_record", docs[100:], options)
+    for paths in (str(tmp_path / "part-*.array_record"), [a, b]):
+        src = ArrayRecordSource(paths, dtype=np.uint16)
+        assert len(src) == 150 and src.counts == [100, 50]
+        assert np.array_equal(src[0], docs[0]) and np.array_equal(src[149], docs[149])
+        picked = src._getitems([120, 3, 3, 99, 100])
+        assert [p.tolist() for p in picked] == [docs[i].tolist() for i in (120, 3, 3, 99, 100)]
+        assert [d.tolist() for d in src.iter_arrays(chunk=7)] == [d.tolist() for d in docs]
+    clone = pickle.loads(pickle.dumps(src))
+    assert len(pickle.dumps(src)) < 2_000 and repr(clone) == repr(src)
+    assert np.array_equal(clone[77], docs[77])
+    assert "2 files, 150 records, uint16, documents" in repr(src)
+    with pytest.raises(IndexError, match=r"records \[150\] are out of range for 150 records"):
+        src[150]
+
+
+def test_fixed_shape_rows_as_loaderx_writes_them(tmp_path):
+    rows = np.arange(64 * 3 * 4, dtype=np.int32).reshape(64, 3, 4)
+    path = write_records(tmp_path / "train_data.ar", rows, "group_size:1,zstd")
+    src = ArrayRecordSource(path, dtype=np.int32, shape=(3, 4))
+    assert np.array_equal(src[5], rows[5])
+    assert np.array_equal(src.get_batch([7, 0, 63]), rows[[7, 0, 63]])
+    ds = src.batches(16, seed=2, num_epochs=-1)
+    epoch = np.concatenate([ds[i] for i in range(4)])
+    assert sorted(epoch[:, 0, 0].tolist()) == rows[:, 0, 0].tolist()
+    assert not np.array_equal(epoch, np.concatenate([ds[i] for i in range(4, 8)]))
+    halves = [src.batches(16, seed=2, num_epochs=-1, shard=(i, 2)) for i in range(2)]
+    assert np.array_equal(np.concatenate([h[6] for h in halves]), ds[6])
+    it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0)))
+    for _ in range(5):
+        next(it)
+    state = it.get_state()
+    expected = [next(it) for _ in range(4)]
+    again = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0)))
+    again.set_state(state)
+    assert all(np.array_equal(next(again), e) for e in expected)
+
+
+def test_npy_records_describe_themselves(tmp_path):
+    import io
+
+    arrays = [np.full((i + 1, 2), i, np.float32) for i in range(5)]
+    blobs = []
+    for a in arrays:
+        buf = io.BytesIO()
+        np.save(buf, a)
+        blobs.append(buf.getvalue())
+    path = write_records(tmp_path / "npy.array_record", blobs)
+    src = ArrayRecordSource(path, encoding="npy")
+    assert src[3].shape == (4, 2) and src[3].dtype == np.float32
+    with pytest.raises(
+        ValueError, match=r"npy.array_record: record 0 holds float32, not dtype=int16"
+    ):
+        ArrayRecordSource(path, encoding="npy", dtype=np.int16)[0]
+
+
+def test_documents_pack_and_mix_beside_rox_documents(tmp_path):
+    docs = [np.arange(1, n + 1, dtype=np.uint16) for n in (3, 9, 4, 12, 6, 2, 7, 5)]
+    path = write_records(tmp_path / "d.array_record", docs)
+    src = ArrayRecordSource(path, dtype=np.uint16)
+    batches = list(pack_documents(src, seq_len=16, batch_size=2, num_epochs=1, shuffle=False))
+    served = collections.Counter()
+    for b in batches:
+        for row, seg in zip(b["inputs"], b["inputs_segmentation"], strict=True):
+            served.update(tuple(row[seg == s].tolist()) for s in np.unique(seg[seg > 0]))
+    # each packed segment is a whole document's inputs (tokens[:-1]), none invented
+    assert not served - collections.Counter(tuple(d[:-1].tolist()) for d in docs if d.size > 1)
+    assert sum(served.values()) >= 5
+    rox = str(tmp_path / "r.rox")
+    write_rox([np.full(5, 900, np.uint16)] * 10, rox, separator=0, block_size=64)
+    mixed = mix_datasets(
+        {
+            "ar": grain.MapDataset.source(src),
+            "rox": grain.MapDataset.source(RoxDocumentSource(rox, seq_len=16)),
+        },
+        {"ar": 0.5, "rox": 0.5},
+        length=16,
+    )
+    tokens = np.concatenate(
+        [
+            b["inputs"][b["inputs_segmentation"] > 0]
+            for b in pack_documents(mixed, seq_len=16, batch_size=2, num_epochs=1)
+        ]
+    )
+    assert (tokens == 900).any() and ((tokens > 0) & (tokens < 13)).any()
+
+
+def test_bad_input_names_the_file_and_record(tmp_path):
+    good = write_records(tmp_path / "ok.array_record", [np.arange(4, dtype=np.int32)] * 3)
+    with pytest.raises(FileNotFoundError) as info:
+        ArrayRecordSource([good, str(tmp_path / "gone.ar"), str(tmp_path / "x*.ar")], dtype="int32")
+    assert "gone.ar" in str(info.value) and "x*.ar (matches nothing)" in str(info.value)
+    odd = write_records(tmp_path / "odd.array_record", [b"\x01\x02\x03", b"\x00" * 8])
+    with pytest.raises(
+        ValueError, match=r"odd.array_record: record 0 holds 3 bytes, not a whole number of int32"
+    ):
+        ArrayRecordSource(odd, dtype=np.int32)[0]
+    with pytest.raises(
+        ValueError,
+        match=r"ok.array_record: record 1 holds 4 values of shape \(4,\), which does not match shape=\(2, 3\)",
+    ):
+        ArrayRecordSource(good, dtype=np.int32, shape=(2, 3))[1]
+    with pytest.raises(ValueError, match="raw records need their dtype"):
+        ArrayRecordSource(good)
+    with pytest.raises(ValueError, match="batches\\(\\) stacks fixed-shape records"):
+        ArrayRecordSource(good, dtype=np.int32).batches(2)
+    truncated = tmp_path / "cut.array_record"
+    rng = np.random.default_rng(0)
+    blob = [rng.integers(0, 2**31, 1024, dtype=np.int32) for _ in range(100)]
+    write_records(truncated, blob, "group_size:1,uncompressed")
+    whole = truncated.read_bytes()
+    truncated.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"cut.array_record: not a readable ArrayRecord file"):
+        ArrayRecordSource(str(truncated), dtype=np.int32)
+    flipped = tmp_path / "flip.array_record"
+    data = bytearray(whole)
+    middle = len(data) // 2
+    data[middle : middle + 16] = bytes(16)
+    flipped.write_bytes(bytes(data))
+    src = ArrayRecordSource(str(flipped), dtype=np.int32)
+    failures = []
+    for i in range(100):
+        try:
+            src[i]
+        except ValueError as e:
+            failures.append((i, str(e)))
+    assert failures and all(
+        "flip.array_record: record" in m and "damaged" in m for _, m in failures
+    )
+    assert 0 < len(failures) < 100 and failures[0][0] > 0  # records before the damage read
+
+
+_RESTORE = """
+import json, sys
+import grain, orbax.checkpoint as ocp
+from grain_rox import ArrayRecordSource
+path, ckpt, out = sys.argv[1:]
+it = iter(ArrayRecordSource(path, dtype="int32", shape=(8,)).batches(4, seed=7, num_epochs=-1)
+          .to_iter_dataset(grain.ReadOptions(num_threads=0)))
+ocp.CheckpointManager(ckpt).restore(
+    9, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(it)))
+json.dump([next(it).tolist() for _ in range(3)], open(out, "w"))
+"""
+
+
+def test_orbax_restores_array_record_batches_in_a_fresh_process(tmp_path):
+    import orbax.checkpoint as ocp
+
+    rows = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
+    path = write_records(tmp_path / "rows.array_record", rows)
+    it = iter(
+        ArrayRecordSource(path, dtype="int32", shape=(8,))
+        .batches(4, seed=7, num_epochs=-1)
+        .to_iter_dataset(grain.ReadOptions(num_threads=0))
+    )
+    for _ in range(9):
+        next(it)
+    manager = ocp.CheckpointManager(str(tmp_path / "ckpt"))
+    manager.save(9, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
+    manager.wait_until_finished()
+    expected = [next(it).tolist() for _ in range(3)]
+    out = tmp_path / "next.json"
+    subprocess.run(
+        [sys.executable, "-c", _RESTORE, path, str(tmp_path / "ckpt"), str(out)],
+        check=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        timeout=120,
+    )
+    assert json.loads(out.read_text()) == expected
+
+
+def test_convert_both_ways_through_the_cli(tmp_path, capsys):
+    docs = documents(300, seed=3)
+    src = write_records(tmp_path / "docs.array_record", docs)
+    rox = str(tmp_path / "docs.rox")
+    assert (
+        main(
+            [
+                "convert",
+                src,
+                "-o",
+                rox,
+                "--record-dtype",
+                "uint16",
+                "--tokenizer",
+                "cl100k_base",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "wrote 300 documents" in out and "verified 1 shard(s): checksums match" in out
+    corpus = open_rox(rox)
+    eos = corpus.eos_id
+    assert eos == 100257 and corpus.num_documents == 300
+    joined = np.concatenate([np.append(d, eos) for d in docs])
+    assert np.array_equal(corpus.tokens(0, joined.size), joined.astype(corpus.dtype))
+    back = str(tmp_path / "back.array_record")
+    assert main(["export", rox, "-o", back, "--no-progress"]) == 0
+    assert "wrote 300 documents" in capsys.readouterr().out
+    again = ArrayRecordSource(back, dtype=corpus.dtype)
+    assert [a.tolist() for a in again.iter_arrays()] == [d.tolist() for d in docs]
+    assert main(["export", rox, "-o", back, "--no-progress"]) == 2
+    assert "exists; pass overwrite=True" in capsys.readouterr().err
+    assert main(["convert", src, "-o", str(tmp_path / "x.rox"), "--no-progress"]) == 2
+    assert "pass --record-dtype" in capsys.readouterr().err
+
+
+def test_export_splits_across_shards_and_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    docs = [np.arange(1, n, dtype=np.uint16) for n in range(2, 60)]
+    base = str(tmp_path / "s.rox")
+    result = write_rox(docs, base, separator=0, block_size=32, max_shard_bytes=256)
+    assert len(result.paths) > 3  # documents cross shard boundaries
+    r = export_array_record(base, str(tmp_path / "s.array_record"), eos_id=0, group_size=8)
+    assert r.num_documents == len(docs)
+    got = ArrayRecordSource(r.path, dtype=np.uint16).iter_arrays()
+    assert [g.tolist() for g in got] == [d.tolist() for d in docs]
+    import grain_rox._array_record_export as export_module
+
+    real = export_module.rox_documents
+
+    def dies_half_way(corpus, eos):
+        for i, doc in enumerate(real(corpus, eos)):
+            if i == 20:
+                raise KeyboardInterrupt
+            yield doc
+
+    monkeypatch.setattr(export_module, "rox_documents", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        export_array_record(base, str(tmp_path / "half.array_record"), eos_id=0)
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [os.path.basename(p) for p in result.paths] + ["s.array_record", "s.manifest.json"]
+    )
