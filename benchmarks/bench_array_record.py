@@ -71,12 +71,7 @@ SEQ_LEN = 1024
 VOCAB = 50257
 DOC_LENGTHS = (50, 2000)  # token documents: lengths uniform in [50, 2000]
 LOADERX_VERSION = "0.1.4"
-# Untimed elements at the start of every run: 1 for our (unthreaded) iterators; 9 for loaderx
-# (its queue holds 8 batches); 32 for Grain's defaults (16 read threads finish their first
-# elements together, which would otherwise count as instant): the timed ones are steady state.
-SKIP_LOADERX = 9
-SKIP_THREADS = 32
-WARM_UP = 10  # batches (row 3a: documents x 10) of each contender's untimed warm-up pass
+WARM_UP = 10  # batches (documents: x 10) of each contender's untimed warm-up pass  # batches (row 3a: documents x 10) of each contender's untimed warm-up pass
 Contender = Callable[[int], dict[str, float]]
 Profiler = tuple[str, Callable[[], object]]  # (which of our contenders, one pass of it)
 
@@ -99,7 +94,7 @@ FULL = Config(
     quick=False,
     rows=20_000,
     batches=2000,
-    plain_batches=300,
+    plain_batches=600,
     numpy_batches=5000,
     doc_tokens=20_000_000,
     documents=5000,
@@ -111,7 +106,7 @@ QUICK = dataclasses.replace(
     quick=True,
     rows=4000,
     batches=300,
-    plain_batches=40,
+    plain_batches=120,
     numpy_batches=1000,
     doc_tokens=4_000_000,
     documents=1000,
@@ -134,14 +129,17 @@ def import_loaderx() -> tuple[Any, str | None]:
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-def timed(n: int, step: Callable[[], object], skip: int = 1) -> float:
-    """Per second of ``n`` calls of ``step``, after ``skip`` untimed ones (the warm-up)."""
-    for _ in range(skip):
-        step()
+def timed(n: int, start: Callable[[], Any], close: Callable[[Any], object]) -> float:
+    """Per second of ``n`` elements of the iterator ``start()`` makes, timed from ``start``
+    on (prefetching loaders fill their queues in bursts: Grain's 16 read threads deliver
+    their first ~50 batches at once, so no warm-up element is skipped); then ``close`` it."""
     t0 = time.perf_counter()
+    it = start()
     for _ in range(n):
-        step()
-    return n / (time.perf_counter() - t0)
+        next(it)
+    rate = n / (time.perf_counter() - t0)
+    close(it)
+    return rate
 
 
 def ar_writer(path: str) -> Any:
@@ -171,27 +169,24 @@ class WithLabels:
         return {"data": self.data.get_batch(indices), "label": self.labels.get_batch(indices)}
 
 
-def iterate(make: Callable[[], Any], skip: int = 1) -> Contender:
-    """A contender: a fresh Grain iterator of ``make()``, ``skip`` warm-up elements, n timed."""
+def iterate(make: Callable[[], Any]) -> Contender:
+    """A contender: n elements of a fresh Grain iterator of ``make()``."""
 
     def run(n: int) -> dict[str, float]:
-        it = iter(make())
-        rate = timed(n, lambda: next(it), skip)
-        it.close()
-        return {"per_s": rate}
+        return {"per_s": timed(n, lambda: iter(make()), lambda it: it.close())}
 
     return run
 
 
 def loaderx_run(loaderx: Any, data: Callable[[], Any], labels: Callable[[], Any]) -> Contender:
-    """A contender: a fresh (endless) loaderx DataLoader, SKIP_LOADERX warm-up batches, n
-    timed."""
+    """A contender: n batches of a fresh (endless) loaderx DataLoader."""
+
+    def start() -> Any:
+        return loaderx.DataLoader(data(), labels(), batch_size=BATCH)  # shuffle, seed 42
 
     def run(n: int) -> dict[str, float]:
-        loader = loaderx.DataLoader(data(), labels(), batch_size=BATCH)  # shuffle, seed 42
-        rate = timed(n, lambda: next(loader), SKIP_LOADERX)
-        loader.close()  # stops and joins its sampler and prefetch threads
-        return {"per_s": rate}
+        # close() stops and joins its sampler and prefetch threads
+        return {"per_s": timed(n, start, lambda loader: loader.close())}
 
     return run
 
@@ -324,11 +319,11 @@ def bench_rows(cfg: Config, files: Files, loaderx: Any, why: str | None) -> tupl
 
     n = cfg.batches
     epoch = cfg.rows // BATCH  # Grain's plain pipeline runs one epoch (no repeat)
-    assert SKIP_THREADS + max(cfg.plain_batches, WARM_UP) <= epoch, (cfg.plain_batches, epoch)
+    assert cfg.plain_batches <= epoch, (cfg.plain_batches, epoch)
     contenders: dict[str, tuple[Contender, int]] = {
         "ours_labeled": (iterate(ours_labeled), n),
         "ours_data": (iterate(ours_data), n),
-        "grain_plain": (iterate(plain, SKIP_THREADS), cfg.plain_batches),
+        "grain_plain": (iterate(plain), cfg.plain_batches),
     }
     if loaderx is not None:
         lx = loaderx_run(
@@ -370,10 +365,7 @@ def bench_rows(cfg: Config, files: Files, loaderx: Any, why: str | None) -> tupl
         "a sampler thread and a prefetch thread), next(loader) -> {data, label}"
     )
     rows: list[Row] = []
-    per_run = (
-        f"each run: fresh iterator, untimed warm-up batches (ours 1, loaderx {SKIP_LOADERX}), "
-        f"{n} timed; {file}"
-    )
+    per_run = f"each run: {n} batches, timed from building the iterator; {file}"
     if loaderx is None:
         rows.append(
             skipped_row("1a", "rows+labels vs loaderx", "batch/s", str(why), ratio_at_least(2))
@@ -391,8 +383,8 @@ def bench_rows(cfg: Config, files: Files, loaderx: Any, why: str | None) -> tupl
             "MapDataset.source(grain.sources.ArrayRecordDataSource(ar)).shuffle(seed=0).map("
             f"lambda b: np.frombuffer(b, np.int32)).batch({BATCH}).to_iter_dataset() (Grain's "
             "defaults: 16 read threads, prefetch 500)",
-            note=f"data only on both sides; Grain's plain pipeline: {SKIP_THREADS} untimed, "
-            f"then {cfg.plain_batches} timed batches per run (it is slow; one epoch, no repeat)")
+            note=f"data only on both sides; Grain's plain pipeline: {cfg.plain_batches} "
+            f"batches per run (it is slow), of its one epoch of {cfg.rows // BATCH}")
     )  # fmt: skip
     if loaderx is None:
         rows.append(skipped_row("1c", "rows only vs loaderx", "batch/s", str(why)))
@@ -416,8 +408,7 @@ def bench_numpy(cfg: Config, files: Files, loaderx: Any, why: str | None) -> tup
 
     def direct(n: int) -> dict[str, float]:
         ds = ours_ds()
-        ks = iter(range(n + 1))
-        return {"per_s": timed(n, lambda: ds[next(ks)])}
+        return {"per_s": timed(n, lambda: (ds[k] for k in range(n)), lambda it: None)}
 
     first = ours_ds()[0]
     assert first["x"].shape == (BATCH, *ROW_SHAPE) and first["y"].shape == (BATCH,)
@@ -454,13 +445,13 @@ def bench_numpy(cfg: Config, files: Files, loaderx: Any, why: str | None) -> tup
             f"NumpySource({{x: train_data.npy, y: train_label.npy}}).batches({BATCH}, seed=0, "
             "num_epochs=-1).to_iter_dataset(ReadOptions(num_threads=0, prefetch_buffer_size=2))",
             lx_is, ratio_at_least(2),
-            note=f"{files_are}; each run: fresh iterator, untimed warm-up batches (ours 1, "
-            f"loaderx {SKIP_LOADERX}), {n} timed; loaderx draws each batch independently "
+            note=f"{files_are}; each run: {n} batches, timed from building the iterator; "
+            "loaderx draws each batch independently "
             "(rng.choice without replacement), ours is a per-epoch permutation"),
         Row("2b", "NumPy: MapDataset[k] (no iterator) vs loaderx", "batch/s",
             runs["ours_direct"]["per_s"], runs["loaderx"]["per_s"], True,
             "the same NumpySource(...).batches(...) MapDataset indexed directly, ds[k], "
-            f"k = 1..{n}: the source without Grain's iterator", "as 2a (the same runs)",
+            f"k = 0..{n - 1}: the source without Grain's iterator", "as 2a (the same runs)",
             note="diagnostic: how much of 2a is Grain's iterator"),
     ], {"runs": runs}  # fmt: skip
 
@@ -512,10 +503,10 @@ def bench_documents(cfg: Config, tmp: str) -> tuple[list[Row], dict, dict[str, P
     b.close()
 
     nd, nb = cfg.documents, cfg.packed_batches
-    assert SKIP_THREADS + 10 * WARM_UP + nd <= n_docs, (nd, n_docs)  # one epoch, no repeat
+    assert nd <= n_docs, (nd, n_docs)  # Grain's plain pipeline: one epoch, no repeat
     contenders: dict[str, tuple[Contender, int]] = {
         "ours_docs": (iterate(ours_docs), nd),
-        "plain_docs": (iterate(plain_docs(None), SKIP_THREADS), nd),
+        "plain_docs": (iterate(plain_docs(None)), nd),
         "plain_docs_nothreads": (iterate(plain_docs(grain.ReadOptions(num_threads=0))), nd),
         "ours_pack": (iterate(ours_pack), nb),
         "plain_pack": (iterate(plain_pack), nb),
@@ -542,8 +533,7 @@ def bench_documents(cfg: Config, tmp: str) -> tuple[list[Row], dict, dict[str, P
             "MapDataset.source(ArrayRecordSource(docs, dtype=np.uint16)).shuffle(seed=0)"
             ".to_iter_dataset(ReadOptions(num_threads=0))",
             plain_is.format("") + " (Grain's defaults: 16 read threads, prefetch 500)",
-            note=f"{corpus}; each run: fresh iterator, untimed warm-up documents (ours 1, "
-            f"Grain's defaults {SKIP_THREADS}), {nd} timed; the "
+            note=f"{corpus}; each run: {nd} documents, timed from building the iterator; the "
             f"first {k} documents of both are equal: {same_docs}"),
         Row("3b", "documents vs plain Grain, 0 threads", "doc/s", runs["ours_docs"]["per_s"],
             runs["plain_docs_nothreads"]["per_s"], True, "as 3a (the same runs)",
@@ -556,7 +546,7 @@ def bench_documents(cfg: Config, tmp: str) -> tuple[list[Row], dict, dict[str, P
             "tokens)",
             "pack_documents(MapDataset.source(grain.sources.ArrayRecordDataSource(docs)).map("
             "lambda b: np.frombuffer(b, np.uint16)), same arguments)",
-            note=f"each run: fresh iterator, 1 warm-up batch, {nb} timed; the first packed "
+            note=f"each run: {nb} batches, timed from building the iterator; the first packed "
             f"batch of both is equal: {same_pack}"),
     ]  # fmt: skip
     docs = ("ours_docs", lambda: iterate(ours_docs)(nd))

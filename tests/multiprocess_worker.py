@@ -103,9 +103,37 @@ def main() -> None:
             meta["global_shapes"] = global_shapes
         arrays["meta"] = np.asarray(json.dumps(meta))
         np.savez(f"{plan['out_dir']}/{run['tag']}_p{process_id}.npz", **arrays)
+    if plan.get("npy"):
+        _npy_run(plan, process_id)
     log("runs done")
     multihost_utils.sync_global_devices("multiprocess_worker done")
     log("synced")
+
+
+def _npy_run(plan: dict, process_id: int) -> None:
+    """``NumpySource.batches`` sharded by process through ``MultiHostDataLoadIterator``."""
+    import grain
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    import grain_rox
+
+    spec = plan["npy"]
+    source = grain_rox.NumpySource(spec["path"])
+    ds = source.batches(
+        spec["batch"], seed=spec["seed"], num_epochs=-1,
+        shard=(jax.process_index(), jax.process_count()),
+    ).to_iter_dataset(grain.ReadOptions(num_threads=0))  # fmt: skip
+    out = {}
+    with grain_rox.MultiHostDataLoadIterator(ds) as it:
+        for i in range(spec["read"]):
+            batch = next(it)
+            shards = sorted(batch.addressable_shards, key=lambda s: s.index[0].start or 0)
+            out[f"local__{i}"] = np.concatenate([np.asarray(s.data) for s in shards])
+            out[f"global__{i}"] = np.asarray(multihost_utils.process_allgather(batch, tiled=True))
+    np.savez(f"{plan['out_dir']}/npy_p{process_id}.npz", **out)
+    log(f"npy: read {spec['read']} batches")
 
 
 def _save(ocp, grain_rox, directory: str, it) -> None:

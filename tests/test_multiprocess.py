@@ -228,6 +228,8 @@ def waves(tmp_path_factory, corpus, ckpt_1proc, ckpt_near_epoch_end, epoch_end):
             return done[n]
         base = {"corpus": corpus, "out_dir": str(out_dir), "pipeline": CONFIG}
         if n == 2:
+            np.save(root / "rows.npy", np.arange(200 * 3, dtype=np.int32).reshape(200, 3))
+            base["npy"] = {"path": str(root / "rows.npy"), "batch": 8, "seed": 5, "read": 30}
             runs = [
                 # Fresh: 20 batches, checkpoint after 10 (then keep going).
                 {"tag": "fresh2", "read": 20, "save": {"dir": str(ckpt_2proc), "after": 10}},
@@ -250,6 +252,7 @@ def waves(tmp_path_factory, corpus, ckpt_1proc, ckpt_near_epoch_end, epoch_end):
         print(f"\n{n}-process wave: {wall:.1f} s wall, {cpu:.1f} s CPU in the workers")
         done[n] = {
             "out_dir": out_dir,
+            "root": root,
             "ckpt_2proc": ckpt_2proc,
             **{run["tag"]: load_outputs(out_dir, run["tag"], n) for run in runs},
         }
@@ -291,6 +294,7 @@ def test_global_batches_equal_single_process_bit_for_bit(waves, expected, num_pr
 @pytest.mark.slow
 @pytest.mark.parametrize("num_processes", [2, 4])
 def test_each_process_reads_only_its_own_rows(waves, num_processes):
+    """(TokenPipeline; see also the NumPy batches test below.)"""
     outputs = waves(num_processes)[f"fresh{num_processes}"]
     per_process = BATCH // num_processes
     spans = []
@@ -388,3 +392,19 @@ def test_restore_into_changed_pipeline_is_refused(ckpt_1proc, corpus, name):
     with MultiHostDataLoadIterator(TokenPipeline(corpus, **CONFIG)) as it:
         it.set_state(saved)
         assert it.step == 10
+
+
+@pytest.mark.slow
+def test_numpy_batches_on_two_processes_equal_single_process_batches(waves):
+    """``NumpySource.batches(shard=(process, count))`` through the iterator on 2 processes:
+    the global arrays are the single-process batches, each process holding its half."""
+    wave = waves(2)
+    expected = grain_rox.NumpySource(str(wave["root"] / "rows.npy")).batches(
+        8, seed=5, num_epochs=-1
+    )
+    for p in range(2):
+        with np.load(wave["out_dir"] / f"npy_p{p}.npz") as z:
+            for i in range(30):  # 25 batches per epoch: crosses into the second epoch
+                want = expected[i]
+                assert np.array_equal(z[f"global__{i}"], want), (p, i)
+                assert np.array_equal(z[f"local__{i}"], want[p * 4 : (p + 1) * 4]), (p, i)

@@ -134,3 +134,32 @@ def test_bad_files_are_explained(tmp_path, make, error, match):
         spec = np.asarray(spec)
     with pytest.raises(error, match=match):
         NumpySource(spec)
+
+
+def test_batches_become_global_jax_arrays_and_resume_through_the_iterator(npy_pair):
+    import jax
+
+    from grain_rox import MultiHostDataLoadIterator
+
+    xp, yp, _, _ = npy_pair
+    src = NumpySource({"x": xp, "y": yp})
+
+    def batches():
+        ds = src.batches(
+            16, seed=1, num_epochs=-1, shard=(jax.process_index(), jax.process_count())
+        )
+        return ds.to_iter_dataset(grain.ReadOptions(num_threads=0))
+
+    expected = src.batches(16, seed=1, num_epochs=-1)
+    with MultiHostDataLoadIterator(batches()) as it:
+        for k in range(3):
+            batch = next(it)
+            assert isinstance(batch["x"], jax.Array) and batch["x"].shape == (16, 4, 5)
+            assert len(batch["x"].sharding.device_set) == jax.device_count()
+            assert np.array_equal(np.asarray(batch["y"]), expected[k]["y"])
+        state = it.get_state()
+        following = [np.asarray(next(it)["y"]) for _ in range(7)]  # crosses into epoch 2
+    with MultiHostDataLoadIterator(batches()) as again:
+        again.set_state(state)
+        assert all(np.array_equal(np.asarray(next(again)["y"]), f) for f in following)
+    assert np.array_equal(following[-1], expected[9]["y"])
