@@ -368,7 +368,9 @@ def bench_rows(cfg: Config, files: Files, loaderx: Any, why: str | None) -> tupl
     per_run = f"each run: {n} batches, timed from building the iterator; {file}"
     if loaderx is None:
         rows.append(
-            skipped_row("1a", "rows+labels vs loaderx", "batch/s", str(why), ratio_at_least(2))
+            skipped_row(
+                "1a", "ArrayRecord rows+labels vs loaderx", "batch/s", str(why), ratio_at_least(2)
+            )
         )
     else:
         rows.append(
@@ -387,7 +389,7 @@ def bench_rows(cfg: Config, files: Files, loaderx: Any, why: str | None) -> tupl
             f"batches per run (it is slow), of its one epoch of {cfg.rows // BATCH}")
     )  # fmt: skip
     if loaderx is None:
-        rows.append(skipped_row("1c", "rows only vs loaderx", "batch/s", str(why)))
+        rows.append(skipped_row("1c", "ArrayRecord rows only vs loaderx", "batch/s", str(why)))
     else:
         rows.append(
             Row("1c", "ArrayRecord rows only vs loaderx", "batch/s", runs["ours_data"]["per_s"],
@@ -416,7 +418,7 @@ def bench_numpy(cfg: Config, files: Files, loaderx: Any, why: str | None) -> tup
         return [
             skipped_row("2a", "NumPy rows+labels vs loaderx", "batch/s", str(why),
                         ratio_at_least(2)),
-            skipped_row("2b", "the same, MapDataset[k] (no iterator)", "batch/s", str(why)),
+            skipped_row("2b", "NumPy: MapDataset[k] (no iterator) vs loaderx", "batch/s", str(why)),
         ], {}  # fmt: skip
     n = cfg.numpy_batches
     contenders: dict[str, tuple[Contender, int]] = {

@@ -2,6 +2,7 @@
 
     python examples/train_demo.py                 # the embedded default corpus
     python examples/train_demo.py --text my.txt --jsonl data.jsonl --rox more/*.rox
+    python examples/train_demo.py --hf my_saved_dataset/ --text-column text
 
 1. Converts two sources to `.rox` with cl100k_base (the byte tokenizer if tiktoken is
    missing): the Python standard library's sources ("code") and its prose (pydoc topics and
@@ -56,7 +57,7 @@ def pick_tokenizer() -> grain_rox.Tokenizer:
 def build_sources(args: argparse.Namespace, out: str) -> dict[str, str]:
     """Write (once) the demo's two sources as .rox shard sets; returns {name: path}."""
     tok = pick_tokenizer()
-    user = [*args.text, *args.jsonl]
+    user = [*args.text, *args.jsonl, *args.hf]
     specs = {"code": ("builtin", "code"), "prose": ("builtin", "prose")}
     if user:
         specs = {"yours": ("files", user), "prose": ("builtin", "prose")}
@@ -255,7 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="demo_out")
     parser.add_argument("--text", nargs="*", default=[], help="your text files/directories")
     parser.add_argument("--jsonl", nargs="*", default=[], help="your JSONL/Parquet files")
-    parser.add_argument("--text-column", default="text")
+    parser.add_argument(
+        "--hf", nargs="*", default=[], help="HF datasets saved with save_to_disk (directories)"
+    )
+    parser.add_argument("--text-column", default="text", help="JSONL/Parquet/HF text field")
     parser.add_argument("--rox", nargs="*", default=[], help="extra .rox shard sets to mix in")
     parser.add_argument("--phase1", type=int, default=150)
     parser.add_argument("--phase2", type=int, default=150)

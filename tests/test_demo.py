@@ -36,3 +36,33 @@ def test_demo_trains_checkpoints_and_resumes_bit_exactly(tmp_path, monkeypatch, 
     assert "batches bit-identical after resume  True" in out
     assert "losses bit-identical after resume   True" in out
     assert code == 0, out
+
+
+def test_demo_reads_a_saved_hf_dataset_as_its_own_source(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    import argparse
+
+    import numpy as np
+
+    import grain_rox
+
+    module = runpy.run_path(str(DEMO), run_name="train_demo")
+    texts = [f"user document number {i} " * (i + 1) for i in range(30)]
+    datasets.Dataset.from_dict({"body": texts, "id": list(range(30))}).save_to_disk(
+        str(tmp_path / "saved")
+    )
+    args = argparse.Namespace(
+        text=[], jsonl=[], hf=[str(tmp_path / "saved")], text_column="body", rox=[]
+    )
+    build_sources = module["build_sources"]
+    builtin = build_sources.__globals__["builtin_documents"]
+    monkeypatch.setitem(  # a small slice of the embedded prose keeps this test quick
+        build_sources.__globals__, "builtin_documents", lambda what: builtin(what, limit=20)
+    )
+    paths = build_sources(args, str(tmp_path / "out"))
+    assert list(paths) == ["yours", "prose"]
+    tok = module["pick_tokenizer"]()
+    with grain_rox.open_rox(paths["yours"]) as corpus:
+        want = np.concatenate([np.append(tok.encode(t), tok.eos_id) for t in texts])
+        assert corpus.num_documents == 30
+        assert np.array_equal(corpus.tokens(0, want.size), want.astype(corpus.dtype))
