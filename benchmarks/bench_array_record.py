@@ -71,7 +71,7 @@ SEQ_LEN = 1024
 VOCAB = 50257
 DOC_LENGTHS = (50, 2000)  # token documents: lengths uniform in [50, 2000]
 LOADERX_VERSION = "0.1.4"
-WARM_UP = 10  # batches (documents: x 10) of each contender's untimed warm-up pass  # batches (row 3a: documents x 10) of each contender's untimed warm-up pass
+WARM_UP = 10  # batches (documents: x 10) of each contender's untimed warm-up pass
 Contender = Callable[[int], dict[str, float]]
 Profiler = tuple[str, Callable[[], object]]  # (which of our contenders, one pass of it)
 
@@ -556,6 +556,25 @@ def bench_documents(cfg: Config, tmp: str) -> tuple[list[Row], dict, dict[str, P
     return rows, {"runs": runs, "documents": n_docs, "tokens": n_tokens}, profilers
 
 
+# ---- profiles of our side -----------------------------------------------------------------------
+def profile_rows(cfg: Config, files: Files, kind: str) -> None:
+    """One pass of row 1's ours (``kind``: "labeled" or "data") for cProfile."""
+    src = ArrayRecordSource(files.rows_ar, dtype=np.int32, shape=ROW_SHAPE)
+    source: Any = src if kind == "data" else WithLabels(src, NumpySource(files.labels_npy))
+    reads = grain.ReadOptions(num_threads=0, prefetch_buffer_size=2)
+    ds = shuffled_batches(source, BATCH, seed=0, num_epochs=-1).to_iter_dataset(reads)
+    iterate(lambda: ds)(cfg.batches)
+
+
+def profile_numpy(cfg: Config, files: Files) -> None:
+    """One pass of row 2a's ours for cProfile."""
+    src = NumpySource({"x": files.data_npy, "y": files.labels_npy})
+    reads = grain.ReadOptions(num_threads=0, prefetch_buffer_size=2)
+    iterate(lambda: src.batches(BATCH, seed=0, num_epochs=-1).to_iter_dataset(reads))(
+        cfg.numpy_batches
+    )
+
+
 # ---- main ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = arg_parser(__doc__, "array_record", groups="123", example="13")
@@ -620,24 +639,6 @@ def main(argv: list[str] | None = None) -> int:
             extra.setdefault("profiles", {})[name] = prof
             appendix.append(render_profile(f"cProfile of {name} (row {row.key})", prof))
     return finish(args.out, "array_record", cfg, info, started, rows, extra, appendix=appendix)
-
-
-def profile_rows(cfg: Config, files: Files, kind: str) -> None:
-    """One pass of row 1's ours (``kind``: "labeled" or "data") for cProfile."""
-    src = ArrayRecordSource(files.rows_ar, dtype=np.int32, shape=ROW_SHAPE)
-    source: Any = src if kind == "data" else WithLabels(src, NumpySource(files.labels_npy))
-    reads = grain.ReadOptions(num_threads=0, prefetch_buffer_size=2)
-    ds = shuffled_batches(source, BATCH, seed=0, num_epochs=-1).to_iter_dataset(reads)
-    iterate(lambda: ds)(cfg.batches)
-
-
-def profile_numpy(cfg: Config, files: Files) -> None:
-    """One pass of row 2a's ours for cProfile."""
-    src = NumpySource({"x": files.data_npy, "y": files.labels_npy})
-    reads = grain.ReadOptions(num_threads=0, prefetch_buffer_size=2)
-    iterate(lambda: src.batches(BATCH, seed=0, num_epochs=-1).to_iter_dataset(reads))(
-        cfg.numpy_batches
-    )
 
 
 if __name__ == "__main__":

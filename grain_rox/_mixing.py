@@ -15,6 +15,7 @@ to the lower source index). The apportionment is house-monotone, so this is a se
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -172,10 +173,32 @@ class _ExactSelection(grain.transforms.DatasetSelectionMap):
         return source, before[source]
 
 
+class _PhasedSelection(grain.transforms.DatasetSelectionMap):
+    """Phase ``p`` covers elements ``[starts[p], starts[p + 1])`` with its own mixture; each
+    source's sample index continues from where the earlier phases left it."""
+
+    def __init__(self, mixtures: Sequence[Mixture], lengths: Sequence[int]) -> None:
+        self.mixtures = list(mixtures)
+        self.starts = [0, *np.cumsum(lengths).tolist()]
+        self.offsets = [tuple(0 for _ in mixtures[0].weights)]
+        for mixture, n in zip(mixtures[:-1], lengths[:-1], strict=True):
+            served = mixture.counts(n)
+            self.offsets.append(tuple(a + b for a, b in zip(self.offsets[-1], served, strict=True)))
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        p = bisect.bisect_right(self.starts, index) - 1
+        source, k = _ExactSelection(self.mixtures[p], 1 << 62)[index - self.starts[p]]
+        return source, self.offsets[p][source] + k
+
+
 def mix_datasets(
     datasets: Mapping[str, grain.MapDataset],
-    weights: Mapping[str, float],
+    weights: Mapping[str, float] | None = None,
     *,
+    phases: Sequence[tuple[int | None, Mapping[str, float]]] | None = None,
     seed: int = 0,
     length: int | None = None,
 ) -> grain.MapDataset:
@@ -186,22 +209,59 @@ def mix_datasets(
     repeats, so the mixture never ends early (``length`` defaults to the largest source's
     length divided by its weight share).
 
+    A curriculum: ``phases=[(num_samples, weights), ..., (None, weights)]`` instead of
+    ``weights`` changes the proportions after each phase's samples (the last phase may run to
+    ``length``); every source continues where the previous phase left it, so nothing is
+    replayed or skipped at a phase change. Any element is still found in O(#sources), so a
+    Grain iterator over the mixture restores at once.
+
     >>> import grain
     >>> ds = mix_datasets({"a": grain.MapDataset.range(100), "b": grain.MapDataset.range(1000, 1010)},
     ...                   {"a": 0.75, "b": 0.25}, seed=0, length=8)
     >>> [int(x >= 1000) for x in ds]
     [0, 0, 1, 0, 0, 0, 1, 0]
+    >>> phased = mix_datasets({"a": grain.MapDataset.range(100), "b": grain.MapDataset.range(1000, 1010)},
+    ...                       phases=[(4, {"a": 1.0}), (None, {"b": 1.0})], length=6)
+    >>> [int(x >= 1000) for x in phased]
+    [0, 0, 0, 0, 1, 1]
     """
     names = list(datasets)
-    shares = resolve_weights(names, weights, "mix_datasets")
-    mixture = Mixture.from_weights(shares)
-    total = sum(shares)
-    if length is None:
-        length = max(
-            int(len(datasets[n]) * total / w) for n, w in zip(names, shares, strict=True) if w
+    if (weights is None) == (phases is None) and len(names) > 1:
+        raise ValueError("mix_datasets: give weights= or phases=[(num_samples, weights), ...]")
+    if phases is None:
+        phases = [(None, weights)]  # type: ignore[list-item]
+    if not phases:
+        raise ValueError("phases= is empty; give at least one (num_samples, weights)")
+    shares = [
+        resolve_weights(names, w, f"mix_datasets phase {p}") for p, (_, w) in enumerate(phases)
+    ]
+    counts = [n for n, _ in phases]
+    if any(n is None for n in counts[:-1]) or any(n is not None and n < 1 for n in counts):
+        raise ValueError(
+            f"phase lengths {counts} must be >= 1; only the last phase may be None (until length)"
         )
+    fixed = sum(n for n in counts[:-1] if n is not None)
+    if counts[-1] is None:
+        if length is None:
+            last, total = shares[-1], sum(shares[-1])
+            tail = max(
+                int(len(datasets[n]) * total / w) for n, w in zip(names, last, strict=True) if w
+            )
+            length = fixed + tail
+        if length <= fixed:
+            raise ValueError(f"length={length} ends before the last phase starts (sample {fixed})")
+        counts[-1] = length - fixed
+    elif length is not None and length != fixed + counts[-1]:
+        raise ValueError(f"length={length} differs from the phases' {fixed + counts[-1]} samples")
+    mixtures = [Mixture.from_weights(w) for w in shares]
     parts = [
         datasets[n].shuffle(seed=derive_key(seed, i) % (1 << 31)).repeat()
         for i, n in enumerate(names)
     ]
-    return grain.MapDataset.select_from_datasets(parts, _ExactSelection(mixture, length))
+    if len(mixtures) == 1:
+        selection: grain.transforms.DatasetSelectionMap = _ExactSelection(
+            mixtures[0], int(counts[0] or 0)
+        )
+    else:
+        selection = _PhasedSelection(mixtures, [int(n) for n in counts if n is not None])
+    return grain.MapDataset.select_from_datasets(parts, selection)

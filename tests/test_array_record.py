@@ -278,3 +278,29 @@ def test_export_splits_across_shards_and_leaves_nothing_on_failure(tmp_path, mon
     assert sorted(os.listdir(tmp_path)) == sorted(
         [os.path.basename(p) for p in result.paths] + ["s.array_record", "s.manifest.json"]
     )
+
+
+def test_curriculum_of_array_record_and_rox_documents_packs_and_resumes(tmp_path):
+    docs = [np.arange(1, n + 1, dtype=np.uint16) for n in (3, 9, 4, 12, 6, 2, 7, 5)]
+    src = ArrayRecordSource(write_records(tmp_path / "d.array_record", docs), dtype=np.uint16)
+    rox = str(tmp_path / "r.rox")
+    write_rox([np.full(5, 900, np.uint16)] * 10, rox, separator=0, block_size=64)
+    datasets = {
+        "ar": grain.MapDataset.source(src),
+        "rox": grain.MapDataset.source(RoxDocumentSource(rox, seq_len=16)),
+    }
+    phased = mix_datasets(datasets, phases=[(16, {"ar": 1.0}), (None, {"rox": 1.0})], length=32)
+    packed = pack_documents(phased, seq_len=16, batch_size=1, num_epochs=1, shuffle=False)
+    batches = list(packed)
+    real = [b["inputs"][b["inputs_segmentation"] > 0] for b in batches]
+    switch = next(i for i, t in enumerate(real) if (t == 900).any())
+    assert all((t < 13).all() for t in real[:switch])  # phase 1: ArrayRecord documents only
+    assert all((t == 900).all() for t in real[switch + 1 :])  # phase 2: .rox documents only
+    it = iter(packed)
+    for _ in range(switch):
+        next(it)
+    state = it.get_state()
+    rest = [b["inputs"].tolist() for b in it]
+    again = iter(packed)
+    again.set_state(state)
+    assert [b["inputs"].tolist() for b in again] == rest
