@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from grain_rox._batches import shuffled_batches
+from grain_rox._batches import BatchesMixin
 
 READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 PathsSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -85,7 +85,7 @@ def close_quietly(reader: Any) -> None:
         reader.close()
 
 
-class ArrayRecordSource:
+class ArrayRecordSource(BatchesMixin):
     """Arrays stored one per ArrayRecord record, as a Grain ``RandomAccessDataSource``.
 
     Args:
@@ -265,26 +265,15 @@ class ArrayRecordSource:
                 return flat.reshape(len(read), *self.shape)
         return np.stack([self._decode(record, where) for record, where in read])
 
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        shuffle: bool = True,
-        num_epochs: int | None = 1,
-        shard: tuple[int, int] = (0, 1),
-    ) -> Any:
-        """Batch ``i`` of fixed-shape records as Grain element ``i`` (see
-        :func:`grain_rox.shuffled_batches`): a seeded shuffle of all records of all files,
-        new every epoch; ``num_epochs=-1`` or ``None`` is endless."""
+    def batches(self, batch_size: int, **kwargs: Any) -> Any:
+        """Fixed-shape records only: see :meth:`BatchesMixin.batches` (a seeded shuffle of all
+        records of all files, new every epoch; ``num_epochs=-1`` or ``None`` is endless)."""
         if self.shape is None:
             raise ValueError(
                 "batches() stacks fixed-shape records; these are documents (shape=None): pack "
                 "them with grain_rox.pack_documents, or give shape="
             )
-        return shuffled_batches(
-            self, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
-        )
+        return super().batches(batch_size, **kwargs)
 
     def iter_arrays(self, chunk: int = 1024) -> Iterator[np.ndarray]:
         """Every record in file order (sequential reads, ``chunk`` records per call)."""

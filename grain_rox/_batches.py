@@ -137,3 +137,33 @@ def shuffled_batches(
             source, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
         )
     )
+
+
+class BatchesMixin:
+    """Gives a source with ``get_batch`` the ``batches()`` method (HF, ArrayRecord, NumPy)."""
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_epochs: int | None = 1,
+        shard: tuple[int, int] = (0, 1),
+    ) -> grain.MapDataset:
+        """Batch ``i`` as Grain element ``i``, read in one call: see :func:`shuffled_batches`
+        (a new seeded permutation every epoch, ``num_epochs=None`` or ``-1`` endless, the same
+        global order on any number of processes with ``shard=(index, count)``).
+
+        >>> from grain_rox import NumpySource
+        >>> NumpySource(np.arange(8)).batches(4, shuffle=False)[1].tolist()
+        [4, 5, 6, 7]
+        """
+        return shuffled_batches(
+            self,  # type: ignore[arg-type]
+            batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            num_epochs=num_epochs,
+            shard=shard,
+        )

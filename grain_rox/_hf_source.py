@@ -23,7 +23,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grain_rox._batches import shuffled_batches
+from grain_rox._batches import BatchesMixin
 from grain_rox._hf_records import (
     RecordFormat,
     hf_datasets,
@@ -49,7 +49,7 @@ def _dataset_from(spec: Any) -> Any:
     )
 
 
-class HFEagerSource:
+class HFEagerSource(BatchesMixin):
     """A HuggingFace dataset as a Grain ``RandomAccessDataSource`` of numpy dicts.
 
     ``tokenize`` names text columns to serve as ``int32`` token ids (``tokenizer``: ``"bytes"``,
@@ -187,27 +187,3 @@ class HFEagerSource:
                 value = self.format.encode(key, list(value))
             out[key] = stack_column(key, value, rows)
         return out
-
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        shuffle: bool = True,
-        num_epochs: int | None = 1,
-        shard: tuple[int, int] = (0, 1),
-    ) -> Any:
-        """A ``grain.MapDataset`` whose element ``i`` is batch ``i``, read with one Arrow call.
-
-        See :func:`grain_rox.shuffled_batches`: a new seeded permutation every epoch, the same
-        global order on any number of processes (``shard``), exact resume through Grain's
-        iterator state.
-
-        >>> src = HFEagerSource(data={"x": list(range(10))})
-        >>> ds = src.batches(4, seed=1, num_epochs=2)
-        >>> len(ds), sorted(ds[0]["x"].tolist() + ds[1]["x"].tolist()) != list(range(8))
-        (4, True)
-        """
-        return shuffled_batches(
-            self, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
-        )

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from grain_rox._batches import shuffled_batches
+from grain_rox._batches import BatchesMixin
 
 ArraySpec = str | os.PathLike[str] | np.ndarray
 
@@ -50,7 +50,7 @@ def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(int(n) for n in shape), dtype
 
 
-class NumpySource:
+class NumpySource(BatchesMixin):
     """Rows of ``.npy`` files (or arrays) as a Grain ``RandomAccessDataSource``.
 
     ``arrays`` is one path/array (records are arrays) or a mapping of names to paths/arrays
@@ -163,23 +163,3 @@ class NumpySource:
         return [{k: v[j] for k, v in batch.items()} for j in range(len(indices))]
 
     __getitems__ = _getitems
-
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        shuffle: bool = True,
-        num_epochs: int | None = 1,
-        shard: tuple[int, int] = (0, 1),
-    ) -> Any:
-        """Batch ``i`` as Grain element ``i``, one gather per file (see
-        :func:`grain_rox.shuffled_batches`).
-
-        >>> src = NumpySource(np.arange(8))
-        >>> src.batches(4, shuffle=False)[1].tolist()
-        [4, 5, 6, 7]
-        """
-        return shuffled_batches(
-            self, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
-        )
