@@ -183,3 +183,75 @@ def _text_problem(key: str) -> str:
         f"column {key!r} holds text, not numbers, so it cannot be an array; tokenize it "
         f"(tokenize=[{key!r}], tokenizer='cl100k_base') or leave it out (exclude_keys=[{key!r}])"
     )
+
+
+def arrow_numeric(arrow_type: Any) -> bool:
+    """Whether a column of this Arrow type is numbers or (nested) lists of numbers: such
+    columns are read straight from Arrow (dtype kept), not through ``datasets``' formatter."""
+    import pyarrow as pa
+
+    while (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or (pa.types.is_fixed_size_list(arrow_type))
+    ):
+        arrow_type = arrow_type.value_type
+    return bool(
+        pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+        or pa.types.is_boolean(arrow_type)
+    )
+
+
+def _flatten_uniform(array: Any) -> tuple[Any, list[int]] | None:
+    """(innermost values, shape after the row axis) if every list level has one length."""
+    import pyarrow as pa
+
+    shape: list[int] = []
+    while not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
+               or pa.types.is_boolean(array.type)):  # fmt: skip
+        lengths = array.value_lengths().to_numpy(zero_copy_only=False)
+        if lengths.size and (lengths != lengths[0]).any():
+            return None
+        shape.append(int(lengths[0]) if lengths.size else 0)
+        array = array.flatten()
+    return array, shape
+
+
+def arrow_stack(column: Any, key: str, rows: Sequence[int]) -> np.ndarray:
+    """Taken rows of a numeric (list) column as one array of shape (len(rows), ...)."""
+    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    if array.null_count:
+        raise ValueError(f"column {key!r} has missing values (None) in rows {list(rows)[:5]}...")
+    flat = _flatten_uniform(array)
+    if flat is None:
+        lengths = array.value_lengths().to_numpy(zero_copy_only=False)
+        bad = [int(rows[j]) for j in np.flatnonzero(lengths != lengths[0])[:5]]
+        raise ValueError(
+            f"column {key!r} is ragged: row {int(rows[0])} has {lengths[0]} values but rows {bad} "
+            "differ; pack or pad it (grain_rox.pack_documents) or exclude it"
+        )
+    values, shape = flat
+    return values.to_numpy(zero_copy_only=False).reshape(len(array), *shape)
+
+
+def arrow_rows(column: Any, key: str) -> list[np.ndarray]:
+    """Taken rows of a numeric (list) column as one array per row (ragged lists allowed at
+    the outer level)."""
+    import pyarrow as pa
+
+    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    if array.null_count:
+        raise ValueError(f"column {key!r} has missing values (None)")
+    flat = _flatten_uniform(array)
+    if flat is not None:
+        values, shape = flat
+        return list(values.to_numpy(zero_copy_only=False).reshape(len(array), *shape))
+    lengths = array.value_lengths().to_numpy(zero_copy_only=False)
+    inner = array.flatten()
+    if pa.types.is_list(inner.type) or pa.types.is_large_list(inner.type):
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        return [arrow_stack(inner.slice(a, b - a), key, range(a, b)) for a, b in
+                zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)]  # fmt: skip
+    values = inner.to_numpy(zero_copy_only=False)
+    return np.split(values, np.cumsum(lengths)[:-1])

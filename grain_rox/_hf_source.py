@@ -26,6 +26,9 @@ from typing import Any
 from grain_rox._batches import BatchesMixin
 from grain_rox._hf_records import (
     RecordFormat,
+    arrow_numeric,
+    arrow_rows,
+    arrow_stack,
     hf_datasets,
     kept_columns,
     load_files,
@@ -105,6 +108,9 @@ class HFEagerSource(BatchesMixin):
             target = cache_dir or tempfile.mkdtemp(prefix="grain_rox_hf_")
             dataset.save_to_disk(target)
             dataset = datasets.load_from_disk(target)
+        if dataset._indices is not None:  # after select/shuffle/filter: rows are remapped
+            target = cache_dir or tempfile.mkdtemp(prefix="grain_rox_hf_")
+            dataset = dataset.flatten_indices(cache_file_name=os.path.join(target, "rows.arrow"))
         self.columns = keep
         self.files = [f["filename"] for f in dataset.cache_files]
         self.features = {c: str(dataset.features[c]) for c in keep}
@@ -112,6 +118,13 @@ class HFEagerSource(BatchesMixin):
         self._identity = self._fingerprint()
         self._lock = threading.Lock()
         self._dataset: Any = dataset.select_columns(keep).with_format("numpy")
+        schema = dataset.data.table.schema
+        # Numbers and (nested) lists of numbers are read straight from Arrow, dtype kept;
+        # the rest (text, images, structs, tokenized text) through datasets' numpy formatter.
+        self._arrow_columns = [
+            c for c in keep if c not in self.format.tokenize and arrow_numeric(schema.field(c).type)
+        ]
+        self._formatted_columns = [c for c in keep if c not in self._arrow_columns]
 
     def _fingerprint(self) -> str:
         facts = [[os.path.basename(f), os.path.getsize(f)] for f in self.files] + [
@@ -164,14 +177,35 @@ class HFEagerSource(BatchesMixin):
             raise IndexError(f"rows {bad[:5]} are out of range for {self._num_rows} rows")
         return rows
 
+    def _take(self, rows: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(Arrow columns taken at ``rows``, formatter output of the other columns)."""
+        taken = {}
+        if self._arrow_columns:
+            import pyarrow as pa
+
+            table = self.dataset.data.table
+            index = pa.array(rows, type=pa.int64())
+            taken = {c: table.column(c).take(index) for c in self._arrow_columns}
+        formatted = {}
+        if self._formatted_columns:
+            view = self.dataset
+            if self._arrow_columns:
+                view = view.select_columns(self._formatted_columns)
+            formatted = view[rows]
+        return taken, formatted
+
     def __getitem__(self, index: int) -> dict[str, Any]:
-        (row,) = self._check([index])
-        return self.format.row(self.dataset[row])
+        return self._getitems([index])[0]
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Many rows with one Arrow ``take``."""
         rows = self._check(indices)
-        return self.format.rows(self.dataset[rows], len(rows))
+        taken, formatted = self._take(rows)
+        records = self.format.rows(formatted, len(rows)) if formatted else [{} for _ in rows]
+        for key, column in taken.items():
+            for record, value in zip(records, arrow_rows(column, key), strict=True):
+                record[key] = value
+        return [{k: r[k] for k in self.columns} for r in records]
 
     __getitems__ = _getitems
 
@@ -179,10 +213,13 @@ class HFEagerSource(BatchesMixin):
         """Rows ``indices`` stacked per column (one Arrow call); ragged or text columns are
         errors naming the column (and the rows whose shapes differ)."""
         rows = self._check(indices)
-        batch = self.dataset[rows]
+        taken, formatted = self._take(rows)
         out = {}
         for key in self.columns:
-            value = batch[key]
+            if key in taken:
+                out[key] = arrow_stack(taken[key], key, rows)
+                continue
+            value = formatted[key]
             if key in self.format.tokenize:
                 value = self.format.encode(key, list(value))
             out[key] = stack_column(key, value, rows)

@@ -35,7 +35,9 @@ def test_records_are_numpy_dicts_and_batches_are_one_take(table):
     assert [r["label"].item() for r in source._getitems([5, 1, 7])] == [5, 1, 7]
     batch = HFEagerSource(data=table, include_keys=["ids", "label"]).get_batch([2, 0])
     assert batch["ids"].tolist() == [[2, 3, 4], [0, 1, 2]] and batch["label"].tolist() == [2, 0]
-    with pytest.raises(ValueError, match=r"column 'ragged' is ragged: row 0 has shape \(1,\)"):
+    with pytest.raises(
+        ValueError, match=r"column 'ragged' is ragged: row 0 has 1 values but rows \[1, 2\] differ"
+    ):
         source.get_batch([0, 1, 2])
 
 
@@ -444,3 +446,33 @@ def test_streaming_records_match_eager_records_and_restore_with_tokens_images_an
         assert np.array_equal(rec["image"], want["image"])
         assert rec["meta"]["tags"].tolist() == want["meta"]["tags"].tolist() == ["a"] * (i % 3)
     assert sorted(int(r["meta"]["id"]) for r in head + tail) == list(range(12))
+
+
+def test_numeric_columns_keep_their_dtype_and_remapped_rows_survive_pickling():
+    features = datasets.Features(
+        {
+            "ids": datasets.Sequence(datasets.Value("int32")),
+            "grid": datasets.Sequence(datasets.Sequence(datasets.Value("uint8"))),
+            "score": datasets.Value("float16"),
+        }
+    )
+    ds = datasets.Dataset.from_dict(
+        {
+            "ids": [[i, i + 1] for i in range(10)],
+            "grid": [[[i, 0], [0, i]] for i in range(10)],
+            "score": [i / 2 for i in range(10)],
+        },
+        features=features,
+    )
+    source = HFEagerSource(ds)
+    batch = source.get_batch([4, 1])
+    assert batch["ids"].dtype == np.int32 and batch["ids"].tolist() == [[4, 5], [1, 2]]
+    assert batch["grid"].dtype == np.uint8 and batch["grid"].shape == (2, 2, 2)
+    assert batch["score"].dtype == np.float16 and batch["score"].tolist() == [2.0, 0.5]
+    assert source[7]["ids"].dtype == np.int32 and source[7]["grid"].tolist() == [[7, 0], [0, 7]]
+    shuffled = ds.shuffle(seed=0)  # an indices mapping over the same Arrow data
+    source = HFEagerSource(shuffled)
+    clone = pickle.loads(pickle.dumps(source))
+    want = [int(x) for x in shuffled["score"][:5]]
+    assert [int(clone[i]["score"]) for i in range(5)] == [int(source[i]["score"]) for i in range(5)]
+    assert [int(source[i]["score"]) for i in range(5)] == want
