@@ -16,6 +16,7 @@ Readers are opened lazily in each process; pickling carries the paths only.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import glob
 import hashlib
@@ -128,7 +129,7 @@ class ArrayRecordSource(BatchesMixin):
         if sum(counts) == 0:
             raise ValueError(f"the ArrayRecord files {empty} hold no records")
         self.counts = counts
-        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._starts = [0, *np.cumsum(counts).tolist()]  # record numbering over all files
         self._identity = self._fingerprint()
         self._local = threading.local()
 
@@ -154,7 +155,7 @@ class ArrayRecordSource(BatchesMixin):
         self._local = threading.local()
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return self._starts[-1]
 
     def __repr__(self) -> str:
         kind = f"shape={list(self.shape)}" if self.shape is not None else "documents"
@@ -172,23 +173,29 @@ class ArrayRecordSource(BatchesMixin):
             reader = readers[f] = _reader_class()(self.files[f], READ_OPTIONS)
         return reader
 
-    def _locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        n = len(self)
-        bad = indices[(indices < 0) | (indices >= n)]
-        if bad.size:
-            raise IndexError(f"records {bad[:5].tolist()} are out of range for {n} records")
-        f = np.searchsorted(self._starts, indices, side="right") - 1
-        return f, indices - self._starts[f]
+    def _locate(self, indices: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
+        """(file, record in that file) of each global record index."""
+        rows = indices.tolist() if isinstance(indices, np.ndarray) else [int(i) for i in indices]
+        n = self._starts[-1]
+        bad = [i for i in rows if not 0 <= i < n]
+        if bad:
+            raise IndexError(f"records {bad[:5]} are out of range for {n} records")
+        if len(self.files) == 1:
+            return [(0, i) for i in rows]
+        starts = self._starts
+        located = []
+        for i in rows:
+            f = bisect.bisect_right(starts, i) - 1
+            located.append((f, i - starts[f]))
+        return located
 
     def read_bytes(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
         """The raw records ``indices`` (global numbering over all files)."""
         return [record for record, _ in self._read(indices)]
 
     def _read(self, indices: Sequence[int] | np.ndarray) -> list[tuple[bytes, tuple[int, int]]]:
-        rows = np.asarray(indices, dtype=np.int64).reshape(-1)
-        files, positions = self._locate(rows)
         out = []
-        for f, p in zip(files.tolist(), positions.tolist(), strict=True):
+        for f, p in self._locate(indices):
             reader = self._reader(f)
             try:
                 reader.seek(p)

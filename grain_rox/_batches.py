@@ -71,7 +71,8 @@ class BatchSource:
         self.num_epochs = num_epochs
         self.shard = (index, count)
         self.per_epoch = len(source) // self.batch_size
-        self._order: tuple[int, FeistelPermutation] | None = None
+        self._block = max(1, 4096 // self.batch_size)  # batches whose rows are computed at once
+        self._cache: tuple[tuple[int, int], np.ndarray] | None = None
 
     def __len__(self) -> int:
         return sys.maxsize if self.num_epochs is None else self.per_epoch * self.num_epochs
@@ -87,16 +88,27 @@ class BatchSource:
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} is out of range for {len(self)} batches")
         epoch, within = divmod(int(index), self.per_epoch)
+        block, offset = divmod(within, self._block)
+        cached = self._cache  # one read: Grain may call from several threads
+        if cached is None or cached[0] != (epoch, block):
+            cached = ((epoch, block), self._block_rows(epoch, block))
+            self._cache = cached
         part = self.batch_size // self.shard[1]
-        first = within * self.batch_size + self.shard[0] * part
-        positions = np.arange(first, first + part, dtype=np.int64)
-        if not self.shuffle:
-            return positions
-        order = self._order  # one read: Grain may call from several threads
-        if order is None or order[0] != epoch:
-            order = (epoch, FeistelPermutation(len(self.source), key=derive_key(self.seed, epoch)))
-            self._order = order
-        return order[1](positions)
+        return cached[1][offset, self.shard[0] * part : (self.shard[0] + 1) * part]
+
+    def _block_rows(self, epoch: int, block: int) -> np.ndarray:
+        """All rows of the ``_block`` batches from ``block``: the permutation is evaluated for
+        many batches at once (its cost is mostly per call), sequential reads hit the cache."""
+        first = block * self._block
+        count = min(self._block, self.per_epoch - first)
+        positions = np.arange(
+            first * self.batch_size, (first + count) * self.batch_size, dtype=np.int64
+        )
+        if self.shuffle:
+            positions = FeistelPermutation(len(self.source), key=derive_key(self.seed, epoch))(
+                positions
+            )
+        return positions.reshape(count, self.batch_size)
 
     def __getitem__(self, index: int) -> Any:
         return self.source.get_batch(self.rows(index))

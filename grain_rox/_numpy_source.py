@@ -116,7 +116,8 @@ class NumpySource(BatchesMixin):
             with self._lock:
                 array = self._arrays.get(key)
                 if array is None:
-                    array = np.load(self.paths[key], mmap_mode="r", allow_pickle=False)
+                    mapped = np.load(self.paths[key], mmap_mode="r", allow_pickle=False)
+                    array = mapped.view(np.ndarray)  # same pages; skips np.memmap's overhead
                     self._arrays[key] = array
         return array
 

@@ -34,7 +34,7 @@ def test_rows_and_batches_are_the_files_rows(npy_pair):
     assert np.array_equal(single[7], data[7]) and np.array_equal(
         single.get_batch([1, 2]), data[1:3]
     )
-    assert isinstance(single._array(""), np.memmap)
+    assert isinstance(single._array("").base, np.memmap)  # memory-mapped, not loaded
     with pytest.raises(IndexError, match=r"rows \[100\] are out of range for 100 rows"):
         src.get_batch([1, 100])
 
