@@ -59,10 +59,14 @@ def notebooks(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against the peers, side by side in one process; prints a table of ratios."""
-    session.install("-e", ".[tokenizers]", "roxxel==0.9.14")
-    for script in ("bench_format.py", "bench_pipeline.py", "bench_mixing.py"):
-        if os.path.exists(f"benchmarks/{script}"):
-            session.run("python", f"benchmarks/{script}", *session.posargs, env=JAX_ENV)
+    session.install("-e", ".[tokenizers,hf]", "roxxel==0.9.14", "loaderx==0.1.4")
+    # Datarax 0.1.4 declares tensorflow; its HF source needs only these (no tensorflow).
+    session.install("flax", "jaxtyping", "tomli-w")
+    session.install("--no-deps", "datarax==0.1.4")
+    scripts = ("bench_format.py", "bench_pipeline.py", "bench_mixing.py", "bench_hf.py",
+               "bench_array_record.py")  # fmt: skip
+    for script in scripts:
+        session.run("python", f"benchmarks/{script}", *session.posargs, env=JAX_ENV)
 
 
 @nox.session

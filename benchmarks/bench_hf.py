@@ -92,6 +92,7 @@ class Config:
     batches: int  # timed batches per run: ours, the HF loop, the Arrow floor, ours + device_put
     plain_batches: int  # plain Grain (default ReadOptions): slow
     datarax_batches: int  # Datarax get_batch (capped to DATARAX_BUDGET_S per run)
+    datarax_rows: int  # Datarax is built over the first rows only: its construction is superlinear
     runs: int
     runs_first: int  # row 2: ours' construction runs (Datarax's slow construction runs once)
     loader_batches: int  # row 3: batches through grain.DataLoader(worker_count=2) (record-level)
@@ -104,6 +105,7 @@ FULL = Config(
     batches=1000,
     plain_batches=200,
     datarax_batches=400,
+    datarax_rows=4096,
     runs=5,
     runs_first=5,
     loader_batches=300,
@@ -116,6 +118,7 @@ QUICK = dataclasses.replace(
     batches=200,
     plain_batches=60,
     datarax_batches=100,
+    datarax_rows=1024,
     runs=3,
     runs_first=3,
     loader_batches=100,
@@ -292,9 +295,15 @@ def ours_first(fx: Fixture) -> Callable[[], dict[str, float]]:
     return run
 
 
+def datarax_rows(cfg: Config) -> int:
+    return min(cfg.rows, cfg.datarax_rows)
+
+
 def build_datarax(cfg: Config, fx: Fixture) -> None:
-    """Datarax's HFEagerSource on the same Parquet file (offline), timed once: it iterates the
-    whole dataset row by row into jax.Arrays at construction."""
+    """Datarax's HFEagerSource on the same Parquet file (offline), timed once. It converts every
+    row to a jax.Array and then ``jnp.stack``s them: XLA compiles one concatenation with an
+    operand per row, superlinear in the rows (8,192 rows took over 3 minutes on a 2-core
+    machine), so it gets the first ``cfg.datarax_rows`` rows (``split="train[:N]"``)."""
     imported, fx.datarax_skip = import_datarax()
     if imported is None:
         log(fx.datarax_skip or "")
@@ -302,10 +311,11 @@ def build_datarax(cfg: Config, fx: Fixture) -> None:
     import jax
 
     source_cls, config_cls, nnx = imported
-    log(f"Datarax: building HFEagerSource over {cfg.rows:,} rows (converts every row)")
+    n = datarax_rows(cfg)
+    log(f"Datarax: building HFEagerSource over {n:,} rows (converts every row)")
     config = config_cls(
         name="parquet",
-        split="train",
+        split="train" if n == cfg.rows else f"train[:{n}]",
         download_kwargs={"data_files": fx.path},
         local_files_only=True,
         shuffle=True,
@@ -318,7 +328,7 @@ def build_datarax(cfg: Config, fx: Fixture) -> None:
     batch = jax.block_until_ready(src.get_batch(BATCH))
     dt = time.perf_counter() - t0
     fx.datarax_first = {"s": dt, "rss_kib": status_kib()["RssAnon"] - before}
-    assert batch[KEY].shape == (BATCH, SEQ_LEN), batch[KEY].shape
+    assert batch[KEY].shape == (BATCH, SEQ_LEN) and len(src) == n, (batch[KEY].shape, len(src))
     fx.datarax = src
     log(f"Datarax: built in {dt:.1f} s")
 
@@ -339,22 +349,26 @@ def bench_first(cfg: Config, fx: Fixture) -> tuple[list[Row], dict]:
         f"HFEagerSource(data_files=<parquet>, include_keys=['{KEY}']) (load_dataset, Arrow "
         "cache warm) + next(iter(.batches(32, seed=0).to_iter_dataset(num_threads=0)))"
     )
+    n = datarax_rows(cfg)
+    split = "train" if n == cfg.rows else f"train[:{n}]"
     theirs_is = (
-        "datarax HFEagerSource(HFEagerConfig(name='parquet', split='train', download_kwargs="
+        f"datarax HFEagerSource(HFEagerConfig(name='parquet', split='{split}', download_kwargs="
         "{'data_files': <parquet>}, local_files_only=True, shuffle=True, include_keys={'"
         f"{KEY}'}}), rngs=nnx.Rngs(0, shuffle=0)) + get_batch(32), once (slow)"
     )
+    over = f"Datarax over {n:,} of the {cfg.rows:,} rows (its construction is superlinear); "
     rows = [
         Row("2a", "construction + first batch", "ms", ours.get("s", []),
             [theirs["s"]] if theirs else [], False, ours_is, theirs_is, scale=1e-3,
             skipped=fx.datarax_skip,
-            note="Datarax loads the dataset twice (info, then data) and converts every row "
-            "with jnp.array(list) into one jax.Array per column"),
+            note=over + "it loads the dataset twice (info, then data), converts every row with "
+            "jnp.array(list) and jnp.stacks one operand per row (XLA compiles that concatenate)"),
         Row("2b", "RssAnon added by 2a", "MiB", ours.get("rss_kib", []),
             [theirs["rss_kib"]] if theirs else [], False, "same runs as 2a",
             "same run as 2a (the dataset becomes a jax.Array: a copy in anonymous memory)",
             scale=1024, skipped=fx.datarax_skip,
-            note=f"the Arrow cache file is {arrow_bytes(fx) / 2**20:.1f} MiB"),
+            note=f"the Arrow cache file is {arrow_bytes(fx) / 2**20:.1f} MiB; Datarax's {n:,} "
+            f"rows are {n * SEQ_LEN * 4 / 2**20:.1f} MiB as int32"),
     ]  # fmt: skip
     return rows, {"ours": ours, "datarax": theirs}
 
@@ -479,7 +493,8 @@ def bench_throughput(cfg: Config, fx: Fixture) -> tuple[list[Row], dict]:
     )
     datarax_is = (
         f"datarax HFEagerSource(shuffle=True, seed=0).get_batch({BATCH}) (stateful) + "
-        "jax.block_until_ready: int32 jax.Arrays gathered on device 0 (built in row 2a)"
+        "jax.block_until_ready: int32 jax.Arrays gathered on device 0 (built in row 2a over "
+        f"the first {datarax_rows(cfg):,} rows)"
     )
     floor_is = (
         f"numpy views of the memory-mapped Arrow chunks of ds.data.table.column('{KEY}') (no "
