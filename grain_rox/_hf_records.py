@@ -255,3 +255,19 @@ def arrow_rows(column: Any, key: str) -> list[np.ndarray]:
                 zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)]  # fmt: skip
     values = inner.to_numpy(zero_copy_only=False)
     return np.split(values, np.cumsum(lengths)[:-1])
+
+
+def arrow_dtypes(schema: Any) -> dict[str, np.dtype]:
+    """Numpy dtype of each numeric (list) column of an Arrow schema, for rows that arrive as
+    Python values (a stream): the same dtypes the eager source reads from Arrow."""
+    import pyarrow as pa
+
+    out = {}
+    for field in schema:
+        t = field.type
+        if not arrow_numeric(t):
+            continue
+        while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            t = t.value_type
+        out[field.name] = np.dtype(t.to_pandas_dtype())
+    return out

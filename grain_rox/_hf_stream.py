@@ -8,7 +8,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from grain_rox._hf_records import RecordFormat, file_kind, hf_datasets, kept_columns
+from grain_rox._hf_records import RecordFormat, arrow_dtypes, file_kind, hf_datasets, kept_columns
 
 
 class HFStreamingSource:
@@ -51,6 +51,7 @@ class HFStreamingSource:
         self.shard = (int(shard[0]), int(shard[1]))
         self.include_keys = list(include_keys) if include_keys is not None else None
         self.exclude_keys = list(exclude_keys or ())
+        self.dtypes: dict[str, np.dtype] = {}
         self.format = RecordFormat(
             columns=self.columns(), tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
         )
@@ -60,7 +61,17 @@ class HFStreamingSource:
         ds = hf_datasets().load_dataset(
             self.kind, data_files=self.files[:1], split="train", streaming=True
         )
+        if ds.features is not None:  # numbers keep the files' dtypes, as in HFEagerSource
+            self.dtypes = arrow_dtypes(ds.features.arrow_schema)
         return kept_columns(list(ds.column_names or []), self.include_keys, self.exclude_keys)
+
+    def record(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A streamed row as the eager source's record (same keys, dtypes and tokens)."""
+        record = self.format.row(row)
+        for key, dtype in self.dtypes.items():
+            if key in record and key not in self.format.tokenize:
+                record[key] = record[key].astype(dtype, copy=False)
+        return record
 
     def build(self) -> Any:
         """The HF ``IterableDataset`` (sharded, shuffled, column-filtered)."""
@@ -138,7 +149,7 @@ class _StreamIterator(grain.DatasetIterator):
             except StopIteration:
                 self._drained = True
                 break
-            self._buffer.append(self._source.format.row(row))
+            self._buffer.append(self._source.record(row))
 
     def __next__(self) -> dict[str, np.ndarray]:
         while True:

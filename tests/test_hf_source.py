@@ -448,7 +448,7 @@ def test_streaming_records_match_eager_records_and_restore_with_tokens_images_an
     assert sorted(int(r["meta"]["id"]) for r in head + tail) == list(range(12))
 
 
-def test_numeric_columns_keep_their_dtype_and_remapped_rows_survive_pickling():
+def test_numeric_columns_keep_their_dtype_and_remapped_rows_survive_pickling(tmp_path):
     features = datasets.Features(
         {
             "ids": datasets.Sequence(datasets.Value("int32")),
@@ -470,6 +470,9 @@ def test_numeric_columns_keep_their_dtype_and_remapped_rows_survive_pickling():
     assert batch["grid"].dtype == np.uint8 and batch["grid"].shape == (2, 2, 2)
     assert batch["score"].dtype == np.float16 and batch["score"].tolist() == [2.0, 0.5]
     assert source[7]["ids"].dtype == np.int32 and source[7]["grid"].tolist() == [[7, 0], [0, 7]]
+    ds.to_parquet(str(tmp_path / "typed.parquet"))
+    streamed = next(iter(HFStreamingSource(str(tmp_path / "typed.parquet")).dataset()))
+    assert {k: v.dtype for k, v in streamed.items()} == {k: v.dtype for k, v in source[0].items()}
     shuffled = ds.shuffle(seed=0)  # an indices mapping over the same Arrow data
     source = HFEagerSource(shuffled)
     clone = pickle.loads(pickle.dumps(source))
