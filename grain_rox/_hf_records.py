@@ -203,13 +203,20 @@ def arrow_numeric(arrow_type: Any) -> bool:
     )
 
 
-def _flatten_uniform(array: Any) -> tuple[Any, list[int]] | None:
-    """(innermost values, shape after the row axis) if every list level has one length."""
+def _is_number(arrow_type: Any) -> bool:
     import pyarrow as pa
 
+    return bool(
+        pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+        or pa.types.is_boolean(arrow_type)
+    )
+
+
+def _flatten_uniform(array: Any) -> tuple[Any, list[int]] | None:
+    """(innermost values, shape after the row axis) if every list level has one length."""
     shape: list[int] = []
-    while not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
-               or pa.types.is_boolean(array.type)):  # fmt: skip
+    while not _is_number(array.type):
         lengths = array.value_lengths().to_numpy(zero_copy_only=False)
         if lengths.size and (lengths != lengths[0]).any():
             return None
@@ -218,43 +225,94 @@ def _flatten_uniform(array: Any) -> tuple[Any, list[int]] | None:
     return array, shape
 
 
-def arrow_stack(column: Any, key: str, rows: Sequence[int]) -> np.ndarray:
-    """Taken rows of a numeric (list) column as one array of shape (len(rows), ...)."""
-    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    if array.null_count:
-        raise ValueError(f"column {key!r} has missing values (None) in rows {list(rows)[:5]}...")
-    flat = _flatten_uniform(array)
-    if flat is None:
-        lengths = array.value_lengths().to_numpy(zero_copy_only=False)
-        bad = [int(rows[j]) for j in np.flatnonzero(lengths != lengths[0])[:5]]
-        raise ValueError(
-            f"column {key!r} is ragged: row {int(rows[0])} has {lengths[0]} values but rows {bad} "
-            "differ; pack or pad it (grain_rox.pack_documents) or exclude it"
-        )
-    values, shape = flat
-    return values.to_numpy(zero_copy_only=False).reshape(len(array), *shape)
+class ArrowColumn:
+    """One numeric (list) column of a memory-mapped Arrow table, read with numpy.
 
+    Each chunk whose lists all have one length is a zero-copy ``(rows, *shape)`` view, so a
+    batch is one fancy-index gather per chunk it touches (no Arrow ``take``, which on a
+    chunked list column concatenates the chunks first); a chunk of variable-length lists keeps
+    its offsets and values, so a row is a slice. Nothing is copied until rows are read.
+    """
 
-def arrow_rows(column: Any, key: str) -> list[np.ndarray]:
-    """Taken rows of a numeric (list) column as one array per row (ragged lists allowed at
-    the outer level)."""
-    import pyarrow as pa
+    def __init__(self, column: Any, key: str) -> None:
+        import pyarrow as pa
 
-    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    if array.null_count:
-        raise ValueError(f"column {key!r} has missing values (None)")
-    flat = _flatten_uniform(array)
-    if flat is not None:
-        values, shape = flat
-        return list(values.to_numpy(zero_copy_only=False).reshape(len(array), *shape))
-    lengths = array.value_lengths().to_numpy(zero_copy_only=False)
-    inner = array.flatten()
-    if pa.types.is_list(inner.type) or pa.types.is_large_list(inner.type):
-        starts = np.concatenate([[0], np.cumsum(lengths)])
-        return [arrow_stack(inner.slice(a, b - a), key, range(a, b)) for a, b in
-                zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)]  # fmt: skip
-    values = inner.to_numpy(zero_copy_only=False)
-    return np.split(values, np.cumsum(lengths)[:-1])
+        self.key = key
+        self.starts = np.cumsum([0, *(len(c) for c in column.chunks)]).tolist()
+        self.views: list[np.ndarray | None] = []
+        self.ragged: list[tuple[np.ndarray, Any] | None] = []
+        for chunk in column.chunks:
+            if chunk.null_count:
+                raise ValueError(f"column {key!r} has missing values (None); fill or drop them")
+            flat = _flatten_uniform(chunk)
+            if flat is not None:
+                values, shape = flat
+                view = values.to_numpy(zero_copy_only=False).reshape(len(chunk), *shape)
+                self.views.append(view)
+                self.ragged.append(None)
+            else:
+                self.views.append(None)
+                inner = pa.types.is_list(chunk.type) and _is_number(chunk.type.value_type)
+                offsets = chunk.offsets.to_numpy()
+                values = chunk.values.to_numpy(zero_copy_only=False) if inner else chunk
+                self.ragged.append((offsets, values))
+
+    def _split(self, rows: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """(chunk, positions in ``rows``, rows within the chunk) for each chunk touched."""
+        chunk_of = np.searchsorted(self.starts, rows, side="right") - 1
+        parts = []
+        for c in np.unique(chunk_of).tolist():
+            where = np.flatnonzero(chunk_of == c)
+            parts.append((c, where, rows[where] - self.starts[c]))
+        return parts
+
+    def row(self, chunk: int, i: int) -> np.ndarray:
+        view = self.views[chunk]
+        if view is not None:
+            return np.array(view[i])
+        ragged = self.ragged[chunk]
+        assert ragged is not None
+        offsets, values = ragged
+        if isinstance(values, np.ndarray):
+            return values[offsets[i] : offsets[i + 1]].copy()
+        flat = _flatten_uniform(values.slice(i, 1))  # nested lists, uniform inside the row
+        if flat is None:
+            raise ValueError(f"column {self.key!r}: row has nested lists of different lengths")
+        inner, shape = flat
+        return inner.to_numpy(zero_copy_only=False).reshape(shape)
+
+    def rows(self, rows: Sequence[int]) -> list[np.ndarray]:
+        """One array per row (rows may differ in length)."""
+        index = np.asarray(rows, dtype=np.int64)
+        out: list[np.ndarray] = [np.empty(0)] * index.size
+        for c, where, local in self._split(index):
+            for w, i in zip(where.tolist(), local.tolist(), strict=True):
+                out[w] = self.row(c, i)
+        return out
+
+    def stack(self, rows: Sequence[int]) -> np.ndarray:
+        """The rows as one array ``(len(rows), *shape)``; ragged rows are an error naming them."""
+        index = np.asarray(rows, dtype=np.int64)
+        parts = self._split(index)
+        if all(self.views[c] is not None for c, _, _ in parts):
+            shapes = {self.views[c].shape[1:] for c, _, _ in parts}  # type: ignore[union-attr]
+            if len(shapes) == 1:
+                first = self.views[parts[0][0]]
+                assert first is not None
+                out = np.empty((index.size, *first.shape[1:]), first.dtype)
+                for c, where, local in parts:
+                    out[where] = self.views[c][local]  # type: ignore[index]
+                return out
+        arrays = self.rows(rows)
+        shapes_list = [a.shape for a in arrays]
+        if len(set(shapes_list)) > 1:
+            first_shape = shapes_list[0]
+            bad = [int(index[j]) for j, s in enumerate(shapes_list) if s != first_shape][:5]
+            raise ValueError(
+                f"column {self.key!r} is ragged: row {int(index[0])} has shape {first_shape} but "
+                f"rows {bad} differ; pack or pad it (grain_rox.pack_documents) or exclude it"
+            )
+        return np.stack(arrays)
 
 
 def arrow_dtypes(schema: Any) -> dict[str, np.dtype]:

@@ -25,10 +25,9 @@ from typing import Any
 
 from grain_rox._batches import BatchesMixin
 from grain_rox._hf_records import (
+    ArrowColumn,
     RecordFormat,
     arrow_numeric,
-    arrow_rows,
-    arrow_stack,
     hf_datasets,
     kept_columns,
     load_files,
@@ -125,6 +124,7 @@ class HFEagerSource(BatchesMixin):
             c for c in keep if c not in self.format.tokenize and arrow_numeric(schema.field(c).type)
         ]
         self._formatted_columns = [c for c in keep if c not in self._arrow_columns]
+        self._columns: dict[str, ArrowColumn] | None = None
 
     def _fingerprint(self) -> str:
         facts = [[os.path.basename(f), os.path.getsize(f)] for f in self.files] + [
@@ -154,6 +154,7 @@ class HFEagerSource(BatchesMixin):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_dataset"] = None  # workers reopen the Arrow files memory-mapped
+        state["_columns"] = None
         del state["_lock"]
         return state
 
@@ -177,22 +178,26 @@ class HFEagerSource(BatchesMixin):
             raise IndexError(f"rows {bad[:5]} are out of range for {self._num_rows} rows")
         return rows
 
-    def _take(self, rows: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(Arrow columns taken at ``rows``, formatter output of the other columns)."""
-        taken = {}
-        if self._arrow_columns:
-            import pyarrow as pa
+    def _arrow(self) -> dict[str, ArrowColumn]:
+        """Numpy readers of the Arrow columns, built once per process (nothing copied)."""
+        columns = self._columns
+        if columns is None:
+            table = self.dataset.data.table  # (takes the lock itself when reopening)
+            with self._lock:
+                columns = self._columns
+                if columns is None:
+                    columns = {c: ArrowColumn(table.column(c), c) for c in self._arrow_columns}
+                    self._columns = columns
+        return columns
 
-            table = self.dataset.data.table
-            index = pa.array(rows, type=pa.int64())
-            taken = {c: table.column(c).take(index) for c in self._arrow_columns}
-        formatted = {}
-        if self._formatted_columns:
-            view = self.dataset
-            if self._arrow_columns:
-                view = view.select_columns(self._formatted_columns)
-            formatted = view[rows]
-        return taken, formatted
+    def _formatted(self, rows: list[int]) -> dict[str, Any]:
+        """The non-Arrow columns of ``rows`` through datasets' numpy formatter."""
+        if not self._formatted_columns:
+            return {}
+        view = self.dataset
+        if self._arrow_columns:
+            view = view.select_columns(self._formatted_columns)
+        return view[rows]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self._getitems([index])[0]
@@ -200,10 +205,10 @@ class HFEagerSource(BatchesMixin):
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Many rows with one Arrow ``take``."""
         rows = self._check(indices)
-        taken, formatted = self._take(rows)
+        formatted = self._formatted(rows)
         records = self.format.rows(formatted, len(rows)) if formatted else [{} for _ in rows]
-        for key, column in taken.items():
-            for record, value in zip(records, arrow_rows(column, key), strict=True):
+        for key, column in self._arrow().items():
+            for record, value in zip(records, column.rows(rows), strict=True):
                 record[key] = value
         return [{k: r[k] for k in self.columns} for r in records]
 
@@ -213,11 +218,12 @@ class HFEagerSource(BatchesMixin):
         """Rows ``indices`` stacked per column (one Arrow call); ragged or text columns are
         errors naming the column (and the rows whose shapes differ)."""
         rows = self._check(indices)
-        taken, formatted = self._take(rows)
+        formatted = self._formatted(rows)
+        arrow = self._arrow()
         out = {}
         for key in self.columns:
-            if key in taken:
-                out[key] = arrow_stack(taken[key], key, rows)
+            if key in arrow:
+                out[key] = arrow[key].stack(rows)
                 continue
             value = formatted[key]
             if key in self.format.tokenize:
