@@ -1,0 +1,21 @@
+"""Every public name has a docstring with an example (run as a doctest by pytest)."""
+
+from __future__ import annotations
+
+import inspect
+
+import grain_rox
+
+
+def test_every_public_name_has_a_runnable_example():
+    missing = [
+        name
+        for name in grain_rox.__all__
+        if ">>>" not in (inspect.getdoc(getattr(grain_rox, name)) or "")
+    ]
+    assert missing == []
+
+
+def test_the_lazy_names_resolve_and_are_listed():
+    assert set(grain_rox._LAZY) <= set(grain_rox.__all__)
+    assert sorted(set(grain_rox.__all__)) == sorted(grain_rox.__all__)  # no duplicates
