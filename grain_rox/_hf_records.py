@@ -234,10 +234,11 @@ class ArrowColumn:
     its offsets and values, so a row is a slice. Nothing is copied until rows are read.
     """
 
-    def __init__(self, column: Any, key: str) -> None:
+    def __init__(self, column: Any, key: str, remap: np.ndarray | None = None) -> None:
         import pyarrow as pa
 
         self.key = key
+        self.remap = remap  # dataset row -> table row (an HF indices mapping), or None
         self.starts = np.cumsum([0, *(len(c) for c in column.chunks)]).tolist()
         self.views: list[np.ndarray | None] = []
         self.ragged: list[tuple[np.ndarray, Any] | None] = []
@@ -259,6 +260,8 @@ class ArrowColumn:
 
     def _split(self, rows: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """(chunk, positions in ``rows``, rows within the chunk) for each chunk touched."""
+        if self.remap is not None:
+            rows = self.remap[rows]
         chunk_of = np.searchsorted(self.starts, rows, side="right") - 1
         parts = []
         for c in np.unique(chunk_of).tolist():

@@ -35,6 +35,19 @@ from grain_rox._hf_records import (
 )
 
 
+def _memory_mapped(dataset: Any) -> bool:
+    """Whether every table behind ``dataset`` (data and row indices) is a memory-mapped Arrow
+    file, so that pickling it carries paths and transforms, not rows."""
+    from datasets.table import ConcatenationTable, MemoryMappedTable
+
+    def mapped(table: Any) -> bool:
+        if isinstance(table, ConcatenationTable):
+            return all(mapped(block) for row in table.blocks for block in row)
+        return isinstance(table, MemoryMappedTable)
+
+    return mapped(dataset.data) and (dataset._indices is None or mapped(dataset._indices))
+
+
 def _dataset_from(spec: Any) -> Any:
     """A ``save_to_disk`` directory or a local data file; anything else would need the Hub."""
     datasets = hf_datasets()
@@ -103,17 +116,20 @@ class HFEagerSource(BatchesMixin):
         self.format = RecordFormat(
             columns=keep, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
         )
-        if not dataset.cache_files:  # in memory only: write an Arrow cache workers can map
-            target = cache_dir or tempfile.mkdtemp(prefix="grain_rox_hf_")
+        copied = not _memory_mapped(dataset)
+        if copied:  # (partly) in memory: write an Arrow cache that workers can map
+            if cache_dir is not None:
+                os.makedirs(cache_dir, exist_ok=True)
+            target = tempfile.mkdtemp(prefix="grain_rox_hf_", dir=cache_dir)
             dataset.save_to_disk(target)
             dataset = datasets.load_from_disk(target)
-        if dataset._indices is not None:  # after select/shuffle/filter: rows are remapped
-            target = cache_dir or tempfile.mkdtemp(prefix="grain_rox_hf_")
-            dataset = dataset.flatten_indices(cache_file_name=os.path.join(target, "rows.arrow"))
         self.columns = keep
         self.files = [f["filename"] for f in dataset.cache_files]
         self.features = {c: str(dataset.features[c]) for c in keep}
         self._num_rows = len(dataset)
+        # HF's own fingerprint follows the transforms (select, shuffle, ...) of a dataset on
+        # disk; a copy made here gets a fresh one each run, so it is left out for copies.
+        self._transforms = None if copied else dataset._fingerprint
         self._identity = self._fingerprint()
         self._lock = threading.Lock()
         self._dataset: Any = dataset.select_columns(keep).with_format("numpy")
@@ -132,19 +148,14 @@ class HFEagerSource(BatchesMixin):
             self.columns,
             self.features,
             self.format.describe(),
+            self._transforms,
         ]
         return hashlib.sha1(json.dumps(facts).encode()).hexdigest()[:16]
 
     @property
     def dataset(self) -> Any:
-        """The (column-filtered, numpy-formatted) dataset, reopened lazily after pickling."""
-        if self._dataset is None:
-            with self._lock:
-                if self._dataset is None:
-                    datasets = hf_datasets()
-                    parts = [datasets.Dataset.from_file(f) for f in self.files]
-                    ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-                    self._dataset = ds.select_columns(self.columns).with_format("numpy")
+        """The (column-filtered, numpy-formatted) dataset. It is memory-mapped, so it pickles
+        as its Arrow file paths and the transforms applied to them (HF's own mechanism)."""
         return self._dataset
 
     def get_dataset_info(self) -> Any:
@@ -153,8 +164,7 @@ class HFEagerSource(BatchesMixin):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_dataset"] = None  # workers reopen the Arrow files memory-mapped
-        state["_columns"] = None
+        state["_columns"] = None  # numpy views of the maps: rebuilt in each process
         del state["_lock"]
         return state
 
@@ -182,11 +192,15 @@ class HFEagerSource(BatchesMixin):
         """Numpy readers of the Arrow columns, built once per process (nothing copied)."""
         columns = self._columns
         if columns is None:
-            table = self.dataset.data.table  # (takes the lock itself when reopening)
+            table = self.dataset.data.table
             with self._lock:
                 columns = self._columns
                 if columns is None:
-                    columns = {c: ArrowColumn(table.column(c), c) for c in self._arrow_columns}
+                    indices = self.dataset._indices  # rows remapped by select/shuffle/filter
+                    remap = None if indices is None else indices.column(0).to_numpy()
+                    columns = {
+                        c: ArrowColumn(table.column(c), c, remap) for c in self._arrow_columns
+                    }
                     self._columns = columns
         return columns
 

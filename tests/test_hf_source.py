@@ -46,7 +46,7 @@ def test_in_memory_data_is_cached_to_arrow_and_workers_get_paths_not_data(table,
     source = HFEagerSource(data=table, cache_dir=str(tmp_path / "cache"))
     assert source.files and all(f.startswith(str(tmp_path)) for f in source.files)
     blob = pickle.dumps(source)
-    assert len(blob) < 2_000
+    assert len(blob) < 4_000  # paths, schema and transforms: no rows
     clone = pickle.loads(blob)
     assert repr(clone) == repr(source) and "0x" not in repr(source)
     assert clone[19]["text"].item() == "doc 19"
@@ -476,9 +476,28 @@ def test_numeric_columns_keep_their_dtype_and_remapped_rows_survive_pickling(tmp
     ds.to_parquet(str(tmp_path / "typed.parquet"))
     streamed = next(iter(HFStreamingSource(str(tmp_path / "typed.parquet")).dataset()))
     assert {k: v.dtype for k, v in streamed.items()} == {k: v.dtype for k, v in source[0].items()}
-    shuffled = ds.shuffle(seed=0)  # an indices mapping over the same Arrow data
-    source = HFEagerSource(shuffled)
-    clone = pickle.loads(pickle.dumps(source))
-    want = [int(x) for x in shuffled["score"][:5]]
-    assert [int(clone[i]["score"]) for i in range(5)] == [int(source[i]["score"]) for i in range(5)]
-    assert [int(source[i]["score"]) for i in range(5)] == want
+    on_disk = HFEagerSource(data_files=str(tmp_path / "typed.parquet")).dataset
+    for transformed in (
+        on_disk.shuffle(seed=0),  # an indices mapping over the same Arrow file
+        on_disk.select(range(3, 6)),  # a slice of it
+        on_disk.select(range(3, 6)).shuffle(seed=1).rename_column("ids", "tokens"),
+    ):
+        source = HFEagerSource(transformed)
+        assert source.files[0].endswith("parquet-train.arrow")  # no copy was made
+        blob = pickle.dumps(source)
+        clone = pickle.loads(blob)
+        want = [transformed[i]["score"].item() for i in range(3)]
+        assert [source[i]["score"].item() for i in range(3)] == want
+        assert [clone[i]["score"].item() for i in range(3)] == want
+        assert np.array_equal(clone.get_batch([2, 0])["score"], source.get_batch([2, 0])["score"])
+        assert len(blob) < 20_000
+    assert repr(HFEagerSource(on_disk.select(range(3)))) != repr(
+        HFEagerSource(on_disk.select(range(3, 6)))
+    )
+
+
+def test_sources_sharing_a_cache_dir_keep_their_own_data(tmp_path):
+    first = HFEagerSource(data={"a": [1, 2, 3]}, cache_dir=str(tmp_path / "c"))
+    second = HFEagerSource(data={"a": [7, 8, 9]}, cache_dir=str(tmp_path / "c"))
+    assert [pickle.loads(pickle.dumps(first))[i]["a"].item() for i in range(3)] == [1, 2, 3]
+    assert [pickle.loads(pickle.dumps(second))[i]["a"].item() for i in range(3)] == [7, 8, 9]
