@@ -189,7 +189,8 @@ class _PhasedSelection(grain.transforms.DatasetSelectionMap):
         return self.starts[-1]
 
     def __getitem__(self, index: int) -> tuple[int, int]:
-        p = bisect.bisect_right(self.starts, index) - 1
+        # past the end (a repeated mixture) the last phase continues
+        p = min(bisect.bisect_right(self.starts, index), len(self.mixtures)) - 1
         source, k = _ExactSelection(self.mixtures[p], 1 << 62)[index - self.starts[p]]
         return source, self.offsets[p][source] + k
 

@@ -146,9 +146,9 @@ def _rename(record: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class _AsDocument(grain.transforms.Map):
-    """A record as ``{"inputs", "targets"}``: a token array (bare, or under ``key``) becomes
-    ``inputs`` = tokens[:-1], ``targets`` = tokens[1:], cut to ``seq_len``; an
-    ``{"inputs", "targets"}`` record passes unchanged."""
+    """A record as ``{"inputs", "targets"}`` of int32: a token array (bare, or under ``key``)
+    becomes ``inputs`` = tokens[:-1], ``targets`` = tokens[1:], cut to ``seq_len``; an
+    ``{"inputs", "targets"}`` record passes (as int32), so sources of both kinds mix."""
 
     def __init__(self, key: str | None, seq_len: int) -> None:
         self.key = key
@@ -157,10 +157,15 @@ class _AsDocument(grain.transforms.Map):
     def map(self, record: Any) -> Any:
         if isinstance(record, np.ndarray):
             tokens = record
-        elif self.key is None:
-            return record
-        elif self.key in record:
+        elif self.key is not None and self.key in record:
             tokens = np.asarray(record[self.key])
+        elif "inputs" in record and "targets" in record:
+            # one dtype for every document: Grain's packer casts to the first one's dtype
+            return {
+                **record,
+                "inputs": np.asarray(record["inputs"], np.int32),
+                "targets": np.asarray(record["targets"], np.int32),
+            }
         else:
             raise KeyError(
                 f"tokens_key={self.key!r} is not in the record (keys: {sorted(record)}); name "
@@ -171,7 +176,7 @@ class _AsDocument(grain.transforms.Map):
                 f"a document must be a 1-D integer token array, got {tokens.dtype} of shape "
                 f"{tokens.shape}; tokenize text first (HFEagerSource(tokenize=...))"
             )
-        tokens = tokens[: self.seq_len + 1]
+        tokens = tokens[: self.seq_len + 1].astype(np.int32)
         return {"inputs": tokens[:-1], "targets": tokens[1:]}
 
 

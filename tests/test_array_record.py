@@ -304,3 +304,24 @@ def test_curriculum_of_array_record_and_rox_documents_packs_and_resumes(tmp_path
     again = iter(packed)
     again.set_state(state)
     assert [b["inputs"].tolist() for b in again] == rest
+
+
+def test_documents_of_different_dtypes_pack_without_wrapping(tmp_path):
+    small = ArrayRecordSource(
+        write_records(tmp_path / "u16.array_record", [np.arange(1, 6, dtype=np.uint16)] * 4),
+        dtype=np.uint16,
+    )
+    big = grain.MapDataset.source([np.array([70_000, 70_001, 70_002], np.int32)] * 4)
+    mixed = mix_datasets(
+        {"small": grain.MapDataset.source(small), "big": big}, {"small": 0.5, "big": 0.5}, length=8
+    )
+    packed = list(pack_documents(mixed, seq_len=8, batch_size=1, num_epochs=1, shuffle=False))
+    tokens = np.concatenate([b["inputs"][b["inputs_segmentation"] > 0] for b in packed])
+    assert tokens.dtype == np.int32 and 70_000 in tokens.tolist() and 1 in tokens.tolist()
+    phased = mix_datasets(
+        {"small": grain.MapDataset.source(small), "big": big},
+        phases=[(2, {"small": 1.0}), (None, {"big": 1.0})],
+        length=4,
+    )
+    repeated = [np.asarray(x).tolist() for x in phased.repeat(2)]  # past the end: last phase
+    assert repeated[:2] == [[1, 2, 3, 4, 5]] * 2 and repeated[4:] == [[70_000, 70_001, 70_002]] * 4

@@ -377,15 +377,13 @@ def test_hf_token_documents_pack_and_mix_beside_rox_documents(tmp_path):
     mixed = mix_datasets(
         {
             "rox": grain.MapDataset.source(RoxDocumentSource(rox, seq_len=32)),
-            "hf": grain.MapDataset.source(hf).map(
-                lambda r: {"inputs": r["text"][:32], "targets": r["text"][1:33]}
-            ),
+            "hf": grain.MapDataset.source(hf),  # {"text": tokens}: tokens_key below
         },
         {"rox": 0.5, "hf": 0.5},
         seed=1,
         length=40,
     )
-    batches = list(pack_documents(mixed, seq_len=32, batch_size=2, num_epochs=1))
+    batches = list(pack_documents(mixed, seq_len=32, batch_size=2, num_epochs=1, tokens_key="text"))
     tokens = np.concatenate([b["inputs"][b["inputs_segmentation"] > 0] for b in batches])
     assert (tokens >= 300).any() and ((tokens < 257) & (tokens > 0)).any()
     with pytest.raises(ValueError, match="a document must be a 1-D integer token array"):
