@@ -102,6 +102,17 @@ class _ItemEncoder:
             and tokenizer.vocab_size - 1 <= np.iinfo(dtype).max
         )
 
+    def _check_vocabulary(self, ids: np.ndarray, where: str) -> None:
+        """Token arrays given with a tokenizer must be ids of its vocabulary."""
+        assert self.tokenizer is not None
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= self.tokenizer.vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"{where} holds token id {bad}, outside the {self.tokenizer.name} vocabulary "
+                f"(0..{self.tokenizer.vocab_size - 1}); pass the tokenizer these ids came from"
+            )
+
     def __call__(self, item: Any, index: int) -> np.ndarray:
         where = f"item {index}"
         if isinstance(item, str):
@@ -122,6 +133,8 @@ class _ItemEncoder:
             item = np.asarray(item)
         if isinstance(item, np.ndarray):
             arr = item.reshape(-1)
+            if self.tokenizer is not None and arr.dtype.kind in "ui" and arr.size:
+                self._check_vocabulary(arr, where)
             if arr.dtype == self.dtype:
                 return arr
             if arr.dtype.kind not in "uif" or (arr.dtype.kind == "f" and self.dtype.kind in "ui"):
@@ -129,7 +142,7 @@ class _ItemEncoder:
                     f"{where} has dtype {arr.dtype}, which cannot be stored as {self.dtype} "
                     "without losing information; convert it first or pass dtype="
                 )
-            if not (self.ids_fit and arr.dtype.kind in "ui"):
+            if not (self.ids_fit and arr.dtype.kind in "ui" and self.tokenizer is not None):
                 _dtype_range_check(arr, self.dtype, where)
             return arr.astype(self.dtype)
         raise TypeError(

@@ -325,3 +325,16 @@ def test_documents_of_different_dtypes_pack_without_wrapping(tmp_path):
     )
     repeated = [np.asarray(x).tolist() for x in phased.repeat(2)]  # past the end: last phase
     assert repeated[:2] == [[1, 2, 3, 4, 5]] * 2 and repeated[4:] == [[70_000, 70_001, 70_002]] * 4
+
+
+def test_convert_refuses_ids_outside_the_tokenizer_vocabulary(tmp_path, capsys):
+    src = write_records(tmp_path / "big.array_record", [np.array([5, 70_000, 6], np.uint32)])
+    code = main(["convert", src, "-o", str(tmp_path / "b.rox"), "--record-dtype", "uint32",
+                 "--no-progress"])  # fmt: skip
+    assert code == 2
+    assert "item 0 holds token id 70000, outside the bytes vocabulary (0..256)" in (
+        capsys.readouterr().err
+    )
+    assert not os.path.exists(tmp_path / "b.rox")
+    with pytest.raises(ValueError, match="token id -1, outside the bytes vocabulary"):
+        write_rox([np.array([3, -1])], str(tmp_path / "n.rox"), tokenizer="bytes")
