@@ -130,6 +130,7 @@ class _StreamIterator(grain.DatasetIterator):
         self._source = source
         self._num_epochs = num_epochs
         self._epoch = 0
+        self._restored_mid_epoch = False
         self._start_epoch()
 
     def _start_epoch(self) -> None:
@@ -138,10 +139,13 @@ class _StreamIterator(grain.DatasetIterator):
         self._buffer: list[dict[str, np.ndarray]] = []
         self._rng = np.random.default_rng([self._source.seed, self._epoch])
         self._drained = False
+        self._served = 0  # rows this epoch: an epoch of none would loop forever
+        self._loaded: Any = None  # HF state restored but not yet iterated from
 
     def _fill(self) -> None:
         if self._it is None:
             self._it = iter(self._ds)
+            self._loaded = None
         size = max(1, self._source.shuffle_buffer)
         while not self._drained and len(self._buffer) < size:
             try:
@@ -159,14 +163,22 @@ class _StreamIterator(grain.DatasetIterator):
             if self._buffer:
                 pick = int(self._rng.integers(len(self._buffer))) if len(self._buffer) > 1 else 0
                 self._buffer[pick], self._buffer[-1] = self._buffer[-1], self._buffer[pick]
+                self._served += 1
                 return self._buffer.pop()
+            if self._served == 0 and not self._restored_mid_epoch:
+                raise ValueError(
+                    f"{self._source.files} give this host no rows (shard={self._source.shard}): "
+                    "an epoch would be empty; use fewer hosts than files' rows, or more data"
+                )
             self._epoch += 1
+            self._restored_mid_epoch = False
             self._start_epoch()
 
     def get_state(self) -> dict[str, Any]:
         return {
             "epoch": self._epoch,
-            "hf": self._ds.state_dict(),
+            # right after set_state HF reports its epoch start until it is iterated again
+            "hf": self._loaded if self._loaded is not None else self._ds.state_dict(),
             "buffer": [_to_json(r) for r in self._buffer],
             "rng": self._rng.bit_generator.state,
             "drained": self._drained,
@@ -176,6 +188,8 @@ class _StreamIterator(grain.DatasetIterator):
         self._epoch = int(state["epoch"])
         self._start_epoch()
         self._ds.load_state_dict(state["hf"])
+        self._loaded = state["hf"]
+        self._restored_mid_epoch = True  # rows of this epoch may all have been served already
         self._buffer = [_from_json(r) for r in state["buffer"]]
         self._rng.bit_generator.state = state["rng"]
         self._drained = bool(state["drained"])

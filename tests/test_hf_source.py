@@ -499,3 +499,22 @@ def test_sources_sharing_a_cache_dir_keep_their_own_data(tmp_path):
     second = HFEagerSource(data={"a": [7, 8, 9]}, cache_dir=str(tmp_path / "c"))
     assert [pickle.loads(pickle.dumps(first))[i]["a"].item() for i in range(3)] == [1, 2, 3]
     assert [pickle.loads(pickle.dumps(second))[i]["a"].item() for i in range(3)] == [7, 8, 9]
+
+
+def test_streaming_state_taken_right_after_a_restore_and_empty_shards(parquet_files, tmp_path):
+    ds = HFStreamingSource(parquet_files, shuffle_buffer=8, seed=1).dataset(num_epochs=1)
+    it = iter(ds)
+    for _ in range(30):
+        next(it)
+    state = it.get_state()
+    rest = [int(r["x"]) for r in it]
+    again = iter(ds)
+    again.set_state(state)
+    resaved = again.get_state()  # before any next(): must still be the restored position
+    third = iter(ds)
+    third.set_state(json.loads(json.dumps(resaved)))
+    assert [int(r["x"]) for r in third] == rest
+    one_row = str(tmp_path / "one.parquet")
+    pq.write_table(pa.table({"x": [1]}), one_row)
+    with pytest.raises(ValueError, match=r"give this host no rows \(shard=\(1, 2\)\)"):
+        next(iter(HFStreamingSource(one_row, shard=(1, 2)).dataset(num_epochs=None)))
