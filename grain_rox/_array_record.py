@@ -257,10 +257,13 @@ class ArrayRecordSource(BatchesMixin):
         rows = np.asarray(indices, dtype=np.int64).reshape(-1)
         if self.shape is None:
             arrays = self._getitems(rows.tolist())
-            if len({a.shape for a in arrays}) > 1:
+            lengths = [a.size for a in arrays]
+            if len(set(lengths)) > 1:
+                bad = [int(r) for r, n in zip(rows, lengths, strict=True) if n != lengths[0]][:5]
                 raise ValueError(
-                    f"documents {rows[:5].tolist()}... have different lengths; give shape= for "
-                    "fixed-shape records, or pack documents (grain_rox.pack_documents)"
+                    f"documents have different lengths: record {int(rows[0])} has {lengths[0]} "
+                    f"tokens but records {bad} differ; give shape= for fixed-shape records, or "
+                    "pack documents (grain_rox.pack_documents)"
                 )
             return np.stack(arrays)
         read = self._read(rows)

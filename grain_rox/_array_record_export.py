@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from grain_rox._array_record import close_quietly
+from grain_rox._atomic import publish, temp_path_for
 from grain_rox._paths import PathSpec
 from grain_rox._rox_corpus import RoxCorpus, open_rox
 
@@ -36,24 +37,35 @@ class ExportResult:
 
 
 def rox_documents(corpus: RoxCorpus, eos_id: int) -> Iterator[np.ndarray]:
-    """The corpus's documents in order, split at ``eos_id`` (EOS dropped; empty ones skipped;
-    trailing tokens after the last EOS kept unless they are all the padding token)."""
+    """The corpus's documents in order, split at ``eos_id`` (EOS dropped; empty ones skipped).
+
+    A document may span shards. When the padding token differs from EOS, a run of it where a
+    document would start is block padding (the end of one write, before an append or another
+    shard) and is dropped.
+    """
+    pad = corpus.pad_id
+    strip = pad is not None and pad != eos_id
+
+    def cleaned(doc: np.ndarray) -> np.ndarray:
+        if strip and doc.size and doc[0] == pad:
+            real = np.flatnonzero(doc != pad)
+            return doc[real[0] :] if real.size else doc[:0]
+        return doc
+
     carry = np.empty(0, corpus.dtype)
     for s in range(len(corpus.shards)):
         tokens = corpus.shard_tokens(s)
-        ends = np.flatnonzero(tokens == eos_id)
         start = 0
-        for end in ends.tolist():
+        for end in np.flatnonzero(tokens == eos_id).tolist():
             doc = tokens[start:end]
             if carry.size:
                 doc, carry = np.concatenate([carry, doc]), carry[:0]
+            doc = cleaned(doc)
             if doc.size:
                 yield doc
             start = end + 1
-        if start < tokens.size:
-            carry = np.concatenate([carry, tokens[start:]])
-    pad = corpus.pad_id
-    if carry.size and not (pad is not None and np.all(carry == pad)):
+        carry = cleaned(np.concatenate([carry, tokens[start:]]))
+    if carry.size:
         yield carry
 
 
@@ -96,7 +108,7 @@ def export_array_record(
             "pass eos_id= (--eos-id)"
         )
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    temp = f"{output}.tmp-{os.getpid()}"
+    temp = temp_path_for(output)  # hidden; renamed into place only once verified
     digest = hashlib.sha256()
     count = tokens = 0
     writer = ArrayRecordWriter(temp, f"group_size:{group_size},{compression}")
@@ -120,7 +132,9 @@ def export_array_record(
         if count == 0:
             raise ValueError(f"{corpus.paths[0]}: no documents to export (is eos_id={eos} right?)")
         _check_written(ArrayRecordReader, temp, count, digest.hexdigest())
-        os.replace(temp, output)
+        with open(temp, "rb") as f:
+            os.fsync(f.fileno())  # the bytes are on disk before the name says they are
+        publish(temp, output)
     except BaseException:
         close_quietly(writer)
         if os.path.exists(temp):

@@ -50,6 +50,20 @@ def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(int(n) for n in shape), dtype
 
 
+def _as_path(spec: Any) -> Any:
+    """A whole ``.npy`` file opened with ``np.load(mmap_mode=...)`` is served by its path (so it
+    pickles as a path, not as its data); other arrays are served as they are."""
+    filename = getattr(spec, "filename", None)
+    if isinstance(spec, np.memmap) and filename and os.path.isfile(filename):
+        try:
+            shape, dtype = _npy_header(filename)
+        except ValueError:
+            return spec
+        if shape == spec.shape and dtype == spec.dtype and spec.offset > 0:
+            return filename
+    return spec
+
+
 class NumpySource(BatchesMixin):
     """Rows of ``.npy`` files (or arrays) as a Grain ``RandomAccessDataSource``.
 
@@ -70,6 +84,7 @@ class NumpySource(BatchesMixin):
         specs: dict[str, ArraySpec] = dict(arrays) if isinstance(arrays, Mapping) else {"": arrays}
         if not specs:
             raise ValueError("NumpySource needs at least one array or .npy path")
+        specs = {k: _as_path(v) for k, v in specs.items()}
         paths = {k: os.fspath(v) for k, v in specs.items() if not isinstance(v, np.ndarray)}
         missing = [p for p in paths.values() if not os.path.isfile(p)]
         if missing:

@@ -338,3 +338,32 @@ def test_convert_refuses_ids_outside_the_tokenizer_vocabulary(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "b.rox")
     with pytest.raises(ValueError, match="token id -1, outside the bytes vocabulary"):
         write_rox([np.array([3, -1])], str(tmp_path / "n.rox"), tokenizer="bytes")
+
+
+def test_export_drops_the_padding_of_every_write_not_just_the_last(tmp_path):
+    base = str(tmp_path / "p.rox")
+    write_rox([np.array([5, 6, 7], np.uint16)], base, separator=0, pad_id=1, block_size=16)
+    write_rox([np.array([8, 9], np.uint16)], base, separator=0, pad_id=1, block_size=16,
+              if_exists="append")  # fmt: skip
+    corpus = open_rox(base)  # one shard: [5 6 7 0 1 1 1 1] [8 9 0 1 1 1 1 1] (appended block)
+    assert corpus.pad_id == 1 and corpus.tokens(0, 10).tolist() == [5, 6, 7, 0, 1, 1, 1, 1, 8, 9]
+    r = export_array_record(base, str(tmp_path / "p.array_record"))
+    got = [a.tolist() for a in ArrayRecordSource(r.path, dtype=np.uint16).iter_arrays()]
+    assert got == [[5, 6, 7], [8, 9]]
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    sharded = str(tmp_path / "s.rox")  # the same across shards, each padded at its end
+    for i, doc in enumerate(([5, 6, 7], [8, 9])):
+        write_rox([np.array(doc, np.uint16)], sharded, separator=0, pad_id=1, block_size=16,
+                  max_shard_bytes=16, if_exists="append" if i else "error")  # fmt: skip
+    assert len(open_rox(sharded).shards) == 2
+    r = export_array_record(sharded, str(tmp_path / "s.array_record"))
+    got = [a.tolist() for a in ArrayRecordSource(r.path, dtype=np.uint16).iter_arrays()]
+    assert got == [[5, 6, 7], [8, 9]]
+
+
+def test_stacking_documents_of_different_lengths_names_the_records(tmp_path):
+    docs = [np.arange(n, dtype=np.uint16) for n in (3, 3, 5, 3, 4)]
+    src = ArrayRecordSource(write_records(tmp_path / "d.array_record", docs), dtype=np.uint16)
+    assert src.get_batch([0, 1, 3]).shape == (3, 3)
+    with pytest.raises(ValueError, match=r"record 0 has 3 tokens but records \[2, 4\] differ"):
+        src.get_batch([0, 2, 3, 4])

@@ -163,3 +163,12 @@ def test_batches_become_global_jax_arrays_and_resume_through_the_iterator(npy_pa
         again.set_state(state)
         assert all(np.array_equal(np.asarray(next(again)["y"]), f) for f in following)
     assert np.array_equal(following[-1], expected[9]["y"])
+
+
+def test_a_memory_mapped_npy_array_is_served_by_its_path(npy_pair):
+    xp, _, data, _ = npy_pair
+    src = NumpySource(np.load(xp, mmap_mode="r"))
+    assert src.paths == {"": xp} and len(pickle.dumps(src)) < 1_000
+    assert np.array_equal(pickle.loads(pickle.dumps(src))[3], data[3])
+    part = NumpySource(np.load(xp, mmap_mode="r")[10:20])  # a slice: served as an array
+    assert part.paths == {} and np.array_equal(part[0], data[10])
