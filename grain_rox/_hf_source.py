@@ -2,15 +2,17 @@
 
 :class:`HFEagerSource` wraps a ``datasets.Dataset`` (or builds one from a ``save_to_disk``
 directory, local Parquet / JSON / Arrow files or a dict; never the Hub) as a plain
-``RandomAccessDataSource``: records are dicts of numpy arrays, reads of many rows are one Arrow
-``take`` (:meth:`HFEagerSource._getitems`, :meth:`HFEagerSource.get_batch`), and pickling
-carries only the Arrow cache file paths, which every Grain worker reopens memory-mapped: no
-data is copied. A dataset that lives only in memory (``Dataset.from_dict``) is first written to
-an Arrow cache (``cache_dir``, default a temporary directory) so that workers can share it.
+``RandomAccessDataSource`` of numpy dicts. Numbers and lists of numbers are read as numpy
+views of the memory-mapped Arrow chunks (one gather per chunk for a batch, dtypes kept); text,
+images and structs go through ``datasets``' numpy formatter. Pickling carries the dataset's
+Arrow file paths and the transforms applied to them (HF's own mechanism: ``select``,
+``shuffle``, renames survive), which every Grain worker maps again: no rows are copied. Data
+that lives (partly) in memory is first written to an Arrow cache in a fresh directory
+(under ``cache_dir``, default the system's temporary directory) so that workers can share it.
 
 :meth:`HFEagerSource.batches` is the fast path: a Grain ``MapDataset`` whose element ``i`` is
-global batch ``i`` read with one Arrow call, in a seeded order that is a new permutation every
-epoch and does not depend on how many processes share it.
+global batch ``i``, in a seeded order that is a new permutation every epoch and does not
+depend on how many processes share it.
 """
 
 from __future__ import annotations
