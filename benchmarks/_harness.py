@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import dataclasses
 import gc
 import io
 import json
 import os
 import platform
+import pstats
 import statistics
 import struct
 import sys
@@ -462,3 +464,47 @@ def finish(
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {path}")
     return 0
+
+
+# ---- profiles ----------------------------------------------------------------------------------
+def short(filename: str) -> str:
+    for marker in ("site-packages/", f"{REPO}/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+def profile_top(run: Callable[[], object], top: int = 10) -> dict[str, Any]:
+    """cProfile ``run``: the top functions by own time, and grain_rox's by cumulative time, each
+    with its share of the profiled total (cProfile inflates many small Python calls)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    run()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in stats.values()) or 1e-12
+
+    def label(k: tuple[str, int, str]) -> str:
+        filename, line, func = k
+        return func if filename == "~" else f"{short(filename)}:{line}({func})"
+
+    entries = [
+        {"function": label(k), "ncalls": v[1], "own_share": v[2] / total,
+         "cum_share": v[3] / total}
+        for k, v in stats.items()
+    ]  # fmt: skip
+    own = sorted(entries, key=lambda e: -e["own_share"])[:top]
+    ours = [e for e in entries if e["function"].startswith("grain_rox/")]
+    cum = sorted(ours, key=lambda e: -e["cum_share"])[:top]
+    return {"profiled_seconds": total, "by_own_time": own, "grain_rox_by_cumulative": cum}
+
+
+def render_profile(title: str, prof: Mapping[str, Any]) -> str:
+    out = [f"{title} ({prof['profiled_seconds']:.2f} s under cProfile):"]
+    for heading, key, share in (
+        ("top functions by own time", "by_own_time", "own_share"),
+        ("grain_rox functions by cumulative time", "grain_rox_by_cumulative", "cum_share"),
+    ):
+        out.append(f"  {heading}:")
+        out += [f"    {100 * e[share]:5.1f}%  {e['ncalls']:>7}  {e['function']}" for e in prof[key]]
+    return "\n".join(out)

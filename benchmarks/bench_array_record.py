@@ -34,10 +34,8 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ["JAX_PLATFORMS"] = "cpu"
 
-import cProfile
 import dataclasses
 import functools
-import pstats
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +49,6 @@ from grain_rox import ArrayRecordSource, NumpySource, pack_documents, shuffled_b
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for _harness, however this is run
 from _harness import (
-    REPO,
     Row,
     arg_parser,
     finish,
@@ -59,8 +56,10 @@ from _harness import (
     log,
     machine,
     print_header,
+    profile_top,
     ratio_at_least,
     read_through,
+    render_profile,
     scratch_dir,
     warm_up,
 )
@@ -193,49 +192,6 @@ def loaderx_run(loaderx: Any, data: Callable[[], Any], labels: Callable[[], Any]
 
 def with_n(contenders: Mapping[str, tuple[Contender, int]]) -> dict[str, Callable[[], dict]]:
     return {name: functools.partial(fn, n) for name, (fn, n) in contenders.items()}
-
-
-def short(filename: str) -> str:
-    for marker in ("site-packages/", f"{REPO}/"):
-        if marker in filename:
-            return filename.split(marker, 1)[1]
-    return filename
-
-
-def profile_top(run: Callable[[], object], top: int = 10) -> dict[str, Any]:
-    """cProfile ``run``: the top functions by own time, and grain_rox's by cumulative time, each
-    with its share of the profiled total (cProfile inflates many small Python calls)."""
-    prof = cProfile.Profile()
-    prof.enable()
-    run()
-    prof.disable()
-    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-    total = sum(v[2] for v in stats.values()) or 1e-12
-
-    def label(k: tuple[str, int, str]) -> str:
-        filename, line, func = k
-        return func if filename == "~" else f"{short(filename)}:{line}({func})"
-
-    entries = [
-        {"function": label(k), "ncalls": v[1], "own_share": v[2] / total,
-         "cum_share": v[3] / total}
-        for k, v in stats.items()
-    ]  # fmt: skip
-    own = sorted(entries, key=lambda e: -e["own_share"])[:top]
-    ours = [e for e in entries if e["function"].startswith("grain_rox/")]
-    cum = sorted(ours, key=lambda e: -e["cum_share"])[:top]
-    return {"profiled_seconds": total, "by_own_time": own, "grain_rox_by_cumulative": cum}
-
-
-def render_profile(title: str, prof: Mapping[str, Any]) -> str:
-    out = [f"{title} ({prof['profiled_seconds']:.2f} s under cProfile):"]
-    for heading, key, share in (
-        ("top functions by own time", "by_own_time", "own_share"),
-        ("grain_rox functions by cumulative time", "grain_rox_by_cumulative", "cum_share"),
-    ):
-        out.append(f"  {heading}:")
-        out += [f"    {100 * e[share]:5.1f}%  {e['ncalls']:>7}  {e['function']}" for e in prof[key]]
-    return "\n".join(out)
 
 
 def skipped_row(key: str, what: str, unit: str, why: str, target: Any = None) -> Row:
