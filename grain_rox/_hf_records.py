@@ -185,22 +185,17 @@ def _text_problem(key: str) -> str:
     )
 
 
-def arrow_numeric(arrow_type: Any) -> bool:
-    """Whether a column of this Arrow type is numbers or (nested) lists of numbers: such
-    columns are read straight from Arrow (dtype kept), not through ``datasets``' formatter."""
+def _innermost(arrow_type: Any) -> Any:
+    """The value type under every list level of ``arrow_type``."""
     import pyarrow as pa
 
     while (
         pa.types.is_list(arrow_type)
         or pa.types.is_large_list(arrow_type)
-        or (pa.types.is_fixed_size_list(arrow_type))
+        or pa.types.is_fixed_size_list(arrow_type)
     ):
         arrow_type = arrow_type.value_type
-    return bool(
-        pa.types.is_integer(arrow_type)
-        or pa.types.is_floating(arrow_type)
-        or pa.types.is_boolean(arrow_type)
-    )
+    return arrow_type
 
 
 def _is_number(arrow_type: Any) -> bool:
@@ -211,6 +206,12 @@ def _is_number(arrow_type: Any) -> bool:
         or pa.types.is_floating(arrow_type)
         or pa.types.is_boolean(arrow_type)
     )
+
+
+def arrow_numeric(arrow_type: Any) -> bool:
+    """Whether a column of this Arrow type is numbers or (nested) lists of numbers: such
+    columns are read straight from Arrow (dtype kept), not through ``datasets``' formatter."""
+    return _is_number(_innermost(arrow_type))
 
 
 def _flatten_uniform(array: Any) -> tuple[Any, list[int]] | None:
@@ -306,29 +307,14 @@ class ArrowColumn:
                 for c, where, local in parts:
                     out[where] = self.views[c][local]  # type: ignore[index]
                 return out
-        arrays = self.rows(rows)
-        shapes_list = [a.shape for a in arrays]
-        if len(set(shapes_list)) > 1:
-            first_shape = shapes_list[0]
-            bad = [int(index[j]) for j, s in enumerate(shapes_list) if s != first_shape][:5]
-            raise ValueError(
-                f"column {self.key!r} is ragged: row {int(index[0])} has shape {first_shape} but "
-                f"rows {bad} differ; pack or pad it (grain_rox.pack_documents) or exclude it"
-            )
-        return np.stack(arrays)
+        return stack_column(self.key, self.rows(rows), index.tolist())
 
 
 def arrow_dtypes(schema: Any) -> dict[str, np.dtype]:
     """Numpy dtype of each numeric (list) column of an Arrow schema, for rows that arrive as
     Python values (a stream): the same dtypes the eager source reads from Arrow."""
-    import pyarrow as pa
-
-    out = {}
-    for field in schema:
-        t = field.type
-        if not arrow_numeric(t):
-            continue
-        while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            t = t.value_type
-        out[field.name] = np.dtype(t.to_pandas_dtype())
-    return out
+    return {
+        field.name: np.dtype(_innermost(field.type).to_pandas_dtype())
+        for field in schema
+        if arrow_numeric(field.type)
+    }
