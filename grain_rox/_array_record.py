@@ -80,6 +80,25 @@ def count_records(path: str) -> int:
         close_quietly(reader)
 
 
+def read_in_order(path: str, count: int, chunk: int = 1024) -> Iterator[tuple[int, bytes]]:
+    """(index, bytes) of records ``0 .. count - 1`` of one file, read sequentially ``chunk`` at
+    a time; a damaged file is a ValueError naming the records."""
+    reader = _reader_class()(path, "readahead_buffer_size:16M")
+    try:
+        for start in range(0, count, chunk):
+            stop = min(start + chunk, count)
+            try:
+                records = reader.read(start, stop)
+            except RuntimeError as e:
+                raise ValueError(
+                    f"{path}: records {start}..{stop - 1} cannot be read ({e}); the file "
+                    "is damaged: re-write it or leave it out"
+                ) from None
+            yield from enumerate(records, start)
+    finally:
+        close_quietly(reader)
+
+
 def close_quietly(reader: Any) -> None:
     """Close a reader; a damaged file's reader raises on close too, after its real error."""
     with contextlib.suppress(RuntimeError):
@@ -288,18 +307,5 @@ class ArrayRecordSource(BatchesMixin):
     def iter_arrays(self, chunk: int = 1024) -> Iterator[np.ndarray]:
         """Every record in file order (sequential reads, ``chunk`` records per call)."""
         for f, path in enumerate(self.files):
-            reader = _reader_class()(path, "readahead_buffer_size:16M")
-            try:
-                for start in range(0, self.counts[f], chunk):
-                    stop = min(start + chunk, self.counts[f])
-                    try:
-                        records = reader.read(start, stop)
-                    except RuntimeError as e:
-                        raise ValueError(
-                            f"{path}: records {start}..{stop - 1} cannot be read ({e}); the file "
-                            "is damaged: re-write it or leave it out"
-                        ) from None
-                    for k, record in enumerate(records):
-                        yield self._decode(record, (f, start + k))
-            finally:
-                close_quietly(reader)
+            for k, record in read_in_order(path, self.counts[f], chunk):
+                yield self._decode(record, (f, k))

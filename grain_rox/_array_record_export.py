@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from grain_rox._array_record import close_quietly
+from grain_rox._array_record import close_quietly, count_records, read_in_order
 from grain_rox._atomic import publish, temp_path_for
 from grain_rox._paths import PathSpec
 from grain_rox._rox_corpus import RoxCorpus, open_rox
@@ -91,7 +91,7 @@ def export_array_record(
     >>> r.num_documents, [a.tolist() for a in ArrayRecordSource(r.path, dtype=r.dtype)._getitems([0, 1])]
     (2, [[5, 6], [7]])
     """
-    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+    from array_record.python.array_record_module import ArrayRecordWriter
 
     output = os.fspath(output)
     if os.path.exists(output) and not overwrite:
@@ -131,7 +131,7 @@ def export_array_record(
         writer.close()
         if count == 0:
             raise ValueError(f"{corpus.paths[0]}: no documents to export (is eos_id={eos} right?)")
-        _check_written(ArrayRecordReader, temp, count, digest.hexdigest())
+        _check_written(temp, count, digest.hexdigest())
         with open(temp, "rb") as f:
             os.fsync(f.fileno())  # the bytes are on disk before the name says they are
         publish(temp, output)
@@ -143,17 +143,13 @@ def export_array_record(
     return ExportResult(output, count, tokens, str(corpus.dtype), digest.hexdigest())
 
 
-def _check_written(reader_class: Any, path: str, count: int, sha256: str) -> None:
+def _check_written(path: str, count: int, sha256: str) -> None:
     """Read ``path`` back in full; its records must hash to what was written."""
-    reader = reader_class(path, "readahead_buffer_size:16M")
-    try:
-        if reader.num_records() != count:
-            raise OSError(f"{path}: wrote {count} records but {reader.num_records()} read back")
-        digest = hashlib.sha256()
-        for start in range(0, count, 4096):
-            for record in reader.read(start, min(start + 4096, count)):
-                digest.update(record)
-        if digest.hexdigest() != sha256:
-            raise OSError(f"{path}: the records read back differ from those written")
-    finally:
-        close_quietly(reader)
+    found = count_records(path)
+    if found != count:
+        raise OSError(f"{path}: wrote {count} records but {found} read back")
+    digest = hashlib.sha256()
+    for _, record in read_in_order(path, count, 4096):
+        digest.update(record)
+    if digest.hexdigest() != sha256:
+        raise OSError(f"{path}: the records read back differ from those written")
