@@ -19,9 +19,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import glob
-import hashlib
 import io
-import json
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -30,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from grain_rox._batches import BatchesMixin
+from grain_rox._digest import facts_digest
 
 READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 PathsSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -162,7 +161,7 @@ class ArrayRecordSource(BatchesMixin):
             self.shape,
             self.encoding,
         ]
-        return hashlib.sha1(json.dumps(facts).encode()).hexdigest()[:16]
+        return facts_digest(facts)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

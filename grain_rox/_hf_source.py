@@ -17,8 +17,6 @@ depend on how many processes share it.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import tempfile
 import threading
@@ -26,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grain_rox._batches import BatchesMixin
+from grain_rox._digest import facts_digest
 from grain_rox._hf_records import (
     ArrowColumn,
     RecordFormat,
@@ -152,7 +151,7 @@ class HFEagerSource(BatchesMixin):
             self.format.describe(),
             self._transforms,
         ]
-        return hashlib.sha1(json.dumps(facts).encode()).hexdigest()[:16]
+        return facts_digest(facts)
 
     @property
     def dataset(self) -> Any:

@@ -10,7 +10,6 @@ gets grain_rox's order, sharding and checkpointing through :meth:`NumpySource.ba
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from grain_rox._batches import BatchesMixin
+from grain_rox._digest import facts_digest
 
 ArraySpec = str | os.PathLike[str] | np.ndarray
 
@@ -123,7 +123,7 @@ class NumpySource(BatchesMixin):
             else:
                 where = hashlib.sha1(np.ascontiguousarray(self._arrays[key]).data).hexdigest()
             facts.append([key, where, self.shapes[key], self.dtypes[key]])
-        return hashlib.sha1(json.dumps(facts).encode()).hexdigest()[:16]
+        return facts_digest(facts)
 
     def _array(self, key: str) -> np.ndarray:
         array = self._arrays.get(key)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import os
 import zlib
@@ -26,6 +24,7 @@ import grain
 import numpy as np
 
 from grain_rox._curriculum import ENDLESS, Phase, Schedule
+from grain_rox._digest import facts_digest
 from grain_rox._grain_setup import batch_read_options, ensure_absl_flags_parsed
 from grain_rox._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
 from grain_rox._order import derive_key
@@ -377,7 +376,7 @@ class GlobalBatchSource:
     def __repr__(self) -> str:
         p = self.pipeline
         data = {n: c.fingerprint for n, c in self.corpora.items()}
-        ident = json.dumps(
+        digest = facts_digest(
             [
                 data,
                 self.schedule.describe(),
@@ -389,7 +388,6 @@ class GlobalBatchSource:
                 self.first_step,
             ]
         )
-        digest = hashlib.sha1(ident.encode()).hexdigest()[:16]
         shown = ",".join(f"{n}:{f}" if n else f for n, f in data.items())
         return (
             f"GlobalBatchSource(data={shown}, phases={len(self.schedule.phases)}, "
