@@ -142,6 +142,7 @@ class HFEagerSource(BatchesMixin):
         ]
         self._formatted_columns = [c for c in keep if c not in self._arrow_columns]
         self._columns: dict[str, ArrowColumn] | None = None
+        self._formatted_view: Any = None
 
     def _fingerprint(self) -> str:
         facts = [[os.path.basename(f), os.path.getsize(f)] for f in self.files] + [
@@ -166,6 +167,7 @@ class HFEagerSource(BatchesMixin):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_columns"] = None  # numpy views of the maps: rebuilt in each process
+        state["_formatted_view"] = None
         del state["_lock"]
         return state
 
@@ -209,9 +211,12 @@ class HFEagerSource(BatchesMixin):
         """The non-Arrow columns of ``rows`` through datasets' numpy formatter."""
         if not self._formatted_columns:
             return {}
-        view = self.dataset
-        if self._arrow_columns:
-            view = view.select_columns(self._formatted_columns)
+        view = self._formatted_view
+        if view is None:  # built once per process: select_columns costs ~0.6 ms a call
+            view = self.dataset
+            if self._arrow_columns:
+                view = view.select_columns(self._formatted_columns)
+            self._formatted_view = view
         return view[rows]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
