@@ -1,0 +1,150 @@
+"""Restore checks: every iterator state grain_rox hands out names the data and config it
+belongs to, and ``set_state`` refuses a state taken over other data or another config.
+
+A Grain ``MapDataset``/``IterDataset`` state is only a position (``{"next_index": 7}``), so a
+state saved over one file restores silently over another. :func:`with_identity` wraps a Grain
+dataset so its iterator's state is ``{"identity": {...}, "state": <Grain's state>}`` and
+``set_state`` compares the identity first, naming every field that changed.
+
+>>> import grain
+>>> ds = with_identity(grain.MapDataset.range(5), {"data": "abc", "seed": 0}, what="demo")
+>>> it = iter(ds)
+>>> _ = next(it); state = it.get_state()
+>>> state["identity"], state["state"]
+({'data': 'abc', 'seed': 0}, {'next_index': 1})
+>>> other = iter(with_identity(grain.MapDataset.range(5), {"data": "xyz", "seed": 0}, what="demo"))
+>>> other.set_state(state)
+Traceback (most recent call last):
+...
+ValueError: cannot restore this demo state: its data or config changed (data: saved 'abc' -> now 'xyz'). Restore with the same data and config, or start a new run
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grain
+
+
+def identity_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Each field of ``now`` whose saved value differs, as ``"key: saved a -> now b"``."""
+    keys = list(now) + [k for k in saved if k not in now]
+    return [
+        f"{k}: saved {saved.get(k)!r} -> now {now.get(k)!r}"
+        for k in keys
+        if saved.get(k) != now.get(k)
+    ]
+
+
+def check_identity(saved: Any, now: Mapping[str, Any], *, what: str) -> None:
+    """Raise ``ValueError`` naming every changed field if ``saved`` is not ``now``."""
+    if not isinstance(saved, Mapping):
+        raise ValueError(
+            f"cannot restore this {what} state: its identity is {saved!r}, not a dict; pass a "
+            "state returned by get_state() unchanged"
+        )
+    changes = identity_changes(saved, now)
+    if changes:
+        raise ValueError(
+            f"cannot restore this {what} state: its data or config changed "
+            f"({'; '.join(changes)}). Restore with the same data and config, or start a new run"
+        )
+
+
+def split_state(state: Any, *, what: str) -> tuple[Mapping[str, Any], Any]:
+    """``(identity, inner state)`` of a state made by :func:`with_identity`, type-checked."""
+    if not isinstance(state, Mapping) or set(state) != {"identity", "state"}:
+        shown = repr(state)[:200]
+        raise ValueError(
+            f"not a {what} state: {shown}. Expected the dict get_state() returned, with keys "
+            "'identity' and 'state' (a state saved by grain_rox before identities were "
+            "recorded cannot be restored: start a new run)"
+        )
+    return state["identity"], state["state"]
+
+
+class _IdentifiedIterator(grain.DatasetIterator):
+    """Grain's iterator of the wrapped dataset, with the identity in its state."""
+
+    def __init__(self, parent: grain.DatasetIterator, identity: dict[str, Any], what: str):
+        super().__init__(parent)
+        self._identity = identity
+        self._what = what
+
+    def __next__(self) -> Any:
+        return next(self._parent)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"identity": self._identity, "state": self._parent.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        saved, inner = split_state(state, what=self._what)
+        check_identity(saved, self._identity, what=self._what)
+        self._parent.set_state(inner)
+
+    def close(self) -> None:
+        closer = getattr(self._parent, "close", None)
+        if callable(closer):
+            closer()
+
+    def __str__(self) -> str:
+        return f"IdentifiedIterator({self._what})"
+
+
+class IdentifiedIterDataset(grain.IterDataset):
+    """``parent`` whose iterators carry ``identity`` in their state (see the module doc)."""
+
+    def __init__(self, parent: grain.IterDataset, identity: dict[str, Any], *, what: str):
+        super().__init__(parent)
+        self.identity = dict(identity)
+        self.what = what
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return _IdentifiedIterator(self._parent.__iter__(), self.identity, self.what)
+
+    def __str__(self) -> str:
+        return f"IdentifiedIterDataset({self.what})"
+
+
+class IdentifiedMapDataset(grain.MapDataset):
+    """``parent``, element for element; its ``to_iter_dataset()`` (and ``iter()``) give
+    iterators whose state carries ``identity``."""
+
+    def __init__(self, parent: grain.MapDataset, identity: dict[str, Any], *, what: str):
+        super().__init__(parent)
+        self.identity = dict(identity)
+        self.what = what
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._parent[index]
+
+    def _getitems(self, indices: Sequence[int]) -> Sequence[Any]:
+        return self._parent._getitems(indices)
+
+    def to_iter_dataset(
+        self, read_options: grain.ReadOptions | None = None, *, allow_nones: bool = False
+    ) -> grain.IterDataset:
+        inner = self._parent.to_iter_dataset(read_options, allow_nones=allow_nones)
+        return IdentifiedIterDataset(inner, self.identity, what=self.what)
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return self.to_iter_dataset().__iter__()
+
+    def __str__(self) -> str:
+        return f"IdentifiedMapDataset({self.what})"
+
+
+def with_identity(ds: Any, identity: dict[str, Any], *, what: str) -> Any:
+    """``ds`` (a ``grain.MapDataset`` or ``IterDataset``) with ``identity`` in its iterators'
+    states; ``identity`` must be JSON-serialisable (Grain's checkpoint handler writes JSON)."""
+    if isinstance(ds, grain.MapDataset):
+        return IdentifiedMapDataset(ds, identity, what=what)
+    if isinstance(ds, grain.IterDataset):
+        return IdentifiedIterDataset(ds, identity, what=what)
+    raise TypeError(f"with_identity takes a grain.MapDataset or IterDataset, not {type(ds)}")
