@@ -11,19 +11,27 @@ to the lower source index). The apportionment is house-monotone, so this is a se
 * the counts at any ``n`` are found directly (quota, then a few exact integer corrections),
   so reaching sample 10**12 costs what reaching sample 10 does;
 * weights are quantised to integers summing to 2**30 (a relative error below 1e-9).
+
+:func:`mix_datasets` puts the identity of its inputs (:func:`describe_dataset`) and of its
+weights, phases, seed and length into its iterators' states, so a state saved over another
+mixture is refused, naming what changed.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from typing import Any
 
 import grain
 import numpy as np
 
-from grain_rox._order import derive_key
+from grain_rox._digest import facts_digest
+from grain_rox._identity import IdentifiedIterDataset, IdentifiedMapDataset, with_identity
+from grain_rox._order import derive_key, int_arg
 
 WEIGHT_SCALE = 1 << 30
 
@@ -139,6 +147,62 @@ class Mixture:
                 src[pos], seat[pos] = s_, m_
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_SHOWN = 400  # longer descriptions keep their start and a digest of the whole
+
+
+def _source_description(source: Any) -> str:
+    """A source's repr when it identifies the content (grain_rox sources hold a content
+    fingerprint); the type and length when the repr is an object address (another process,
+    another address) or a large Python container."""
+    try:
+        size = f"len={len(source)}"
+    except TypeError:
+        size = "unsized"
+    name = type(source).__qualname__
+    if isinstance(source, (list, tuple)) and len(source) > 1000:
+        return f"{name}({size})"
+    text = repr(source)
+    if _ADDRESS.search(text) or text.startswith("<"):
+        return f"{name}({size})"
+    return text
+
+
+def _node_description(node: Any) -> str:
+    source = getattr(node, "_source", None)
+    if source is not None and not node.parents:
+        return _source_description(source)
+    if isinstance(node, (IdentifiedMapDataset, IdentifiedIterDataset)):
+        return f"{node.what}(identity={facts_digest(node.identity)})"
+    text = _ADDRESS.sub("", str(node))
+    seed = vars(node).get("_seed")
+    if seed is not None:
+        text += f"[seed={seed}]"
+    parents = [p for p in node.parents]
+    if not parents:
+        return text
+    inner = ", ".join(_node_description(p) for p in parents)
+    return f"{text}<-{inner}" if len(parents) == 1 else f"{text}<-[{inner}]"
+
+
+def describe_dataset(ds: Any) -> str:
+    """A description of a Grain dataset (its chain of operations back to its sources) or of a
+    data source that is the same in every process and changes when the data or an operation
+    does (sources are described by their repr, which is content-based for grain_rox's own).
+
+    >>> import grain
+    >>> describe_dataset(grain.MapDataset.range(4).shuffle(seed=3))
+    'ShuffleMapDataset[seed=3]<-RangeMapDataset(start=0, stop=4, step=1)'
+    """
+    if isinstance(ds, (grain.MapDataset, grain.IterDataset)):
+        text = _node_description(ds)
+    else:
+        text = _source_description(ds)
+    if len(text) > _SHOWN:
+        text = f"{text[: _SHOWN - 40]}...(digest={facts_digest(text)})"
+    return text
+
+
 def resolve_weights(
     names: Sequence[str], weights: Mapping[str, float] | None, where: str
 ) -> tuple[float, ...]:
@@ -150,9 +214,21 @@ def resolve_weights(
             f"{where} mixes {len(names)} sources {list(names)} but gives no weights; pass "
             "weights={name: weight, ...} (a missing name has weight 0)"
         )
+    if not isinstance(weights, Mapping):
+        raise TypeError(
+            f"{where} weights={weights!r} is a {type(weights).__name__}, not a mapping; pass "
+            "weights={name: weight, ...}"
+        )
     unknown = sorted(set(weights) - set(names))
     if unknown:
         raise ValueError(f"{where} weights name unknown sources {unknown}; sources: {list(names)}")
+    for name, w in weights.items():
+        if isinstance(w, (bool, np.bool_)) or not isinstance(
+            w, (int, float, np.integer, np.floating)
+        ):
+            raise TypeError(
+                f"{where} weight of {name!r} is {w!r} ({type(w).__name__}); pass a number"
+            )
     return tuple(float(weights.get(n, 0.0)) for n in names)
 
 
@@ -226,7 +302,21 @@ def mix_datasets(
     >>> [int(x >= 1000) for x in phased]
     [0, 0, 0, 0, 1, 1]
     """
+    if not isinstance(datasets, Mapping) or not datasets:
+        raise TypeError(
+            f"mix_datasets: datasets={datasets!r} must be a non-empty mapping "
+            "{name: grain.MapDataset}"
+        )
     names = list(datasets)
+    for name, ds in datasets.items():
+        if not isinstance(ds, grain.MapDataset):
+            raise TypeError(
+                f"mix_datasets: dataset {name!r} is a {type(ds).__name__}, not a "
+                "grain.MapDataset; wrap a data source as grain.MapDataset.source(source)"
+            )
+    seed = int_arg(seed, "seed", where="mix_datasets", minimum=0)
+    if length is not None:
+        length = int_arg(length, "length", where="mix_datasets")
     if (weights is None) == (phases is None) and len(names) > 1:
         raise ValueError("mix_datasets: give weights= or phases=[(num_samples, weights), ...]")
     if phases is None:
@@ -236,8 +326,11 @@ def mix_datasets(
     shares = [
         resolve_weights(names, w, f"mix_datasets phase {p}") for p, (_, w) in enumerate(phases)
     ]
-    counts = [n for n, _ in phases]
-    if any(n is None for n in counts[:-1]) or any(n is not None and n < 1 for n in counts):
+    counts = [
+        None if n is None else int_arg(n, f"phases[{p}] num_samples", where="mix_datasets")
+        for p, (n, _) in enumerate(phases)
+    ]
+    if any(n is None for n in counts[:-1]):
         raise ValueError(
             f"phase lengths {counts} must be >= 1; only the last phase may be None (until length)"
         )
@@ -265,4 +358,11 @@ def mix_datasets(
         )
     else:
         selection = _PhasedSelection(mixtures, [int(n) for n in counts if n is not None])
-    return grain.MapDataset.select_from_datasets(parts, selection)
+    mixed = grain.MapDataset.select_from_datasets(parts, selection)
+    identity: dict[str, Any] = {f"dataset {n!r}": describe_dataset(datasets[n]) for n in names}
+    identity["phases"] = [
+        [n, dict(zip(names, w, strict=True))] for n, w in zip(counts, shares, strict=True)
+    ]
+    identity["seed"] = seed
+    identity["length"] = int(sum(n for n in counts if n is not None))
+    return with_identity(mixed, identity, what="mix_datasets")
