@@ -5,16 +5,12 @@ stay readable by roxxel, so those facts live in one JSON file per shard set:
 ``train.rox`` and ``train_0000.rox, train_0001.rox, ...`` all map to ``train.manifest.json``.
 A shard without a manifest (every file roxxel writes) is still a valid shard.
 
-Several shards cannot be renamed into place in one atomic step, so a write is a small
-transaction recorded in the manifest: (1) all shards are written and fsynced under temporary
-names; (2) the manifest is written listing the new shards as ``pending`` (with the record each
-name had before, if any); (3) the shards are renamed into place; (4) the manifest is rewritten
-without ``pending``. A reader that finds ``pending`` entries accepts them only if every pending
-shard is in place (the writer died after step 3); otherwise a pending shard that differs from
-its previous record belongs to an interrupted write and opening it fails, naming the files to
-delete. Shards from before the write are never touched. A manifest whose size facts disagree
-with its shard (the shard was replaced or appended to by another tool) is reported as stale
-rather than trusted.
+The manifest is also the commit record of a write (see :mod:`grain_rox._shard_set`): it names
+a write id and, per shard, its size, footer facts, sha256 and mtime_ns. While a write publishes
+its shards (several renames, never atomic together) the manifest holds the previous set and the
+complete new one as ``pending``; a reader decides from the files on disk which of the two is in
+place, and refuses a mix. Every name in a manifest must be a shard of its own set
+(``<base>.rox`` or ``<base>_NNNN.rox`` in the manifest's directory).
 """
 
 from __future__ import annotations
@@ -24,16 +20,17 @@ import hashlib
 import json
 import os
 import re
+import secrets
+import stat
 from typing import Any
 
 from grain_rox._atomic import atomic_write_bytes
-from grain_rox._rox_format import RoxFormatError, ShardHeader, read_header
+from grain_rox._rox_format import RoxFormatError, ShardHeader
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_FORMAT = "grain_rox.manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 _SHARD_NUMBER = re.compile(r"_\d{4,}$")
-_BROKEN: Any = object()  # a pending shard that exists but does not parse
 
 
 def set_base(shard_path: str) -> str:
@@ -64,9 +61,35 @@ def sha256_file(path: str, *, chunk_bytes: int = 8 << 20) -> str:
     return h.hexdigest()
 
 
+def member_pattern(manifest_path: str) -> re.Pattern[str]:
+    """Return the pattern of shard file names that belong to a manifest's set.
+
+    >>> bool(member_pattern("d/t.manifest.json").fullmatch("t_0012.rox"))
+    True
+    >>> [bool(member_pattern("d/t.manifest.json").fullmatch(n)) for n in ["t_v2_0000.rox", "../t.rox"]]
+    [False, False]
+    """
+    return re.compile(re.escape(set_name(manifest_path)) + r"(?:_\d{4,})?\.rox")
+
+
+def set_name(manifest_path: str) -> str:
+    """Return the set's file-name base of a manifest path (``d/t.manifest.json`` -> ``t``)."""
+    base = os.path.basename(manifest_path)
+    return base[: -len(MANIFEST_SUFFIX)] if base.endswith(MANIFEST_SUFFIX) else base
+
+
+def new_write_id() -> str:
+    """Return a fresh random id for one write (the set's generation)."""
+    return secrets.token_hex(8)
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardRecord:
     """One shard's entry in a manifest.
+
+    ``mtime_ns`` is the shard's modification time when it was written: a shard whose size and
+    mtime still match is taken to be unchanged without reading it; otherwise its sha256 is
+    compared (see :attr:`grain_rox.RoxCorpus.fingerprint`).
 
     >>> ShardRecord(file_size=64, num_blocks=2, raw_size=16, sha256=None, num_tokens=8).facts()
     (64, 2, 16)
@@ -79,6 +102,7 @@ class ShardRecord:
     num_tokens: int
     num_padding_tokens: int = 0
     num_documents: int | None = None
+    mtime_ns: int | None = None  # None: not recorded (older manifests)
 
     def facts(self) -> tuple[int, int, int]:
         return (self.file_size, self.num_blocks, self.raw_size)
@@ -115,7 +139,10 @@ class ShardRecord:
 class Manifest:
     """A shard set's manifest: shared facts plus one :class:`ShardRecord` per shard file name.
 
-    >>> m = Manifest(dtype="uint16", block_size=8, shards={}, eos_id=256)
+    ``write_id`` names the write that made the set; ``pending`` is the complete manifest of a
+    write that is publishing its shards (present only while it runs, or after it was killed).
+
+    >>> m = Manifest(dtype="uint16", block_size=8, shards={}, eos_id=256, write_id="ab")
     >>> Manifest.from_json(m.to_json(), "x.manifest.json") == m
     True
     """
@@ -127,7 +154,8 @@ class Manifest:
     pad_id: int | None = None
     tokenizer: dict[str, Any] | None = None
     num_documents: int | None = None
-    pending: dict[str, ShardRecord | None] = dataclasses.field(default_factory=dict)
+    write_id: str | None = None
+    pending: Manifest | None = None
     version: int = MANIFEST_VERSION
 
     def matches(self, name: str, header: ShardHeader) -> bool:
@@ -139,55 +167,11 @@ class Manifest:
             header.raw_size,
         )
 
-    def settle(self, directory: str) -> Manifest:
-        """Resolve ``pending`` entries against the shards in ``directory``.
-
-        Returns a manifest without pending entries that describes what is on disk. Raises
-        :class:`RoxFormatError` naming the files of an interrupted write that reached the disk.
-        """
-        if not self.pending:
-            return self
-        on_disk: dict[str, ShardHeader | None] = {}
-        for name in self.pending:
-            path = os.path.join(directory, name)
-            try:
-                on_disk[name] = read_header(path)
-            except FileNotFoundError:
-                on_disk[name] = None
-            except RoxFormatError:
-                on_disk[name] = None if not os.path.exists(path) else _BROKEN
-        if all(h not in (None, _BROKEN) and self.matches(n, h) for n, h in on_disk.items()):
-            return dataclasses.replace(self, pending={})  # the write finished its renames
-        shards = dict(self.shards)
-        orphans = []
-        for name, previous in self.pending.items():
-            h = on_disk[name]
-            if (
-                previous is not None
-                and h not in (None, _BROKEN)
-                and previous.facts() == (h.file_size, h.num_blocks, h.raw_size)
-            ):
-                shards[name] = previous  # untouched by the interrupted write
-            elif h is None:
-                shards.pop(name, None)  # never renamed into place: as if not written
-            else:
-                shards.pop(name, None)
-                orphans.append(os.path.join(directory, name))
-        if orphans:
-            raise RoxFormatError(
-                orphans[0],
-                f"{len(orphans)} shard(s) belong to a write that was interrupted before it "
-                f"finished ({', '.join(orphans)}); the manifest lists them as pending",
-                "delete those files and run the write again (shards written before it are intact)",
-            )
-        counts = [r.num_documents for r in shards.values()]
-        docs = None if any(c is None for c in counts) else sum(c or 0 for c in counts)
-        return dataclasses.replace(self, shards=shards, pending={}, num_documents=docs)
-
-    def to_json(self) -> str:
-        data = {
+    def _data(self) -> dict[str, Any]:
+        return {
             "format": MANIFEST_FORMAT,
             "version": self.version,
+            "write_id": self.write_id,
             "dtype": self.dtype,
             "block_size": self.block_size,
             "eos_id": self.eos_id,
@@ -195,44 +179,68 @@ class Manifest:
             "tokenizer": self.tokenizer,
             "num_documents": self.num_documents,
             "shards": {name: dataclasses.asdict(rec) for name, rec in self.shards.items()},
-            "pending": {
-                name: None if rec is None else dataclasses.asdict(rec)
-                for name, rec in self.pending.items()
-            },
+            "pending": None if self.pending is None else self.pending._data(),
         }
-        return json.dumps(data, indent=1, sort_keys=False) + "\n"
+
+    def to_json(self) -> str:
+        return json.dumps(self._data(), indent=1, sort_keys=False) + "\n"
+
+    @classmethod
+    def _from_data(cls, data: Any, path: str, where: str) -> Manifest:
+        if not isinstance(data, dict) or not isinstance(data.get("shards"), dict):
+            raise ValueError(f"expected {where}a JSON object with a 'shards' object")
+        if data.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"'format' is {data.get('format')!r}, not {MANIFEST_FORMAT!r}")
+        version = data["version"]
+        if not isinstance(version, int) or version > MANIFEST_VERSION:
+            raise RoxFormatError(
+                path,
+                f"manifest version {version!r} is newer than this grain_rox understands "
+                f"({MANIFEST_VERSION})",
+                "upgrade grain_rox",
+            )
+        members = member_pattern(path)
+        names = list(data["shards"])
+        pending_data = data.get("pending")
+        if version == 1 and pending_data:
+            raise RoxFormatError(
+                path,
+                "it was left by a write of an older grain_rox that was interrupted (its "
+                "'pending' entries are set)",
+                "run the write again with if_exists='overwrite' (or delete this manifest to read "
+                "the shards without its extras)",
+            )
+        pending = None
+        if version >= 2 and pending_data is not None:
+            pending = cls._from_data(pending_data, path, "'pending' to be ")
+            names += list(pending.shards)
+        for name in names:
+            if not isinstance(name, str) or not members.fullmatch(name):
+                raise RoxFormatError(
+                    path,
+                    f"the manifest names {name!r}, which is not a shard of this set (expected "
+                    f"{set_name(path)}.rox or {set_name(path)}_NNNN.rox in the manifest's own "
+                    "directory)",
+                    "the manifest was edited or damaged: re-create the shard set, or delete "
+                    "this manifest to read the shards without its extras",
+                )
+        return cls(
+            dtype=data["dtype"],
+            block_size=int(data["block_size"]),
+            shards={name: ShardRecord(**rec) for name, rec in data["shards"].items()},
+            eos_id=data.get("eos_id"),
+            pad_id=data.get("pad_id"),
+            tokenizer=data.get("tokenizer"),
+            num_documents=data.get("num_documents"),
+            write_id=data.get("write_id"),
+            pending=pending,
+            version=version,
+        )
 
     @classmethod
     def from_json(cls, text: str, path: str) -> Manifest:
         try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or not isinstance(data.get("shards"), dict):
-                raise ValueError("expected a JSON object with a 'shards' object")
-            if data.get("format") != MANIFEST_FORMAT:
-                raise ValueError(f"'format' is {data.get('format')!r}, not {MANIFEST_FORMAT!r}")
-            if data["version"] > MANIFEST_VERSION:
-                raise RoxFormatError(
-                    path,
-                    f"manifest version {data['version']} is newer than this grain_rox "
-                    f"understands ({MANIFEST_VERSION})",
-                    "upgrade grain_rox",
-                )
-            shards = {name: ShardRecord(**rec) for name, rec in data["shards"].items()}
-            pending = {
-                name: None if rec is None else ShardRecord(**rec)
-                for name, rec in data.get("pending", {}).items()
-            }
-            return cls(
-                dtype=data["dtype"],
-                block_size=int(data["block_size"]),
-                shards=shards,
-                eos_id=data.get("eos_id"),
-                pad_id=data.get("pad_id"),
-                tokenizer=data.get("tokenizer"),
-                num_documents=data.get("num_documents"),
-                pending=pending,
-                version=data["version"],
-            )
+            return cls._from_data(json.loads(text), path, "")
         except RoxFormatError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -243,9 +251,18 @@ class Manifest:
             ) from None
 
 
-def load_manifest(path: str, *, settle: bool = True) -> Manifest | None:
-    """Return the manifest at ``path`` (pending writes settled), or None if there is none."""
+def load_manifest(path: str) -> Manifest | None:
+    """Return the manifest at ``path`` as written (pending write included), or None if none.
+
+    Use :func:`grain_rox._shard_set.current_manifest` for the one that describes the disk.
+    """
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise RoxFormatError(
+                path,
+                "the manifest is not a regular file (a FIFO, device or directory)",
+                "remove it or rename it; a manifest is a JSON file written by grain_rox",
+            )
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
@@ -256,8 +273,7 @@ def load_manifest(path: str, *, settle: bool = True) -> Manifest | None:
             f"the manifest is not UTF-8 JSON ({e})",
             "delete it (the shards read without it) or re-create the shard set",
         ) from None
-    manifest = Manifest.from_json(text, path)
-    return manifest.settle(os.path.dirname(path)) if settle else manifest
+    return Manifest.from_json(text, path)
 
 
 def write_manifest(path: str, manifest: Manifest) -> None:

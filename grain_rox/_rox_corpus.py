@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from grain_rox._manifest import Manifest, ShardRecord, load_manifest, manifest_path_for
+from grain_rox._manifest import Manifest, ShardRecord, manifest_path_for
 from grain_rox._paths import PathSpec, resolve_shard_paths
 from grain_rox._rox_format import (
     FULL_INDEX_CHECK_LIMIT,
@@ -30,6 +30,7 @@ from grain_rox._rox_format import (
     check_index,
     read_header,
 )
+from grain_rox._shard_set import current_manifest
 
 _SAMPLE_BYTES = 4096
 
@@ -369,7 +370,7 @@ def _load_shard_facts(
             )
         mpath = manifest_path_for(path)
         if mpath not in tried:
-            tried[mpath] = load_manifest(mpath)
+            tried[mpath] = current_manifest(mpath)
         manifest = tried[mpath]
         record = manifest.shards.get(os.path.basename(path)) if manifest else None
         if manifest is not None and record is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import struct
 
 import numpy as np
@@ -137,12 +138,30 @@ class ShardHeader:
         )
 
 
+def require_regular(path: str, st: os.stat_result, what: str = "shard") -> None:
+    """Refuse a FIFO, device, socket or directory named like a shard (opening one can hang).
+
+    >>> require_regular(".", os.stat("."))
+    Traceback (most recent call last):
+    ...
+    grain_rox._rox_format.RoxFormatError: .: it is a directory, not a regular file, but is named like a shard. Fix: rename or remove it; .rox shards are regular files.
+    """
+    if not stat.S_ISREG(st.st_mode):
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "FIFO, device or socket"
+        raise RoxFormatError(
+            path,
+            f"it is a {kind}, not a regular file, but is named like a {what}",
+            "rename or remove it; .rox shards are regular files",
+        )
+
+
 def read_header(path: str) -> ShardHeader:
     """Read and validate one shard's footer, its size equation and its first/last index entry.
 
     Raises :class:`RoxFormatError` for any inconsistency and ``FileNotFoundError`` if
     ``path`` does not exist.
     """
+    require_regular(path, os.stat(path))  # opening a FIFO would block forever
     with open(path, "rb") as f:
         file_size = os.fstat(f.fileno()).st_size
         if file_size < FOOTER_SIZE:

@@ -20,22 +20,21 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import glob
 import hashlib
 import itertools
 import os
-import re
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
-from grain_rox._atomic import fsync_dir, publish, temp_path_for
+from grain_rox._atomic import fsync_dir, temp_path_for
 from grain_rox._manifest import (
+    MANIFEST_SUFFIX,
     Manifest,
     ShardRecord,
-    load_manifest,
     manifest_path_for,
+    new_write_id,
     write_manifest,
 )
 from grain_rox._rox_format import (
@@ -48,6 +47,7 @@ from grain_rox._rox_format import (
     encode_dtype,
     read_header,
 )
+from grain_rox._shard_set import clean_leftovers, current_manifest, scan_set, shard_number
 from grain_rox._tokenizers import Tokenizer, get_tokenizer, smallest_token_dtype
 
 Item = str | bytes | bytearray | memoryview | np.ndarray | list[int] | tuple[int, ...]
@@ -252,18 +252,6 @@ class _ShardFile:
             os.unlink(self.tmp_path)
 
 
-_SHARD_RE = re.compile(r"_(\d{4,})\.rox$")
-
-
-def _existing_shards(base: str) -> list[tuple[int, str]]:
-    found = []
-    for p in glob.glob(glob.escape(base) + "_*.rox"):
-        m = _SHARD_RE.search(p)
-        if m and p[: m.start()] == base:
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
 class _Plan:
     """Where blocks go: the shard files of this write, created on demand."""
 
@@ -274,42 +262,51 @@ class _Plan:
         block_bytes: int,
         max_shard_bytes: int | None,
         if_exists: IfExists,
+        disk: dict[str, os.stat_result],
     ) -> None:
         self.dtype = dtype
         self.block_bytes = block_bytes
         self.files: list[_ShardFile] = []
-        self.replaced: list[str] = []  # old files to delete once the new ones are in place
-        self.base = path[:-4] if path.endswith(".rox") else path
-        if max_shard_bytes is None:
-            self.capacity: int | None = None
-            self.single = path
-            exists = os.path.exists(path)
-            if exists and if_exists == "error":
+        self.base = path[:-4]
+        name = os.path.basename(path)
+        numbered = [n for n in disk if shard_number(n) >= 0]
+        if disk and if_exists == "error":
+            if name in disk:
                 raise FileExistsError(
                     f"{path} exists; pass if_exists='append' to add to it (copy-on-write) or "
                     "if_exists='overwrite' to replace it"
                 )
-            self.copy_from = path if exists and if_exists == "append" else None
-            self.next_index = 0
+            first = os.path.join(os.path.dirname(path), next(iter(disk)))
+            raise FileExistsError(
+                f"{len(disk)} shard(s) of the set {self.base}.rox / {self.base}_NNNN.rox exist "
+                f"(e.g. {first}); pass if_exists='append' to add to the set or "
+                "if_exists='overwrite' to replace it"
+            )
+        self.copy_from = None
+        self.next_index = 0
+        if max_shard_bytes is None:
+            self.capacity: int | None = None
+            self.single = path
+            if if_exists == "append" and numbered:
+                raise ValueError(
+                    f"cannot append a single file to {path}: the set is sharded "
+                    f"({self.base}_NNNN.rox exist); pass max_shard_bytes= to append new shards"
+                )
+            if if_exists == "append" and name in disk:
+                self.copy_from = path
         else:
             if max_shard_bytes <= 0:
                 raise ValueError(f"max_shard_bytes={max_shard_bytes} must be positive")
             self.capacity = max(
                 1, (max_shard_bytes - FOOTER_SIZE) // (block_bytes + INDEX_ENTRY_SIZE)
             )
-            self.copy_from = None
-            existing = _existing_shards(self.base)
-            if existing and if_exists == "error":
-                raise FileExistsError(
-                    f"{len(existing)} shards of {self.base}_NNNN.rox exist (e.g. {existing[0][1]}); "
-                    "pass if_exists='append' to add new shards after them or "
-                    "if_exists='overwrite' to replace the set"
+            if if_exists == "append" and name in disk:
+                raise ValueError(
+                    f"cannot append shards to {path}: it is a single file, not a sharded set; "
+                    "append without max_shard_bytes= (copy-on-write) or write a new set"
                 )
-            if if_exists == "append":
-                self.next_index = existing[-1][0] + 1 if existing else 0
-            else:
-                self.next_index = 0
-                self.replaced = [p for _, p in existing]
+            if if_exists == "append" and numbered:
+                self.next_index = shard_number(numbered[-1]) + 1
 
     def _new_file(self) -> _ShardFile:
         if self.capacity is None:
@@ -341,6 +338,7 @@ class _Plan:
     def discard(self) -> None:
         for f in self.files:
             f.discard()
+        self.files = []
 
 
 def _resolve_dtype(
@@ -416,6 +414,11 @@ def write_rox(
             f"the output path {path!r} contains glob characters (* or ?); roxxel would write "
             f"{renamed!r} or append to whatever the glob matches. Pass the real file name"
         )
+    if not path.endswith(".rox"):
+        raise ValueError(
+            f"the output path {path!r} does not end in .rox; roxxel and grain_rox find shards "
+            f"by that suffix. Pass e.g. {path + '.rox'!r}"
+        )
     if if_exists not in ("error", "append", "overwrite"):
         raise ValueError(f"if_exists={if_exists!r}; use 'error', 'append' or 'overwrite'")
     tok = get_tokenizer(tokenizer) if tokenizer is not None else None
@@ -440,14 +443,13 @@ def write_rox(
 
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-    mpath = manifest_path_for(path)
-    # Settling raises if an earlier write to this set was interrupted half-way.
-    old_manifest = load_manifest(mpath)
-    if if_exists != "append":
-        old_manifest = None
-    plan = _Plan(path, target, block_size, max_shard_bytes, if_exists)
-    if old_manifest is not None:
-        _check_append_compatible(old_manifest, mpath, target, block_size, sep, tok)
+    mpath = manifest_path_for(path) if max_shard_bytes is None else path[:-4] + MANIFEST_SUFFIX
+    clean_leftovers(mpath)  # temporaries of killed writers to this set
+    disk = scan_set(mpath)
+    previous = _previous_set(mpath, disk, strict=if_exists == "append")
+    plan = _Plan(path, target, block_size, max_shard_bytes, if_exists, disk)
+    if if_exists == "append" and previous.write_id is not None:  # a grain_rox manifest
+        _check_append_compatible(previous, mpath, target, block_size, sep, tok)
     if plan.copy_from is not None:
         old = read_header(plan.copy_from)
         if old.dtype != target:
@@ -509,6 +511,7 @@ def write_rox(
                 "unreadable 0-byte file here)"
             )
         results = [f.finish() for f in plan.files]
+        mtimes = [os.stat(f.tmp_path).st_mtime_ns for f in plan.files]
     except BaseException:
         plan.discard()
         raise
@@ -519,29 +522,22 @@ def write_rox(
     last = len(plan.files) - 1
     for k in [k for k in docs_per_file if k > last]:  # documents starting in the final padding
         docs_per_file[last] += docs_per_file.pop(k)
-    final = None
-    if manifest:
-        final = _build_manifest(
-            old_manifest, plan, results, docs_per_file, num_pad, target, block_size, sep, pad, tok
-        )
-        # The transaction (see _manifest): pending manifest, renames, final manifest.
-        previous = {
-            os.path.basename(f.final_path): _previous_record(f.final_path, old_manifest)
-            for f in plan.files
-        }
-        write_manifest(mpath, dataclasses.replace(final, pending=previous))
-    elif os.path.exists(mpath):
-        os.unlink(mpath)  # it would no longer describe the set (and would fail opens as stale)
-    new_paths = {f.final_path for f in plan.files}
-    for old_path in plan.replaced:  # overwrite: the old set goes before the new one appears
-        if old_path not in new_paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(old_path)
-    for f in plan.files:
-        publish(f.tmp_path, f.final_path)
-    fsync_dir(os.path.dirname(path))
-    if final is not None:
-        write_manifest(mpath, final)
+    kept = previous.shards if if_exists == "append" else {}
+    final = _build_manifest(
+        previous,
+        kept,
+        plan,
+        results,
+        mtimes,
+        docs_per_file,
+        num_pad,
+        target,
+        block_size,
+        sep,
+        pad,
+        tok,
+    )
+    _publish(mpath, disk, previous, final, plan, keep_manifest=manifest)
     return WriteResult(
         paths=tuple(f.final_path for f in plan.files),
         manifest_path=mpath if manifest else None,
@@ -551,6 +547,75 @@ def write_rox(
         dtype=target,
         block_size=block_size,
     )
+
+
+def _publish(
+    mpath: str,
+    disk: dict[str, os.stat_result],
+    previous: Manifest,
+    final: Manifest,
+    plan: _Plan,
+    *,
+    keep_manifest: bool,
+) -> None:
+    """Put the new set in place as one transaction (see :mod:`grain_rox._shard_set`).
+
+    1. the manifest names the set on disk now and, as ``pending``, the complete new set (its
+       shards are already fsynced under temporary names); 2. the shards are renamed into place;
+    3. shards of the old set that the new one does not have are deleted; 4. the manifest
+    becomes the new set's (or is removed with ``manifest=False``). A reader that finds the
+    files between 1 and 4 sees exactly the old set, exactly the new one, or a refused mix.
+    """
+    directory = os.path.dirname(mpath)
+    try:
+        write_manifest(mpath, dataclasses.replace(previous, pending=final))
+    except BaseException:
+        plan.discard()
+        raise
+    for f in plan.files:
+        os.replace(f.tmp_path, f.final_path)
+    fsync_dir(directory)
+    stale = [n for n in disk if n not in final.shards]
+    for name in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+    if stale:
+        fsync_dir(directory)
+    if keep_manifest:
+        write_manifest(mpath, final)
+    else:
+        os.unlink(mpath)  # the set is written without grain_rox's extras
+        fsync_dir(directory)
+
+
+def _previous_set(mpath: str, disk: dict[str, os.stat_result], *, strict: bool) -> Manifest:
+    """The set on disk now, as a manifest with every file's size and mtime_ns.
+
+    ``strict`` (append) requires a consistent set; otherwise (overwrite) a set left mixed by an
+    interrupted write is described file by file, since all of it is replaced.
+    """
+    directory = os.path.dirname(mpath)
+    try:
+        current = current_manifest(mpath)
+    except RoxFormatError:
+        if strict:
+            raise
+        current = None
+    records: dict[str, ShardRecord] = {}
+    for name, st in disk.items():
+        rec = current.shards.get(name) if current is not None else None
+        if rec is None:
+            try:
+                h = read_header(os.path.join(directory, name))
+                rec = ShardRecord(h.file_size, h.num_blocks, h.raw_size, None, h.num_tokens)
+            except RoxFormatError:
+                if strict:
+                    raise
+                rec = ShardRecord(st.st_size, 0, 0, None, 0)
+        records[name] = dataclasses.replace(rec, mtime_ns=st.st_mtime_ns)
+    if current is None:
+        return Manifest(dtype="", block_size=0, shards=records)
+    return dataclasses.replace(current, shards=records, pending=None)
 
 
 def _progress_bar(enabled: bool, path: str) -> Any:
@@ -587,22 +652,12 @@ def _check_append_compatible(
         )
 
 
-def _previous_record(path: str, old: Manifest | None) -> ShardRecord | None:
-    """What ``path`` holds before this write publishes over it (None if nothing)."""
-    name = os.path.basename(path)
-    if old is not None and name in old.shards:
-        return old.shards[name]
-    try:
-        h = read_header(path)
-    except (FileNotFoundError, RoxFormatError):
-        return None
-    return ShardRecord(h.file_size, h.num_blocks, h.raw_size, None, h.num_tokens, 0, None)
-
-
 def _build_manifest(
-    old: Manifest | None,
+    previous: Manifest,
+    kept: dict[str, ShardRecord],
     plan: _Plan,
     results: list[tuple[int, int, str]],
+    mtimes: list[int],
     docs_per_file: dict[int, int],
     num_pad: int,
     dtype: np.dtype,
@@ -611,9 +666,8 @@ def _build_manifest(
     pad: int | float,
     tok: Tokenizer | None,
 ) -> Manifest:
-    shards: dict[str, ShardRecord] = {}
-    if old is not None:
-        shards.update(old.shards)
+    """The new set's manifest: ``kept`` shards (an append's old ones) plus this write's."""
+    shards = dict(kept)
     itemsize = dtype.itemsize
     last = len(plan.files) - 1
     for k, (f, (size, raw, digest)) in enumerate(zip(plan.files, results, strict=True)):
@@ -636,16 +690,20 @@ def _build_manifest(
             num_tokens=raw // itemsize,
             num_padding_tokens=padding,
             num_documents=docs,
+            mtime_ns=mtimes[k],
         )
+    shards = {n: shards[n] for n in sorted(shards, key=shard_number)}
     total_docs: int | None = None
     if all(r.num_documents is not None for r in shards.values()):
         total_docs = sum(r.num_documents or 0 for r in shards.values())
+    appended = bool(kept) and previous.block_size > 0
     return Manifest(
         dtype=str(dtype),
-        block_size=block_size if old is None else old.block_size,
+        block_size=previous.block_size if appended else block_size,
         shards=shards,
         eos_id=None if sep is None else sep,  # type: ignore[arg-type]
         pad_id=pad,  # type: ignore[arg-type]
         tokenizer=tok.identity() if tok is not None else None,
         num_documents=total_docs,
+        write_id=new_write_id(),
     )

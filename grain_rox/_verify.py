@@ -7,9 +7,10 @@ import os
 
 import numpy as np
 
-from grain_rox._manifest import load_manifest, manifest_path_for
+from grain_rox._manifest import manifest_path_for
 from grain_rox._paths import PathSpec, resolve_shard_paths
 from grain_rox._rox_format import INDEX_DTYPE, RoxFormatError, check_index, read_header
+from grain_rox._shard_set import current_manifest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,7 @@ def verify_rox(paths: PathSpec, *, checksums: bool = True) -> list[ShardReport]:
                 )
             checksum = "none"
             mpath = manifest_path_for(path)
-            manifest = load_manifest(mpath)
+            manifest = current_manifest(mpath)
             record = manifest.shards.get(os.path.basename(path)) if manifest else None
             if record is not None:
                 record.check(header, mpath)

@@ -1,0 +1,235 @@
+"""A shard set on disk, checked against its manifest: which write it holds, or why not.
+
+A write publishes several files (one rename each, never atomic together), so the manifest is
+the commit record. While a write publishes, the manifest holds the previous set (``shards``)
+and the complete new one (``pending``). A reader classifies every file named like a shard of
+the set by its size and mtime_ns (a rename keeps both) and, only for a file that matches
+neither record (e.g. a directory copied half-way), by its sha256:
+
+* the files are exactly the new set -> the new data (the writer died after its renames);
+* the files are exactly the previous set -> the previous data (it died before them);
+* anything else is a mix of two writes and is refused, naming what to do.
+
+Without ``pending``, the files named like shards must be exactly the manifest's, with its
+sizes: an extra, missing or resized shard is refused (cheap: one directory scan, no reads).
+Hidden temporary files of killed writers are listed by :func:`leftover_temps` and removed by
+the next write to the set (:func:`clean_leftovers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+
+from grain_rox._manifest import (
+    MANIFEST_SUFFIX,
+    Manifest,
+    ShardRecord,
+    load_manifest,
+    member_pattern,
+    set_name,
+    sha256_file,
+)
+from grain_rox._rox_format import RoxFormatError, read_header, require_regular
+
+_HASHES: dict[tuple[str, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> sha256
+
+
+def shard_number(name: str) -> int:
+    """Sort key of a set member: ``x.rox`` first, then ``x_NNNN.rox`` by number.
+
+    >>> sorted(["a_10000.rox", "a_1001.rox", "a.rox"], key=shard_number)
+    ['a.rox', 'a_1001.rox', 'a_10000.rox']
+    """
+    m = re.search(r"_(\d{4,})\.rox$", name)
+    return int(m.group(1)) if m else -1
+
+
+def scan_set(manifest_path: str) -> dict[str, os.stat_result]:
+    """Return the files named like shards of the set, by name in shard order, with their stat."""
+    directory = os.path.dirname(manifest_path) or "."
+    members = member_pattern(manifest_path)
+    found: dict[str, os.stat_result] = {}
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if members.fullmatch(entry.name):
+            st = os.stat(entry.path)
+            require_regular(entry.path, st)
+            found[entry.name] = st
+    return {n: found[n] for n in sorted(found, key=shard_number)}
+
+
+def _temp_pattern(manifest_path: str) -> re.Pattern[str]:
+    base = re.escape(set_name(manifest_path))
+    names = rf"(?:{base}(?:_\d{{4,}})?\.rox|{base}{re.escape(MANIFEST_SUFFIX)})"
+    return re.compile(rf"\.{names}\.(\d+)\.[0-9a-f]+\.tmp")
+
+
+def leftover_temps(manifest_path: str) -> list[str]:
+    """Return the hidden temporary files of writes to this set that are not running now.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(os.path.join(d, ".t_0001.rox.999999999.ab12.tmp"), "wb")
+    >>> [os.path.basename(p) for p in leftover_temps(os.path.join(d, "t.manifest.json"))]
+    ['.t_0001.rox.999999999.ab12.tmp']
+    """
+    directory = os.path.dirname(manifest_path) or "."
+    pattern = _temp_pattern(manifest_path)
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(directory):
+            m = pattern.fullmatch(entry.name)
+            if m and not _alive(int(m.group(1))):
+                found.append(entry.path)
+    return sorted(found)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours from an earlier, failed call in this process: not in use
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid < (1 << 31)
+    return True
+
+
+def clean_leftovers(manifest_path: str) -> list[str]:
+    """Delete the temporaries that killed writers left for this set; return their paths."""
+    removed = []
+    for path in leftover_temps(manifest_path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def file_sha256(path: str, st: os.stat_result) -> str:
+    """sha256 of a file, cached per process by (path, size, mtime_ns, inode)."""
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    digest = _HASHES.get(key)
+    if digest is None:
+        digest = _HASHES[key] = sha256_file(path)
+    return digest
+
+
+def stat_matches(st: os.stat_result, rec: ShardRecord | None) -> bool:
+    """Whether a file's size and mtime_ns are the ones recorded (no read)."""
+    return rec is not None and st.st_size == rec.file_size and st.st_mtime_ns == rec.mtime_ns
+
+
+@dataclasses.dataclass
+class _Classified:
+    new: dict[str, bool]
+    old: dict[str, bool]
+
+
+def _classify(directory: str, disk: dict[str, os.stat_result], m: Manifest) -> _Classified:
+    assert m.pending is not None
+    new_recs, old_recs = m.pending.shards, m.shards
+    out = _Classified({}, {})
+    for name, st in disk.items():
+        new_rec, old_rec = new_recs.get(name), old_recs.get(name)
+        is_new = stat_matches(st, new_rec)
+        is_old = stat_matches(st, old_rec) or (
+            old_rec is not None
+            and old_rec.mtime_ns is None
+            and old_rec.sha256 is None
+            and st.st_size == old_rec.file_size
+        )
+        if not is_new and not is_old:  # e.g. copied mid-write: decide by content (rare)
+            digest = None
+            for rec in (new_rec, old_rec):
+                if rec is not None and rec.sha256 and st.st_size == rec.file_size:
+                    digest = digest or file_sha256(os.path.join(directory, name), st)
+            is_new = new_rec is not None and digest is not None and digest == new_rec.sha256
+            is_old = old_rec is not None and digest is not None and digest == old_rec.sha256
+        out.new[name], out.old[name] = is_new, is_old
+    return out
+
+
+def _listing(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _mix_error(
+    manifest_path: str, m: Manifest, disk: dict[str, os.stat_result], c: _Classified
+) -> RoxFormatError:
+    assert m.pending is not None
+    new, old = m.pending.shards, m.shards
+    published = [n for n in disk if c.new[n] and not c.old[n]]
+    old_left = [n for n in disk if c.old[n] and not c.new[n]]
+    problem = (
+        f"a write to this shard set (write {m.pending.write_id}) was interrupted while it "
+        f"published its shards: on disk are {len(published)} of its {len(new)} new shard(s) "
+        f"and {len(old_left)} of the {len(old)} shard(s) of the data it replaces, so the files "
+        "are neither the old nor the new data"
+    )
+    if all(n in disk and c.new[n] for n in new):
+        strays = [n for n in disk if n not in new]
+        fix = (
+            f"the new data is complete: delete the {len(strays)} leftover shard(s) of the old "
+            f"data ({_listing(strays)}), or run the write again"
+        )
+    elif all(n in disk and c.old[n] for n in old):
+        extra = [n for n in disk if n not in old]
+        fix = (
+            f"the previous data is intact: delete the {len(extra)} shard(s) of the interrupted "
+            f"write ({_listing(extra)}) to get it back, or run the write again"
+        )
+    else:
+        fix = (
+            "run the write again (if_exists='overwrite' rewrites the whole set); the previous "
+            "data was partly replaced and cannot be recovered from these files"
+        )
+    return RoxFormatError(manifest_path, problem, fix)
+
+
+def current_manifest(manifest_path: str) -> Manifest | None:
+    """Return the manifest that describes the set on disk, or None if there is none.
+
+    Raises :class:`RoxFormatError` when the files are not exactly one write's set: a mix of
+    an interrupted write and the data it replaces, extra or missing shards, a changed size.
+    """
+    m = load_manifest(manifest_path)
+    if m is None:
+        return None
+    directory = os.path.dirname(manifest_path) or "."
+    disk = scan_set(manifest_path)
+    if m.pending is not None:
+        c = _classify(directory, disk, m)
+        if set(disk) == set(m.pending.shards) and all(c.new.values()):
+            return m.pending
+        if set(disk) == set(m.shards) and all(c.old.values()):
+            return dataclasses.replace(m, pending=None)
+        raise _mix_error(manifest_path, m, disk, c)
+    extras = [n for n in disk if n not in m.shards]
+    if extras:
+        raise RoxFormatError(
+            os.path.join(directory, extras[0]),
+            f"{len(extras)} file(s) named like shards of this set are not in its manifest "
+            f"{manifest_path} ({_listing(extras)}): no write of this set made them",
+            "rename them if they belong to another set, or run the write again; to read the "
+            "files without grain_rox's checks, delete the manifest",
+        )
+    missing = [n for n in m.shards if n not in disk]
+    if missing:
+        raise RoxFormatError(
+            manifest_path,
+            f"{len(missing)} shard(s) that the manifest records are missing ({_listing(missing)})",
+            "restore them from a copy of the set, or run the write again",
+        )
+    for name, st in disk.items():
+        rec = m.shards[name]
+        if st.st_size != rec.file_size:  # the footer says what changed (or that it is broken)
+            rec.check(read_header(os.path.join(directory, name)), manifest_path)
+    return m
