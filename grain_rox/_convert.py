@@ -1,5 +1,12 @@
 """Read documents from text, JSONL or Parquet files and tokenize them on all cores, in order.
 
+Inputs are read exactly or refused loudly: compressed files (``.gz``, ``.bz2``, ``.xz``,
+``.zst``) are decompressed on the fly; binary files (a NUL byte or mostly control bytes in
+their first 8 KiB), empty files and special files (FIFOs, sockets) are skipped and counted
+in :class:`ReadStats` (or, with ``on_binary="error"``, binary files stop the run); text that
+is not UTF-8 is an error naming the file and the byte offset unless
+``encoding_errors="replace"``; records whose text is null are skipped and counted.
+
 Tokenization runs in a thread pool over chunks of about a megabyte of text: tiktoken and HF
 ``tokenizers`` release the GIL inside their Rust cores, so threads use every core without
 pickling documents to worker processes, and chunks come back in input order, so the output
@@ -8,32 +15,94 @@ shards are deterministic.
 
 from __future__ import annotations
 
+import bz2
 import collections
 import concurrent.futures
+import dataclasses
 import glob
+import gzip
 import json
+import logging
+import lzma
 import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
+from typing import IO, Any
 
 import numpy as np
 
 from grain_rox._tokenizers import Tokenizer
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf", "array_record")
+ON_BINARY = ("skip", "error")
+ENCODING_ERRORS = ("strict", "replace")
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd"}
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
+_SNIFF = 8192  # bytes looked at to tell binary from text
+_TEXT_CONTROLS = frozenset(b"\t\n\r\f\b\x1b")
+
+logger = logging.getLogger("grain_rox")
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """What :func:`read_documents` read and skipped, filled in as it reads.
+
+    >>> stats = ReadStats(files_read=3, documents=5)
+    >>> stats.skip("a.bin", "binary", "it looks binary")
+    >>> stats.summary()
+    '3 files read, skipped 1 file (1 binary)'
+    """
+
+    files_read: int = 0
+    documents: int = 0
+    null_texts: int = 0
+    skipped: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    def skip(self, path: str, reason: str, detail: str) -> None:
+        """Count ``path`` as skipped for ``reason`` and log why (logger ``grain_rox``)."""
+        self.skipped.setdefault(reason, []).append(path)
+        logger.warning("skipped %s: %s", path, detail)
+
+    def summary(self) -> str:
+        """``"N files read"``, then what was skipped and why."""
+        text = f"{self.files_read} file{'' if self.files_read == 1 else 's'} read"
+        count = sum(len(v) for v in self.skipped.values())
+        skips = []
+        if count:
+            why = ", ".join(f"{len(v)} {k}" for k, v in sorted(self.skipped.items()))
+            skips.append(f"{count} file{'' if count == 1 else 's'} ({why})")
+        if self.null_texts:
+            skips.append(f"{self.null_texts} null text{'' if self.null_texts == 1 else 's'}")
+        return text + (f", skipped {' and '.join(skips)}" if skips else "")
+
+
+def require_documents(docs: Iterator[str], stats: ReadStats, what: str) -> Iterator[str]:
+    """``docs``, or an error saying why there are none (every input skipped or empty)."""
+    first = next(docs, None)
+    if first is None:
+        raise ValueError(
+            f"no documents to convert in {what}: {stats.summary()}; the lines logged above "
+            "say why each file was skipped"
+        )
+    return _chain(first, docs)
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
-    """Expand files, directories (recursively, sorted, hidden files skipped) and globs."""
+    """Expand files, directories (recursively, sorted, hidden files skipped) and globs.
+
+    Everything that is not a directory is listed, special files too: :func:`read_documents`
+    counts those it skips instead of dropping them unseen.
+    """
     files: list[str] = []
     for spec in inputs:
         if any(c in spec for c in "*?["):
             matched = sorted(glob.glob(spec, recursive=True))
             if not matched:
                 raise FileNotFoundError(f"the input glob {spec!r} matched no files")
-            files.extend(p for p in matched if os.path.isfile(p))
+            files.extend(p for p in matched if not os.path.isdir(p) or is_hf_dataset_dir(p))
         elif is_hf_dataset_dir(spec):
             files.append(spec)  # a HuggingFace dataset saved with save_to_disk: one input
         elif os.path.isdir(spec):
@@ -44,7 +113,7 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
             if not found:
                 raise FileNotFoundError(f"the input directory {spec!r} holds no files")
             files.extend(found)
-        elif os.path.isfile(spec):
+        elif os.path.lexists(spec):
             files.append(spec)
         else:
             raise FileNotFoundError(f"input {spec!r} does not exist")
@@ -58,7 +127,7 @@ def is_hf_dataset_dir(path: str) -> bool:
     )
 
 
-def _hf_documents(path: str, text_column: str) -> Iterator[str]:
+def _hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str]:
     try:
         import datasets
     except ImportError:
@@ -74,16 +143,33 @@ def _hf_documents(path: str, text_column: str) -> Iterator[str]:
         )
     for batch in ds.select_columns([text_column]).iter(batch_size=1024):
         for value in batch[text_column]:
-            if value is not None:
+            if value is None:
+                stats.null_texts += 1
+            else:
                 yield value
 
 
+def compression_of(path: str) -> str | None:
+    """``"gzip"``, ``"bzip2"``, ``"xz"`` or ``"zstd"`` from the name's suffix, else ``None``.
+
+    >>> compression_of("notes.jsonl.gz"), compression_of("a.txt")
+    ('gzip', None)
+    """
+    return COMPRESSIONS.get(os.path.splitext(path)[1].lower())
+
+
 def detect_format(path: str) -> str:
-    """Guess a file's format from its name: jsonl, parquet, hf (a saved dataset),
-    array_record (token documents) or text."""
+    """Guess a file's format from its name (a compression suffix looked through): jsonl,
+    parquet, hf (a saved dataset), array_record (token documents) or text.
+
+    >>> detect_format("a/b.jsonl.gz"), detect_format("c.parquet"), detect_format("notes.gz")
+    ('jsonl', 'parquet', 'text')
+    """
     if is_hf_dataset_dir(path):
         return "hf"
     lower = path.lower()
+    if compression_of(lower):
+        lower = os.path.splitext(lower)[0]
     if lower.endswith(_ARRAY_RECORD_SUFFIXES) or ".array_record-" in lower:
         return "array_record"
     if lower.endswith(_JSONL_SUFFIXES):
@@ -93,22 +179,219 @@ def detect_format(path: str) -> str:
     return "text"
 
 
-def _text_of(record: object, column: str, where: str) -> str:
+def _open(path: str, compression: str | None) -> IO[bytes]:
+    if compression is None:
+        return open(path, "rb")
+    if compression == "gzip":
+        return gzip.open(path, "rb")
+    if compression == "bzip2":
+        return bz2.open(path, "rb")
+    if compression == "xz":
+        return lzma.open(path, "rb")
+    try:
+        import zstandard
+    except ImportError:
+        raise ImportError(
+            f"{path} is zstd-compressed: reading it needs the zstandard package "
+            "(pip install zstandard), or decompress it first (zstd -d)"
+        ) from None
+    return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+
+
+def _byte_chunks(path: str, size: int = 1 << 20) -> Iterator[bytes]:
+    """The file's bytes (decompressed), in chunks; a damaged compressed file is an error
+    naming it."""
+    compression = compression_of(path)
+    try:
+        with _open(path, compression) as f:
+            while chunk := f.read(size):
+                yield chunk
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        if compression is None or isinstance(e, FileNotFoundError | PermissionError):
+            raise
+        raise ValueError(
+            f"{path} is not a readable {compression} file ({type(e).__name__}: {e}); it is "
+            "damaged or misnamed: regenerate it, or leave it out of the inputs"
+        ) from None
+
+
+def _binary_reason(head: bytes) -> str | None:
+    """Why ``head`` (a file's first bytes) looks binary, or ``None`` if it looks like text."""
+    nul = head.find(b"\0")
+    if nul >= 0:
+        return f"a NUL byte at offset {nul}"
+    controls = sum(1 for b in head if b < 32 and b not in _TEXT_CONTROLS)
+    if head and controls * 10 > len(head) * 3:
+        return f"{controls} of its first {len(head)} bytes are control bytes"
+    return None
+
+
+def _decode(data: bytes, path: str, errors: str, *, base: int = 0, line: int = 0) -> str:
+    try:
+        return data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as e:
+        where = f"line {line}, " if line else ""
+        packed = " of the decompressed data" if compression_of(path) else ""
+        raise ValueError(
+            f"{path} is not UTF-8: {where}byte offset {base + e.start}{packed} holds "
+            f"0x{data[e.start]:02x}; convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8), or "
+            "pass --encoding-errors replace (encoding_errors='replace') to read it with "
+            "U+FFFD replacement characters"
+        ) from None
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, line without its newline) of each line."""
+    offset, rest = 0, b""
+    for chunk in chunks:
+        parts = (rest + chunk).split(b"\n")
+        rest = parts.pop()
+        for part in parts:
+            yield offset, part
+            offset += len(part) + 1
+    if rest:
+        yield offset, rest
+
+
+def _text_of(record: object, column: str, where: str) -> str | None:
     if not isinstance(record, dict) or column not in record:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise KeyError(f"{where} has no column {column!r} (it has {keys}); pass --text-column")
     value = record[column]
-    if not isinstance(value, str):
+    if value is not None and not isinstance(value, str):
         raise TypeError(f"{where}: column {column!r} holds {type(value).__name__}, not text")
     return value
 
 
-def read_documents(
-    files: Iterable[str], *, fmt: str = "auto", text_column: str = "text"
+def _not_jsonl(path: str, errors: str) -> str | None:
+    """What ``path`` holds if it is one JSON document that is not a list, else ``None``."""
+    try:
+        value = json.loads(_decode(b"".join(_byte_chunks(path)), path, errors))
+    except json.JSONDecodeError:
+        return None
+    if isinstance(value, dict):
+        return f"one JSON object (keys {sorted(value)[:5]})"
+    return None if isinstance(value, list) else f"one JSON {type(value).__name__}"
+
+
+def _jsonl_documents(
+    path: str, chunks: Iterator[bytes], column: str, errors: str, stats: ReadStats
 ) -> Iterator[str]:
-    """Yield one document per text file, JSONL line, Parquet row or HF dataset row."""
+    """Records of a JSONL file, or of a JSON file that is one list of records."""
+    first = next(chunks)
+    if first.lstrip()[:1] == b"[":  # one JSON list of records
+        text = _decode(first + b"".join(chunks), path, errors)
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(records, list):
+            raise ValueError(f"{path} is not a JSON list of records")
+        for i, record in enumerate(records):
+            value = _text_of(record, column, f"{path}[{i}]")
+            if value is None:
+                stats.null_texts += 1
+            else:
+                yield value
+        return
+    records_seen = 0
+    for lineno, (offset, raw) in enumerate(_lines(_chain(first, chunks)), 1):
+        line = _decode(raw, path, errors, base=offset, line=lineno)
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            whole = _not_jsonl(path, errors) if records_seen == 0 else None
+            if whole is not None:
+                raise ValueError(
+                    f"{path} holds {whole}, not JSON Lines: expected one record per line, or "
+                    f"a JSON list of records, each with a {column!r} field; leave it out of the "
+                    "inputs (e.g. a glob such as DIR/**/*.jsonl) or pass --format text to read "
+                    "it as one text document"
+                ) from None
+            raise ValueError(f"{where} is not valid JSON: {e}") from None
+        records_seen += 1
+        value = _text_of(record, column, where)
+        if value is None:
+            stats.null_texts += 1
+        else:
+            yield value
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _parquet_documents(path: str, column: str, stats: ReadStats) -> Iterator[str]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("reading Parquet needs pyarrow: pip install 'grain_rox[hf]'") from None
+
+    def damaged(e: Exception) -> ValueError:
+        return ValueError(
+            f"{path} is not a readable Parquet file ({type(e).__name__}: {e}); it is damaged "
+            "or not Parquet: regenerate it, or leave it out of the inputs"
+        )
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise damaged(e) from None
+    schema = pf.schema_arrow
+    if column not in schema.names:
+        raise KeyError(
+            f"{path} has no column {column!r} (it has {schema.names}); pass --text-column"
+        )
+    kind = schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise TypeError(f"{path}: column {column!r} holds {kind}, not text")
+    try:
+        for batch in pf.iter_batches(columns=[column], batch_size=1024):
+            for value in batch.column(0).to_pylist():
+                if value is None:
+                    stats.null_texts += 1
+                else:
+                    yield value
+    except (pa.ArrowException, OSError) as e:
+        raise damaged(e) from None
+
+
+def read_documents(
+    files: Iterable[str],
+    *,
+    fmt: str = "auto",
+    text_column: str = "text",
+    on_binary: str = "skip",
+    encoding_errors: str = "strict",
+    stats: ReadStats | None = None,
+) -> Iterator[str]:
+    """Yield one document per text file, JSONL line (or record of a JSON list), Parquet row or
+    HF dataset row.
+
+    Compressed files are read through; binary files are skipped (``on_binary="error"``: an
+    error), as are empty and special files, each logged and counted in ``stats``; text that
+    is not UTF-8 is an error unless ``encoding_errors="replace"``.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> for name, data in [("a.txt", b"hi"), ("b.bin", b"\\x00\\x01"), ("c.jsonl", b'{"text": "x"}')]:
+    ...     _ = open(os.path.join(d, name), "wb").write(data)
+    >>> stats = ReadStats()
+    >>> list(read_documents(expand_inputs([d]), stats=stats)), stats.summary()
+    (['hi', 'x'], '2 files read, skipped 1 file (1 binary)')
+    """
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
+    if on_binary not in ON_BINARY:
+        raise ValueError(f"on_binary={on_binary!r} is not one of {ON_BINARY}")
+    if encoding_errors not in ENCODING_ERRORS:
+        raise ValueError(f"encoding_errors={encoding_errors!r} is not one of {ENCODING_ERRORS}")
+    stats = ReadStats() if stats is None else stats
     for path in files:
         kind = detect_format(path) if fmt == "auto" else fmt
         if kind == "array_record":
@@ -117,38 +400,53 @@ def read_documents(
                 "own, with --record-dtype"
             )
         if kind == "hf":
-            yield from _hf_documents(path, text_column)
-        elif kind == "text":
-            with open(path, encoding="utf-8", errors="replace") as f:
-                yield f.read()
-        elif kind == "jsonl":
-            with open(path, encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    where = f"{path}:{lineno}"
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{where} is not valid JSON: {e}") from None
-                    yield _text_of(record, text_column, where)
-        else:
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                raise ImportError(
-                    "reading Parquet needs pyarrow: pip install 'grain_rox[hf]'"
-                ) from None
-            pf = pq.ParquetFile(path)
-            if text_column not in pf.schema_arrow.names:
-                raise KeyError(
-                    f"{path} has no column {text_column!r} (it has {pf.schema_arrow.names}); "
-                    "pass --text-column"
+            stats.files_read += 1
+            for doc in _hf_documents(path, text_column, stats):
+                stats.documents += 1
+                yield doc
+            continue
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            stats.skip(path, "not regular files", "not a regular file (a FIFO, socket or device)")
+            continue
+        if kind == "parquet":
+            if compression_of(path):
+                raise ValueError(
+                    f"{path}: compressed Parquet files are not read; decompress it first "
+                    "(Parquet compresses its own pages)"
                 )
-            for batch in pf.iter_batches(columns=[text_column], batch_size=1024):
-                for value in batch.column(0).to_pylist():
-                    if value is not None:
-                        yield value
+            stats.files_read += 1
+            docs = _parquet_documents(path, text_column, stats)
+        else:
+            chunks = _byte_chunks(path)
+            head = next(chunks, b"")
+            if not head:
+                stats.skip(path, "empty", "it is empty")
+                continue
+            why = _binary_reason(head[:_SNIFF])
+            if why is not None:
+                if on_binary == "error":
+                    raise ValueError(
+                        f"{path} looks binary ({why}), not text; leave it out of the inputs, "
+                        "or pass --on-binary skip (on_binary='skip') to skip such files"
+                    )
+                stats.skip(
+                    path,
+                    "binary",
+                    f"it looks binary ({why}); pass --on-binary error to stop instead",
+                )
+                continue
+            stats.files_read += 1
+            if kind == "jsonl":
+                docs = _jsonl_documents(
+                    path, _chain(head, chunks), text_column, encoding_errors, stats
+                )
+            else:
+                data = head + b"".join(chunks)
+                docs = iter([_decode(data, path, encoding_errors)])
+        for doc in docs:
+            stats.documents += 1
+            yield doc
 
 
 def _chunks(docs: Iterable[str], chunk_chars: int) -> Iterator[list[str]]:

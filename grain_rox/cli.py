@@ -23,10 +23,14 @@ from typing import Any
 
 from grain_rox._builtin_corpus import BUILTIN_CORPORA, builtin_documents
 from grain_rox._convert import (
+    ENCODING_ERRORS,
     FORMATS,
+    ON_BINARY,
+    ReadStats,
     detect_format,
     expand_inputs,
     read_documents,
+    require_documents,
     tokenize_in_order,
 )
 from grain_rox._rox_corpus import open_rox
@@ -71,6 +75,19 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     conv.add_argument("--format", choices=FORMATS, default="auto", dest="fmt")
     conv.add_argument("--text-column", default="text", help="JSONL/Parquet text field")
+    conv.add_argument(
+        "--on-binary",
+        choices=ON_BINARY,
+        default="skip",
+        help="binary input files: skip them (counted and logged, the default) or stop",
+    )
+    conv.add_argument(
+        "--encoding-errors",
+        choices=ENCODING_ERRORS,
+        default="strict",
+        help="text that is not UTF-8: an error naming the file (strict, the default) or "
+        "read with U+FFFD replacement characters (replace)",
+    )
     conv.add_argument(
         "--record-dtype",
         default=None,
@@ -142,6 +159,7 @@ def _convert(args: argparse.Namespace) -> int:
         return 2
     tok = get_tokenizer(args.tokenizer)
     files = [] if args.builtin else expand_inputs(args.inputs)
+    stats = ReadStats()
     token_docs = bool(files) and (
         args.fmt == "array_record" or all(detect_format(f) == "array_record" for f in files)
     )
@@ -158,8 +176,16 @@ def _convert(args: argparse.Namespace) -> int:
         docs = ArrayRecordSource(files, dtype=args.record_dtype).iter_arrays()
         label = ", ".join(args.inputs)[:60]
     else:
-        docs = read_documents(files, fmt=args.fmt, text_column=args.text_column)
+        docs = read_documents(
+            files,
+            fmt=args.fmt,
+            text_column=args.text_column,
+            on_binary=args.on_binary,
+            encoding_errors=args.encoding_errors,
+            stats=stats,
+        )
         label = ", ".join(args.inputs)[:60]
+        docs = require_documents(docs, stats, ", ".join(args.inputs))
     docs = _progress(_limited(docs, args.limit), not args.no_progress, label)
     start = time.perf_counter()
     result = write_rox(
@@ -172,10 +198,11 @@ def _convert(args: argparse.Namespace) -> int:
     )
     seconds = time.perf_counter() - start
     rate = result.num_tokens / seconds if seconds > 0 else float("inf")
+    source = f"read {label}" if args.builtin or token_docs else stats.summary()
     print(
         f"wrote {result.num_documents} documents, {result.num_tokens} {tok.name} tokens "
         f"({result.dtype}) into {len(result.paths)} shard(s) in {seconds:.1f}s "
-        f"({rate:,.0f} tokens/s); manifest {result.manifest_path}"
+        f"({rate:,.0f} tokens/s); {source}; manifest {result.manifest_path}"
     )
     if not args.no_verify:
         bad = [r for r in verify_rox(list(result.paths)) if not r.ok]
