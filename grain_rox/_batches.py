@@ -6,6 +6,11 @@ gather floor). Here a record is a whole batch: :func:`shuffled_batches` turns an
 ``get_batch(indices)`` (HF, ArrayRecord, NumPy sources) into a ``grain.MapDataset`` whose
 element ``i`` is global batch ``i``, in an order that is a new seeded permutation every epoch
 (a Feistel bijection: O(1) memory) and does not depend on the number of processes.
+
+The iterator state of such a dataset names the source's content (its repr, which holds a
+content fingerprint) and the order's config (batch size, seed, shuffle, epochs), so a state
+restores only onto the same data in the same order; it does not name the shard, so a state
+restores on any number of processes (it is a global batch index).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any, Protocol
 import grain
 import numpy as np
 
+from grain_rox._identity import IdentifiedMapDataset
 from grain_rox._order import FeistelPermutation, derive_key
 
 
@@ -138,17 +144,84 @@ def shuffled_batches(
     ``.to_iter_dataset(grain.ReadOptions(num_threads=0))``: its ``get_state`` / ``set_state``
     (or Orbax through ``grain.checkpoint``) resume at the exact batch.
 
+    The state of such an iterator is ``{"identity": {...}, "state": {"next_index": k}}``:
+    ``identity`` holds ``repr(source)`` (a content fingerprint for grain_rox's sources; a
+    source without its own ``__repr__`` is named by its class and length only) and
+    ``batch_size``, ``seed``, ``shuffle``, ``num_epochs``; ``set_state`` refuses a state from
+    other data or another order, naming what changed. The shard is not part of it: a state
+    restores on any number of processes. Your own ``.map``, ``.map_with_index``,
+    ``.random_map`` and ``.filter`` keep it (the identity does not cover your functions);
+    other Grain transformations (``.batch``, ``.shuffle``, slicing, ...) give Grain's own
+    dataset, whose iterator state is the bare position: apply them after
+    ``.to_iter_dataset(...)`` (iterator datasets pass the state through) to keep the check.
+
     >>> import numpy as np
     >>> from grain_rox import NumpySource
     >>> ds = shuffled_batches(NumpySource(np.arange(10)), 4, seed=3, num_epochs=2)
     >>> len(ds), sorted(ds[0].tolist() + ds[1].tolist()) == sorted(set(ds[0]) | set(ds[1]))
     (4, True)
+    >>> it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0)).__iter__()
+    >>> _ = next(it)
+    >>> state = it.get_state()
+    >>> state["state"], state["identity"]["seed"], state["identity"]["batch_size"]
+    ({'next_index': 1}, 3, 4)
+    >>> other = shuffled_batches(NumpySource(np.arange(10)), 4, seed=4, num_epochs=2)
+    >>> iter(other.to_iter_dataset()).set_state(state)
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot restore this NumpySource.batches() state: its data or config changed (seed: saved 3 -> now 4). Restore with the same data and config, or start a new run
     """
-    return grain.MapDataset.source(
-        BatchSource(
-            source, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
-        )
+    batches = BatchSource(
+        source, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
     )
+    return BatchesDataset(
+        grain.MapDataset.source(batches),
+        batch_identity(batches),
+        what=f"{type(source).__name__}.batches()",
+    )
+
+
+class BatchesDataset(IdentifiedMapDataset):
+    """The dataset :func:`shuffled_batches` returns: element ``i`` is batch ``i``; its
+    iterators' states carry the data and order identity, and so do those of the datasets its
+    element-wise transformations (``map``, ``map_with_index``, ``random_map``, ``filter``)
+    return."""
+
+    def _keep(self, ds: grain.MapDataset) -> BatchesDataset:
+        return BatchesDataset(ds, self.identity, what=self.what)
+
+    def map(self, transform: Any) -> BatchesDataset:
+        return self._keep(super().map(transform))
+
+    def map_with_index(self, transform: Any) -> BatchesDataset:
+        return self._keep(super().map_with_index(transform))
+
+    def random_map(self, transform: Any, *, seed: int | None = None) -> BatchesDataset:
+        return self._keep(super().random_map(transform, seed=seed))
+
+    def filter(self, transform: Any) -> BatchesDataset:
+        return self._keep(super().filter(transform))
+
+
+def source_identity(source: Any) -> str:
+    """``repr(source)`` if its class defines one (grain_rox's sources hold a content
+    fingerprint there), else its class name and length (an ``object`` repr names a memory
+    address, which differs in every process)."""
+    if type(source).__repr__ is object.__repr__:
+        return f"{type(source).__qualname__}(len={len(source)})"
+    return repr(source)
+
+
+def batch_identity(batches: BatchSource) -> dict[str, Any]:
+    """What a ``.batches()`` iterator state must match to restore: the data and the order
+    (not the shard: a state is a global batch index, valid on any number of processes)."""
+    return {
+        "data": source_identity(batches.source),
+        "batch_size": batches.batch_size,
+        "seed": batches.seed,
+        "shuffle": batches.shuffle,
+        "num_epochs": batches.num_epochs,
+    }
 
 
 class BatchesMixin:
@@ -165,7 +238,8 @@ class BatchesMixin:
     ) -> grain.MapDataset:
         """Batch ``i`` as Grain element ``i``, read in one call: see :func:`shuffled_batches`
         (a new seeded permutation every epoch, ``num_epochs=None`` or ``-1`` endless, the same
-        global order on any number of processes with ``shard=(index, count)``).
+        global order on any number of processes with ``shard=(index, count)``; its iterator
+        state names this source's content and the order, not the shard).
 
         >>> from grain_rox import NumpySource
         >>> NumpySource(np.arange(8)).batches(4, shuffle=False)[1].tolist()

@@ -10,10 +10,12 @@ gets grain_rox's order, sharding and checkpointing through :meth:`NumpySource.ba
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -22,32 +24,107 @@ from grain_rox._digest import facts_digest
 
 ArraySpec = str | os.PathLike[str] | np.ndarray
 
+FULL_HASH_BYTES = 256 << 20  # files up to this size are hashed whole (~0.2 s)
+SAMPLE_BLOCKS, SAMPLE_BYTES = 4096, 16 << 10  # larger ones: 64 MiB of evenly spaced blocks
+_digests: dict[tuple[str, int, int, int, int], str] = {}  # (path, dev, inode, size, mtime)
+_digests_lock = threading.Lock()
+RACY_NS = 2_000_000_000  # a file modified this recently may change again within its mtime
 
-def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype from a ``.npy`` header (the data is not read); truncation is an error."""
+
+def _racy(stat_key: tuple[int, int, int, int]) -> bool:
+    """Whether a file's mtime is too recent to vouch for its content: a rewrite within the
+    filesystem's timestamp granularity keeps size, inode and mtime (git's "racy" case)."""
+    return time.time_ns() - stat_key[3] < RACY_NS
+
+
+class NpyHeader:
+    """A ``.npy`` file's array layout, read and checked without reading the data."""
+
+    def __init__(self, shape: tuple[int, ...], fortran: bool, dtype: np.dtype, offset: int):
+        self.shape, self.fortran, self.dtype, self.offset = shape, fortran, dtype, offset
+
+
+def _read_header(f: IO[bytes], path: str) -> NpyHeader:
+    """The header of the open ``.npy`` file ``f``; anything unusable is a ValueError naming
+    ``path`` (truncation, negative sizes, Python objects, not a ``.npy`` file)."""
     fmt = np.lib.format
     try:
-        with open(path, "rb") as f:
-            version = fmt.read_magic(f)
-            read_header = (
-                fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-            )
-            shape, _, dtype = read_header(f)
-            available = os.fstat(f.fileno()).st_size - f.tell()
+        version = fmt.read_magic(f)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+        offset = f.tell()
+        available = os.fstat(f.fileno()).st_size - offset
     except (ValueError, OSError) as e:
         raise ValueError(f"{path}: not a readable .npy file ({e}); write it with np.save") from None
+    if any(n < 0 for n in shape):
+        raise ValueError(
+            f"{path}: the .npy header gives the invalid shape {shape} (a negative size): the "
+            "file is damaged or was not written by np.save; rewrite it"
+        )
     if dtype.hasobject:
         raise ValueError(
             f"{path}: dtype {dtype} holds Python objects, which cannot be memory-mapped; "
             "save a numeric array"
         )
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if available < expected:
         raise ValueError(
             f"{path}: truncated: the header promises {shape} {dtype} ({expected} bytes) but "
             f"only {available} bytes follow it; rewrite the file"
         )
-    return tuple(int(n) for n in shape), dtype
+    return NpyHeader(tuple(int(n) for n in shape), bool(fortran), dtype, offset)
+
+
+def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from a ``.npy`` header (the data is not read); see :func:`_read_header`."""
+    try:
+        with open(path, "rb") as f:
+            header = _read_header(f, path)
+    except OSError as e:
+        raise ValueError(f"{path}: not a readable .npy file ({e})") from None
+    return header.shape, header.dtype
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def content_digest(f: IO[bytes], path: str) -> str:
+    """SHA-1 of the open file ``f``'s content: all of it up to ``FULL_HASH_BYTES``; beyond,
+    its size and ``SAMPLE_BLOCKS`` evenly spaced blocks (first and last included). Cached per
+    (path, device, inode, size, mtime_ns), so reopening an unchanged file costs one ``stat``
+    (files modified in the last 2 s are hashed again each time).
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.bin")
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(b"abc")
+    >>> with open(path, "rb") as f:
+    ...     content_digest(f, path) == hashlib.sha1(b"abc").hexdigest()
+    True
+    """
+    key = (os.path.abspath(path), *_stat_key(os.fstat(f.fileno())))
+    with _digests_lock:
+        cached = _digests.get(key)
+    if cached is not None:
+        return cached
+    size = key[3]
+    h = hashlib.sha1()
+    f.seek(0)
+    if size <= FULL_HASH_BYTES:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    else:
+        h.update(f"sampled {size}".encode())
+        step = (size - SAMPLE_BYTES) / (SAMPLE_BLOCKS - 1)
+        for i in range(SAMPLE_BLOCKS):
+            f.seek(int(i * step))
+            h.update(f.read(SAMPLE_BYTES))
+    digest = h.hexdigest()
+    if not _racy(key[1:]):
+        with _digests_lock:
+            _digests[key] = digest
+    return digest
 
 
 def _as_path(spec: Any) -> Any:
@@ -93,12 +170,15 @@ class NumpySource(BatchesMixin):
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, str] = {}
         self._arrays: dict[str, np.ndarray] = {}
+        self._digests: dict[str, str] = {}  # each array's content digest
+        self._opened: dict[str, tuple[int, int, int, int]] = {}  # each file's stat when opened
         for key, spec in specs.items():
             if isinstance(spec, np.ndarray):
                 shape, dtype = spec.shape, spec.dtype
                 self._arrays[key] = spec
+                self._digests[key] = hashlib.sha1(np.ascontiguousarray(spec).data).hexdigest()
             else:
-                shape, dtype = _npy_header(paths[key])
+                shape, dtype = self._open_file(key)
             if len(shape) == 0:
                 raise ValueError(f"{self._name(key)} is a 0-d array: it has no rows to serve")
             self.shapes[key], self.dtypes[key] = tuple(shape), str(dtype)
@@ -114,15 +194,22 @@ class NumpySource(BatchesMixin):
     def _name(self, key: str) -> str:
         return self.paths.get(key) or (f"array {key!r}" if key else "the array")
 
+    def _open_file(self, key: str) -> tuple[tuple[int, ...], np.dtype]:
+        """Read file ``key``'s header and content digest, and record its stat."""
+        path = self.paths[key]
+        with open(path, "rb") as f:
+            header = _read_header(f, path)
+            self._opened[key] = _stat_key(os.fstat(f.fileno()))
+            self._digests[key] = content_digest(f, path)
+        return header.shape, header.dtype
+
     def _fingerprint(self) -> str:
-        facts = []
-        for key in sorted(self.shapes):
-            if key in self.paths:
-                stat = os.stat(self.paths[key])
-                where: Any = [os.path.basename(self.paths[key]), stat.st_size, stat.st_mtime_ns]
-            else:
-                where = hashlib.sha1(np.ascontiguousarray(self._arrays[key]).data).hexdigest()
-            facts.append([key, where, self.shapes[key], self.dtypes[key]])
+        """The content identity: each array's digest, shape and dtype (not file names, sizes
+        or times: a byte-identical copy of the data elsewhere is the same data)."""
+        facts = [
+            [key, self._digests[key], list(self.shapes[key]), self.dtypes[key]]
+            for key in sorted(self.shapes)
+        ]
         return facts_digest(facts)
 
     def _array(self, key: str) -> np.ndarray:
@@ -131,10 +218,43 @@ class NumpySource(BatchesMixin):
             with self._lock:
                 array = self._arrays.get(key)
                 if array is None:
-                    mapped = np.load(self.paths[key], mmap_mode="r", allow_pickle=False)
-                    array = mapped.view(np.ndarray)  # same pages; skips np.memmap's overhead
-                    self._arrays[key] = array
+                    array = self._arrays[key] = self._map_file(key)
         return array
+
+    def _map_file(self, key: str) -> np.ndarray:
+        """Memory-map file ``key`` (lazily, in every process), refusing a file whose content
+        changed since this source was made: its rows are not the ones it promised."""
+        path = self.paths[key]
+        try:
+            f = open(path, "rb")
+        except OSError as e:
+            raise FileNotFoundError(
+                f"{path}: cannot be reopened ({e.strerror}); it was part of this NumpySource "
+                "when it was made: restore the file, or make a new NumpySource"
+            ) from None
+        with f:
+            now = _stat_key(os.fstat(f.fileno()))
+            if now != self._opened[key] or _racy(self._opened[key]):
+                if content_digest(f, path) != self._digests[key]:
+                    size = self._opened[key][2]
+                    raise ValueError(
+                        f"{path} changed after this NumpySource was made ({size} -> {now[2]} "
+                        "bytes, new content): it no longer holds the rows this source (and any "
+                        "state saved from it) refers to. Restore the original file, or make a "
+                        "new NumpySource and start a new run"
+                    )
+                self._opened[key] = now  # the same bytes (a copy, a touch): serve them
+            f.seek(0)
+            header = _read_header(f, path)
+            mapped = np.memmap(
+                f,
+                dtype=header.dtype,
+                mode="r",
+                offset=header.offset,
+                shape=header.shape,
+                order="F" if header.fortran else "C",
+            )
+        return mapped.view(np.ndarray)  # same pages; skips np.memmap's overhead
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
