@@ -12,24 +12,45 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import queue
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import grain
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from grain_rox._curriculum import ENDLESS
+from grain_rox._iterator_state import STATE_VERSION as _STATE_VERSION
+from grain_rox._iterator_state import check_step, decode_state
+from grain_rox._iterator_state import history_problems as _history_problems
 from grain_rox._pipeline import TokenPipeline
 
-_STATE_VERSION = 2
 _DONE = object()
 
 
 def default_mesh(axis: str = "data") -> Mesh:
     """A 1-D mesh over every device of every process, named ``axis``."""
     return Mesh(np.asarray(jax.devices()), (axis,))
+
+
+def data_shards(sharding: NamedSharding) -> tuple[int, str]:
+    """How many pieces ``sharding`` cuts a batch's rows into, and the mesh axes that do it.
+
+    >>> mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    >>> data_shards(NamedSharding(mesh, PartitionSpec("data")))
+    (1, "'data'")
+    """
+    spec = sharding.spec
+    first = spec[0] if len(spec) else None
+    if first is None:
+        return 1, "(none: rows are not split)"
+    axes = first if isinstance(first, tuple) else (first,)
+    return math.prod(sharding.mesh.shape[a] for a in axes), "/".join(map(repr, axes))
 
 
 def process_rows(sharding: NamedSharding, global_batch: int, ndim: int = 2) -> tuple[int, int]:
@@ -54,53 +75,6 @@ def process_rows(sharding: NamedSharding, global_batch: int, ndim: int = 2) -> t
             "(e.g. jax.make_mesh or mesh_utils.create_device_mesh)"
         )
     return lo, hi
-
-
-def _history_problems(saved: list[dict[str, Any]], now: list[dict[str, Any]], step: int) -> str:
-    """Why the phases ``now`` cannot continue a run saved at ``step`` under ``saved`` ("" if
-    they can: phases that already ran, fully or partly, must be the same; later ones may
-    change, and a running phase may be cut short at ``step`` to start a new one)."""
-    start = 0
-    for i, old in enumerate(saved):
-        if start >= step:
-            return ""  # this phase had not started: the new schedule may differ from here on
-        if i >= len(now):
-            return f"phase {i} (started at step {start}) is missing from the new schedule"
-        new = now[i]
-        diff = [
-            f"{k} {old[k]!r} -> {new[k]!r}"
-            for k in ("batch_size", "seq_len", "weights")
-            if old[k] != new[k]
-        ]
-        if diff:
-            return f"phase {i}, which ran from step {start}, changed ({', '.join(diff)})"
-        old_steps, new_steps = old["steps"], new["steps"]
-        if old_steps is not None and step >= start + old_steps:  # this phase ran in full
-            if new_steps != old_steps:
-                return f"phase {i} ran its {old_steps} steps but now has {new_steps}"
-            start += old_steps
-            continue
-        done = step - start  # the phase that was running when the state was saved
-        if new_steps is not None and new_steps < done:
-            return f"phase {i} already ran {done} steps but now has only {new_steps}"
-        return ""  # it continues, or is cut short here: later phases may differ
-    return ""
-
-
-def _decode_state(state: bytes | str | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(state, bytes):
-        state = state.decode("utf-8")
-    if isinstance(state, str):
-        state = json.loads(state)
-    if not isinstance(state, dict) or "step" not in state or "version" not in state:
-        raise ValueError(f"not a MultiHostDataLoadIterator state: {str(state)[:200]}")
-    if state["version"] != _STATE_VERSION:
-        raise ValueError(
-            f"this data state has format version {state['version']}, but this grain_rox reads "
-            f"version {_STATE_VERSION}: it was saved by another grain_rox release, whose batch "
-            "order may differ; restore with that release or start a new run"
-        )
-    return state
 
 
 class MultiHostDataLoadIterator:
@@ -156,8 +130,20 @@ class MultiHostDataLoadIterator:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         self._stop = threading.Event()
         self._exhausted = False
+        self._shards, self._axes = data_shards(self.sharding)
+        self._first_rows: int | None = None  # a Grain input's batch rows (set by the producer)
+        self._length: tuple[int | None] | None = None  # len() of the input, once known
         if self._pipeline is not None:
             sizes = sorted({p.batch_size for p in self._pipeline.schedule.phases})
+            bad = [b for b in sizes if b % self._shards]
+            if bad:
+                fix = -(-bad[0] // self._shards) * self._shards
+                raise ValueError(
+                    f"global_batch_size={bad[0]} cannot be split evenly over the "
+                    f"{self._shards} devices of the mesh's {self._axes} axis: use a "
+                    f"global_batch_size that is a multiple of {self._shards} (e.g. {fix}), or a "
+                    "mesh with fewer devices on that axis"
+                )
             self._rows = {b: process_rows(self.sharding, b) for b in sizes}
             lo, hi = self._rows[sizes[0]]
             self._factor = sizes[0] // (hi - lo)
@@ -174,16 +160,28 @@ class MultiHostDataLoadIterator:
 
     # ---- sizes ----------------------------------------------------------------------------
     def __len__(self) -> int:
-        if self._pipeline is not None:
-            n = self._pipeline.num_batches
-        else:
-            try:
-                n = len(self._source)
-            except TypeError:
-                n = None
-        if n is None or n >= 1 << 61:
+        n = self._input_length()
+        if n is None:
+            if self._pipeline is None and not hasattr(self._source, "__len__"):
+                raise TypeError(
+                    f"len() is unknown for a {type(self._source).__name__} input (it has no "
+                    "len()); pass a grain.MapDataset to know it, or count the batches"
+                )
             raise TypeError("this iterator is endless (num_epochs=None): it has no len()")
-        return int(n)
+        return n
+
+    def _input_length(self) -> int | None:
+        """Batches the input serves in all (None: endless or unknown), computed once."""
+        if self._length is None:
+            if self._pipeline is not None:
+                n = self._pipeline.num_batches
+            else:
+                try:
+                    n = len(self._source)
+                except TypeError:
+                    n = None
+            self._length = (None if n is None or n >= min(ENDLESS, sys.maxsize) else int(n),)
+        return self._length[0]
 
     # ---- the producer ---------------------------------------------------------------------
     def _make_grain_iterator(self, start_step: int, grain_state: Any) -> Any:
@@ -204,6 +202,7 @@ class MultiHostDataLoadIterator:
             if id(leaf) not in unique:
                 unique[id(leaf)] = np.ascontiguousarray(leaf)  # JAX copies strided views slower
         arrays = list(unique.values())
+        self._check_rows(arrays)
         if jax.process_count() == 1:
             placed = jax.device_put(arrays, self.sharding)  # one batched transfer
         else:
@@ -215,6 +214,34 @@ class MultiHostDataLoadIterator:
             ]
         by_id = dict(zip(unique, placed, strict=True))
         return jax.tree_util.tree_unflatten(treedef, [by_id[id(leaf)] for leaf in leaves])
+
+    def _check_rows(self, arrays: list[np.ndarray]) -> None:
+        """A Grain input's batch must split evenly over the data axis: say which batch does
+        not, and what to change, instead of JAX's error about a shape the user never made."""
+        if self._pipeline is not None or not arrays:
+            return
+        local = {a.shape[0] if a.ndim else 0 for a in arrays}
+        rows = max(local) * self._row_factor(max(local))
+        if self._first_rows is None:
+            self._first_rows = rows
+        if len(local) == 1 and rows % self._shards == 0 and rows > 0:
+            return
+        where = f"the {self._shards} devices of the mesh's {self._axes} axis"
+        if len(local) > 1 or rows == 0:
+            raise ValueError(
+                f"a batch's arrays have different (or no) leading sizes {sorted(local)}: every "
+                f"array of a batch needs the same number of rows, split over {where}"
+            )
+        if rows < self._first_rows:
+            raise ValueError(
+                f"the last batch has {rows} rows (the earlier ones had {self._first_rows}), "
+                f"which cannot be split evenly over {where}: drop the partial batch (use "
+                "drop_remainder=True in grain.transforms.Batch / .batch())"
+            )
+        raise ValueError(
+            f"the batches have {rows} rows, which cannot be split evenly over {where}: use a "
+            f"batch size that is a multiple of {self._shards} (in total over all processes)"
+        )
 
     def _row_factor(self, local_rows: int) -> int:
         if self._pipeline is not None:
@@ -311,38 +338,87 @@ class MultiHostDataLoadIterator:
         return json.dumps(state, sort_keys=True).encode("utf-8")
 
     def set_state(self, state: bytes | str | dict[str, Any]) -> None:
-        """Continue after the batch where ``state`` was taken (from any process count)."""
-        decoded = _decode_state(state)
+        """Continue after the batch where ``state`` was taken (from any process count).
+
+        A state from other data, another config or another kind of input is refused, naming
+        what changed; so is a hand-edited one (a step that is not a non-negative int, or past
+        the end of a finite input)."""
+        decoded = decode_state(state)
+        step = decoded["step"]
         if self._pipeline is not None:
-            saved = decoded.get("pipeline")
-            if saved is None:
-                raise ValueError("the state was saved from a Grain loader, not a TokenPipeline")
-            changed = {
-                k: (saved.get(k), v)
-                for k, v in self._describe.items()
-                if saved.get(k) != v and k != "phases"
-            }
-            history = _history_problems(
-                saved.get("phases", []), self._describe["phases"], int(decoded["step"])
-            )
-            if history:
-                changed["phases"] = (history, "")
-            if changed:
-                details = ", ".join(
-                    f"{k}: {a}" if k == "phases" else f"{k}: saved {a!r} -> now {b!r}"
-                    for k, (a, b) in changed.items()
-                )
-                raise ValueError(
-                    f"cannot restore this data state: the pipeline changed ({details}). Restore "
-                    "with the same data and config, or start a new run"
-                )
-        grain_state = decoded.get("grain")
-        if isinstance(grain_state, dict) and set(grain_state) == {"bytes"}:
-            grain_state = grain_state["bytes"].encode("utf-8")
+            self._check_pipeline_state(decoded)
+            check_step(step, self._input_length(), limit=ENDLESS, what="this TokenPipeline")
+            grain_state = None
+        else:
+            grain_state = self._check_grain_state(decoded)
+            check_step(step, self._input_length(), limit=sys.maxsize, what="this Grain input")
         self._halt()
-        self._step = int(decoded["step"])
+        self._step = step
         self._grain_state = grain_state
         self._exhausted = False
+
+    def _check_pipeline_state(self, decoded: dict[str, Any]) -> None:
+        saved = decoded.get("pipeline")
+        if not isinstance(saved, dict):
+            raise ValueError(
+                "cannot restore this data state on an iterator over a TokenPipeline: it was "
+                "saved from an iterator fed by a Grain loader or dataset; restore it on an "
+                "iterator over that same Grain input"
+            )
+        changed = {
+            k: (saved.get(k), v)
+            for k, v in self._describe.items()
+            if saved.get(k) != v and k != "phases"
+        }
+        changed.update({k: (v, None) for k, v in saved.items() if k not in self._describe})
+        history = _history_problems(
+            saved.get("phases", []), self._describe["phases"], decoded["step"]
+        )
+        if history:
+            changed["phases"] = (history, "")
+        if changed:
+            details = ", ".join(
+                f"{k}: {a}" if k == "phases" else f"{k}: saved {a!r} -> now {b!r}"
+                for k, (a, b) in changed.items()
+            )
+            raise ValueError(
+                f"cannot restore this data state: the pipeline changed ({details}). Restore "
+                "with the same data and config, or start a new run"
+            )
+
+    def _check_grain_state(self, decoded: dict[str, Any]) -> Any:
+        """The Grain iterator state inside ``decoded``, checked against this input's kind (its
+        data and config are checked by the Grain iterator: a ``.batches()`` dataset's state
+        names them, a ``grain.DataLoader`` compares ``repr(data_source)`` and the sampler)."""
+        if "pipeline" in decoded:
+            raise ValueError(
+                "cannot restore this data state on an iterator fed by a Grain loader or "
+                "dataset: it was saved from an iterator over a TokenPipeline "
+                f"({str(decoded['pipeline'])[:200]}); restore it on an iterator over that "
+                "same TokenPipeline"
+            )
+        grain_state, step = decoded["grain"], decoded["step"]
+        loader = isinstance(self._source, grain.DataLoader)
+        if grain_state is None:
+            if step > 0:
+                raise ValueError(
+                    f"this data state says {step} batches were served but holds no Grain "
+                    "position (its input's iterator had no get_state), so it cannot resume "
+                    "there; give an input whose iterator has get_state/set_state"
+                )
+            return None
+        from_loader = isinstance(grain_state, dict) and set(grain_state) == {"bytes"}
+        if from_loader and not isinstance(grain_state["bytes"], str):
+            raise ValueError(f"this data state's Grain part is damaged: {grain_state!r:.200}")
+        if not isinstance(grain_state, dict) or from_loader != loader:
+            saved_kind = "a grain.DataLoader" if from_loader else "a Grain dataset"
+            now_kind = "a grain.DataLoader" if loader else f"a {type(self._source).__name__}"
+            raise ValueError(
+                f"cannot restore this data state: it was saved from an iterator over "
+                f"{saved_kind}, but this one reads {now_kind}; restore it on the same kind "
+                "of input with the same data and config"
+            )
+        return grain_state["bytes"].encode("utf-8") if from_loader else grain_state
 
     # ---- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
@@ -356,5 +432,8 @@ class MultiHostDataLoadIterator:
         self.close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # no contextlib here: at interpreter exit module globals may already be None
+        try:  # noqa: SIM105
             self._stop.set()
+        except Exception:
+            pass
