@@ -27,8 +27,10 @@ import numpy as np
 
 from grain_rox._lanes import Run
 from grain_rox._mixing import Mixture, resolve_weights
+from grain_rox._order import int_arg
 
 ENDLESS = 1 << 62
+SAMPLE_LIMIT = 1 << 61  # sample numbers stay below this (int64 arithmetic with room to spare)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,13 +48,17 @@ class Phase:
     weights: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
-        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
-            raise ValueError(f"Phase steps={self.steps!r} must be a positive int or None")
+        # Python or numpy ints (stored as int); "5", 2.7 and True are refused
+        if self.steps is not None:
+            object.__setattr__(self, "steps", int_arg(self.steps, "steps", where="Phase"))
         for name in ("batch_size", "seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"Phase {name}={value!r} must be a positive int")
+            object.__setattr__(self, name, int_arg(getattr(self, name), name, where="Phase"))
         if self.weights is not None:
+            if not isinstance(self.weights, Mapping):
+                raise TypeError(
+                    f"Phase: weights={self.weights!r} is a {type(self.weights).__name__}, not "
+                    "a mapping; pass weights={name: weight, ...}"
+                )
             object.__setattr__(self, "weights", dict(self.weights))
 
     def describe(self) -> dict[str, Any]:
@@ -81,7 +87,16 @@ class Schedule:
         )
         self.step_starts = [0]
         self.sample_starts = [0]
-        for p in self.phases:
+        for i, p in enumerate(self.phases):
+            if (
+                p.steps is not None
+                and self.sample_starts[-1] + p.steps * p.batch_size > SAMPLE_LIMIT
+            ):
+                raise ValueError(
+                    f"phase {i}: steps={p.steps} of batch_size={p.batch_size} take the schedule "
+                    f"past {SAMPLE_LIMIT} samples (2**61), the most supported; give fewer steps "
+                    "(the last phase may be endless: steps=None)"
+                )
             steps = ENDLESS if p.steps is None else p.steps
             self.step_starts.append(min(ENDLESS, self.step_starts[-1] + steps))
             self.sample_starts.append(min(ENDLESS, self.sample_starts[-1] + steps * p.batch_size))
@@ -95,10 +110,17 @@ class Schedule:
                 drawn = self.mixtures[i].counts(p.steps * p.batch_size)
                 base = [b + d for b, d in zip(base, drawn, strict=True)]
         self.total_steps = None if self.phases[-1].steps is None else self.step_starts[-1]
+        if self.total_steps is None:  # the endless phase runs until its samples reach the limit
+            last = self.phases[-1]
+            room = max(0, SAMPLE_LIMIT - self.sample_starts[-2]) // last.batch_size
+            self.step_limit = self.step_starts[-2] + room
+        else:
+            self.step_limit = self.total_steps
 
     def phase_of_step(self, step: int) -> int:
-        if step < 0 or (self.total_steps is not None and step >= self.total_steps):
-            raise IndexError(f"step {step} is outside the schedule (total {self.total_steps})")
+        if step < 0 or step >= self.step_limit:
+            what = "total" if self.total_steps is not None else "endless: supported steps below"
+            raise IndexError(f"step {step} is outside the schedule ({what} {self.step_limit})")
         return bisect.bisect_right(self.step_starts, step) - 1
 
     def source_runs(self, source: int) -> list[Run]:

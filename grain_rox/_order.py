@@ -50,7 +50,8 @@ def int_arg(value: object, name: str, *, where: str, minimum: int | None = 1) ->
             "number (a Python or numpy int)"
         )
     if minimum is not None and value < minimum:
-        raise ValueError(f"{where}: {name}={value!r} must be >= {minimum}")
+        bound = "a positive int" if minimum == 1 else f">= {minimum}"
+        raise ValueError(f"{where}: {name}={value!r} must be {bound}")
     return int(value)
 
 

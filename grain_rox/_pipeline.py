@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import zlib
@@ -23,11 +24,11 @@ from typing import Any
 import grain
 import numpy as np
 
-from grain_rox._curriculum import ENDLESS, Phase, Schedule
+from grain_rox._curriculum import ENDLESS, SAMPLE_LIMIT, Phase, Schedule
 from grain_rox._digest import facts_digest
 from grain_rox._grain_setup import batch_read_options, ensure_absl_flags_parsed
 from grain_rox._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
-from grain_rox._order import derive_key
+from grain_rox._order import derive_key, int_arg
 from grain_rox._rox_corpus import RoxCorpus, open_rox
 from grain_rox._windows import WindowReader, segment_features
 
@@ -67,6 +68,11 @@ class TokenPipeline:
     one) and, when an EOS id is known (argument or manifest), ``inputs_segmentation``,
     ``inputs_position``, ``targets_segmentation`` and ``targets_position``.
 
+    Sources whose manifests record different tokenizers or EOS ids (their token ids mean
+    different things) are refused unless ``allow_mixed_tokenizers=True``; sources that record
+    no tokenizer (roxxel's own files) are not checked. An endless pipeline serves steps below
+    :attr:`step_limit` (about ``2**61 / batch_size``); a finite one ``num_batches`` steps.
+
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import write_rox
     >>> path = os.path.join(tempfile.mkdtemp(), "p.rox")
@@ -93,14 +99,25 @@ class TokenPipeline:
     max_seq_len: int | None = None
     dtype: Any = np.int32
     layout: str = "maxtext"
+    allow_mixed_tokenizers: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", _normalize_sources(self.sources))
+        where = "TokenPipeline"
+        for name, minimum in (("seed", 0), ("num_epochs", 1), ("eos_id", 0), ("chunk_tokens", 1),
+                              ("lanes", 1), ("max_seq_len", 1)):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, int_arg(value, name, where=where, minimum=minimum))
+        for name in ("segmentation", "allow_mixed_tokenizers"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(
+                    f"{where}: {name}={getattr(self, name)!r} is a "
+                    f"{type(getattr(self, name)).__name__}; pass True or False"
+                )
         if self.phases is None:
             for name in ("seq_len", "global_batch_size"):
-                value = getattr(self, name)
-                if not isinstance(value, (int, np.integer)) or value < 1:
-                    raise ValueError(f"{name}={value!r} must be a positive int")
+                object.__setattr__(self, name, int_arg(getattr(self, name), name, where=where))
             phases: tuple[Phase, ...] = (
                 Phase(None, int(self.global_batch_size), int(self.seq_len), self.weights),  # type: ignore[arg-type]
             )
@@ -116,16 +133,16 @@ class TokenPipeline:
                 )
             phases = tuple(self.phases)
         object.__setattr__(self, "phases", phases)
-        if self.num_epochs is not None:
-            if self.num_epochs < 1:
-                raise ValueError(f"num_epochs={self.num_epochs} must be >= 1 or None (endless)")
-            if len(self.sources) > 1 or len(phases) > 1:
-                raise ValueError(
-                    "num_epochs applies to one source in one phase; with mixtures or phases "
-                    "give each Phase its steps (see estimate_steps)"
-                )
-        if not 0 <= int(self.seed) < 2**63:
-            raise ValueError(f"seed={self.seed} must be a non-negative 64-bit int")
+        if self.num_epochs is not None and (len(self.sources) > 1 or len(phases) > 1):
+            raise ValueError(
+                "num_epochs applies to one source in one phase; with mixtures or phases "
+                "give each Phase its steps (see estimate_steps)"
+            )
+        if self.seed is None or self.seed >= 2**63:
+            raise ValueError(
+                f"{where}: seed={self.seed!r} must be a non-negative 64-bit int; pass seed=0 "
+                "(or any such int: the batch order is a function of it)"
+            )
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
         if self.layout not in ("maxtext", "windows"):
             raise ValueError(f"layout={self.layout!r}; use 'maxtext' or 'windows'")
@@ -148,8 +165,37 @@ class TokenPipeline:
         return Schedule(self.phases, self.names)
 
     def open(self) -> dict[str, RoxCorpus]:
-        """Open every source's shards (validated; cheap)."""
-        return {name: open_rox(spec) for name, spec in self.sources.items()}
+        """Open every source's shards (validated; cheap), and check that the sources share
+        one tokenizer (see the class doc)."""
+        corpora = {name: open_rox(spec) for name, spec in self.sources.items()}
+        if not self.allow_mixed_tokenizers:
+            _check_one_tokenizer(corpora)
+        return corpora
+
+    @property
+    def step_limit(self) -> int:
+        """The first step this pipeline cannot serve: ``num_batches`` when finite (starting
+        there means "done"), else the end of the sample numbering (about 2**61 samples)."""
+        total = self.num_batches
+        return self.schedule.step_limit if total is None else total
+
+    def check_step(self, step: Any, *, argument: str = "first_step") -> int:
+        """``step`` as an int if this pipeline can start there, else a ``TypeError`` or
+        ``ValueError`` naming ``argument``, the step and the largest step that works.
+
+        >>> import tempfile, os, numpy as np
+        >>> from grain_rox import write_rox
+        >>> path = os.path.join(tempfile.mkdtemp(), "s.rox")
+        >>> _ = write_rox([np.arange(5000, dtype=np.uint16)], path)
+        >>> pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, num_epochs=1)
+        >>> pipe.check_step(np.int64(95))
+        95
+        >>> pipe.check_step(96)
+        Traceback (most recent call last):
+        ...
+        ValueError: TokenPipeline: first_step=96 is past the end of this pipeline (95 batches: steps 0 to 94, and 95 means done); pass a step <= 95, or the state saved with this pipeline
+        """
+        return _check_step(step, argument, self.num_batches, self.schedule.step_limit)
 
     def _orders(self, corpora: Mapping[str, RoxCorpus], schedule: Schedule) -> list[LaneOrder]:
         orders = []
@@ -297,6 +343,46 @@ def unpack_windows(batch: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _check_step(step: Any, argument: str, total: int | None, limit: int) -> int:
+    step = int_arg(step, argument, where="TokenPipeline", minimum=0)
+    if total is not None and step > total:
+        raise ValueError(
+            f"TokenPipeline: {argument}={step} is past the end of this pipeline ({total} "
+            f"batches: steps 0 to {total - 1}, and {total} means done); pass a step <= "
+            f"{total}, or the state saved with this pipeline"
+        )
+    if total is None and step >= limit:
+        raise ValueError(
+            f"TokenPipeline: {argument}={step} is past the largest step this endless pipeline "
+            f"supports, {limit - 1} (its sample numbers stay below 2**61 = {SAMPLE_LIMIT}); "
+            f"pass a step <= {limit - 1}, or the state saved with this pipeline"
+        )
+    return step
+
+
+def _tokenizer_label(corpus: RoxCorpus) -> str:
+    tok = corpus.tokenizer or {}
+    sha = f" sha256 {tok['sha256'][:12]}" if tok.get("sha256") else ""
+    return f"tokenizer {tok.get('name')!r}{sha}, EOS id {corpus.eos_id}"
+
+
+def _check_one_tokenizer(corpora: Mapping[str, RoxCorpus]) -> None:
+    """Refuse sources whose manifests record different tokenizers or EOS ids."""
+    recorded = {n: c for n, c in corpora.items() if c.tokenizer is not None}
+    facts = {json.dumps([c.tokenizer, c.eos_id], sort_keys=True) for c in recorded.values()}
+    if len(facts) <= 1:
+        return
+    shown = "; ".join(
+        f"{n!r} ({c.paths[0]}{', ...' if len(c.paths) > 1 else ''}): {_tokenizer_label(c)}"
+        for n, c in recorded.items()
+    )
+    raise ValueError(
+        f"TokenPipeline: the sources were tokenized differently ({shown}): the same token id "
+        "means different text in each. Re-tokenize them with one tokenizer (grain-rox convert "
+        "--tokenizer ...), or pass allow_mixed_tokenizers=True if mixing them is intended"
+    )
+
+
 def _normalize_sources(sources: Any) -> dict[str, Any]:
     def spec(x: Any) -> Any:
         if isinstance(x, (list, tuple)):
@@ -331,16 +417,18 @@ class GlobalBatchSource:
     """
 
     def __init__(self, pipeline: TokenPipeline, *, rows: RowSpec, first_step: int) -> None:
-        if first_step < 0:
-            raise ValueError(f"first_step={first_step} must be >= 0")
         self.pipeline = pipeline
         self.schedule = pipeline.schedule
-        self.first_step = int(first_step)
+        self.first_step = int_arg(first_step, "first_step", where="TokenPipeline", minimum=0)
         self._rows = {}
         for p in self.schedule.phases:
             b = p.batch_size
             r = rows.get(b) if isinstance(rows, Mapping) else rows
+            if r is not None and (not isinstance(r, (tuple, list)) or len(r) != 2):
+                raise TypeError(f"TokenPipeline: rows={r!r} must be (lo, hi), e.g. rows=(0, {b})")
             lo, hi = r if r is not None else (0, b)
+            lo = int_arg(lo, "rows lo", where="TokenPipeline", minimum=None)
+            hi = int_arg(hi, "rows hi", where="TokenPipeline", minimum=None)
             if not 0 <= lo < hi <= b:
                 raise ValueError(f"rows={r} must satisfy 0 <= lo < hi <= batch size {b}")
             self._rows[b] = (int(lo), int(hi))
@@ -362,6 +450,8 @@ class GlobalBatchSource:
             b = self.schedule.phases[0].batch_size
             total = self.orders[0].windows_per_epoch * pipeline.num_epochs // b
         self.num_batches: int | None = total
+        self.step_limit = self.schedule.step_limit if total is None else total
+        _check_step(self.first_step, "first_step", total, self.schedule.step_limit)
         self._len = (ENDLESS if total is None else max(0, total)) - self.first_step
         self._len = max(0, self._len)
 
@@ -404,6 +494,11 @@ class GlobalBatchSource:
         if not 0 <= index < self._len:
             raise IndexError(f"batch {index} is out of range for {self._len} batches")
         step = self.first_step + index
+        if step >= self.step_limit:
+            raise IndexError(
+                f"batch {index} is step {step}, past the largest step this endless pipeline "
+                f"supports ({self.step_limit - 1}: sample numbers stay below 2**61)"
+            )
         phase = self.schedule.phases[self.schedule.phase_of_step(step)]
         lo, hi = self._rows[phase.batch_size]
         _, sources, own = self.schedule.step_samples(step, lo, hi)
