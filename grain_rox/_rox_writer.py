@@ -613,7 +613,7 @@ def _previous_set(mpath: str, disk: dict[str, os.stat_result], *, strict: bool) 
                     raise
                 rec = ShardRecord(st.st_size, 0, 0, None, 0)
         records[name] = dataclasses.replace(rec, mtime_ns=st.st_mtime_ns)
-    if current is None:
+    if current is None:  # no manifest: the records only describe the files (empty dtype)
         return Manifest(dtype="", block_size=0, shards=records)
     return dataclasses.replace(current, shards=records, pending=None)
 

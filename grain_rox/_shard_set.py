@@ -210,7 +210,9 @@ def current_manifest(manifest_path: str) -> Manifest | None:
         if set(disk) == set(m.pending.shards) and all(c.new.values()):
             return m.pending
         if set(disk) == set(m.shards) and all(c.old.values()):
-            return dataclasses.replace(m, pending=None)
+            # The write never got to its renames: the previous set, which may have had no
+            # manifest (its records then only describe the files, with an empty dtype).
+            return dataclasses.replace(m, pending=None) if m.dtype else None
         raise _mix_error(manifest_path, m, disk, c)
     extras = [n for n in disk if n not in m.shards]
     if extras:
