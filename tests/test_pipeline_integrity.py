@@ -1,0 +1,420 @@
+"""Exact or loud, for the pipeline side: pack_documents serves every token of long documents
+(or counts what the user chose to drop), mix_datasets/pack_documents states refuse other data
+or config naming the change, TokenPipeline steps past the end are errors (not an early end of
+the training loop), bad argument types are refused, and mixing tokenizers is an error."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import subprocess
+import sys
+
+import grain
+import numpy as np
+import pytest
+
+from grain_rox import (
+    MultiHostDataLoadIterator,
+    Phase,
+    RoxDocumentSource,
+    TokenPipeline,
+    mix_datasets,
+    pack_documents,
+    write_rox,
+)
+
+LENGTHS = (3, 12, 5, 9, 30, 2, 17, 8)  # documents of n tokens; several longer than seq_len + 1
+
+
+def token_docs() -> list[np.ndarray]:
+    """Document ``i`` holds ``1000 * (i + 1) + arange(n)``: every token names its document
+    and position, so a served token can be traced back exactly."""
+    return [1000 * (i + 1) + np.arange(n, dtype=np.int32) for i, n in enumerate(LENGTHS)]
+
+
+def served_segments(batches) -> list[tuple[list[int], list[int]]]:
+    """(inputs, targets) of every packed segment, checking positions count from 0."""
+    out = []
+    for b in batches:
+        for row in range(b["inputs"].shape[0]):
+            seg = b["inputs_segmentation"][row]
+            for s in np.unique(seg[seg > 0]):
+                sel = seg == s
+                np.testing.assert_array_equal(b["inputs_position"][row][sel], np.arange(sel.sum()))
+                np.testing.assert_array_equal(b["targets_segmentation"][row][sel], seg[sel])
+                out.append((b["inputs"][row][sel].tolist(), b["targets"][row][sel].tolist()))
+    return out
+
+
+# ---- item 4: nothing dropped silently --------------------------------------------------------
+@pytest.mark.parametrize("method", ["best_fit", "first_fit"])
+def test_split_serves_every_token_of_every_document_exactly_once(method):
+    docs = token_docs()
+    ds = pack_documents(
+        grain.MapDataset.source(docs),
+        seq_len=8,
+        batch_size=1,
+        num_epochs=1,
+        method=method,
+        num_packing_bins=3,
+        seed=4,
+    )
+    segments = served_segments(ds)
+    inputs = collections.Counter(t for i, _ in segments for t in i)
+    targets = collections.Counter(t for _, t in segments for t in t)
+    assert inputs == collections.Counter(t for d in docs for t in d[:-1].tolist())
+    assert targets == collections.Counter(t for d in docs for t in d[1:].tolist())
+    for i, t in segments:  # each piece is a run of next-token pairs of one document
+        assert len(i) <= 8 and t == [x + 1 for x in i] and len({x // 1000 for x in i}) == 1
+    # the 30-token document became pieces of 8, 8, 8 and 5 pairs
+    pieces = sorted(len(i) for i, _ in segments if i[0] // 1000 == 5)
+    assert pieces == [5, 8, 8, 8]
+    assert ds.packing_stats.documents_split == 3  # 12, 30 and 17 tokens
+    assert ds.packing_stats.tokens_dropped == 0
+
+
+def test_truncate_drops_exactly_the_tail_and_counts_it(caplog):
+    docs = token_docs()
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        ds = pack_documents(
+            docs, seq_len=8, batch_size=1, num_epochs=1, shuffle=False, long_documents="truncate"
+        )
+        segments = served_segments(ds)
+    assert sorted(i for i, _ in segments) == sorted(d[:-1][:8].tolist() for d in docs)
+    assert sorted(t for _, t in segments) == sorted(d[1:][:8].tolist() for d in docs)
+    stats = ds.packing_stats
+    assert (stats.documents_truncated, stats.tokens_dropped) == (3, (12 - 9) + (30 - 9) + (17 - 9))
+    assert "document 1 has 12 tokens; its last 3 are dropped" in caplog.text
+
+
+def test_error_names_the_document_its_length_and_the_fix():
+    ds = pack_documents(
+        token_docs(), seq_len=8, batch_size=1, num_epochs=1, shuffle=False, long_documents="error"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"pack_documents: document 1 has 12 tokens, more than the 9 a row of seq_len=8 "
+        r"holds, and long_documents='error'; pass long_documents='split'",
+    ):
+        list(ds)
+
+
+def test_records_of_inputs_and_targets_are_split_too():
+    """HF-style {"inputs", "targets"} records longer than seq_len (Grain's packer would
+    raise on them) are split at the same places as token documents."""
+    records = [{"inputs": d[:-1], "targets": d[1:]} for d in token_docs()]
+    from_records = served_segments(
+        pack_documents(records, seq_len=8, batch_size=1, num_epochs=1, shuffle=False)
+    )
+    from_tokens = served_segments(
+        pack_documents(token_docs(), seq_len=8, batch_size=1, num_epochs=1, shuffle=False)
+    )
+    assert from_records == from_tokens
+
+
+def test_rox_documents_split_truncate_or_error_like_pack_documents(tmp_path, caplog):
+    path = str(tmp_path / "d.rox")
+    docs = [d.astype(np.uint16) for d in token_docs()]
+    write_rox(docs, path, separator=0, block_size=64)
+    with_eos = [np.concatenate([d, [0]]).astype(np.int32) for d in docs]
+    split = RoxDocumentSource(path, seq_len=8)
+    pieces = [
+        (split[i]["inputs"].tolist(), split[i]["targets"].tolist()) for i in range(len(split))
+    ]
+    packed = served_segments(
+        pack_documents(with_eos, seq_len=8, batch_size=1, num_epochs=1, shuffle=False)
+    )
+    assert sorted(pieces) == sorted(packed)  # the same pieces, whichever splits them
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        cut = RoxDocumentSource(path, seq_len=8, long_documents="truncate")
+        assert len(cut) == len(docs)
+    # with EOS: 13, 10, 31 and 18 tokens, 9 kept of each
+    assert (cut.documents_truncated, cut.tokens_dropped) == (4, 4 + 1 + 22 + 9)
+    assert "4 of 8 documents are longer than 9 tokens; 36 tokens are dropped" in caplog.text
+    kept = sorted(cut[i]["inputs"].tolist() + cut[i]["targets"][-1:].tolist() for i in range(8))
+    assert kept == sorted(d[:9].tolist() for d in with_eos)
+    with pytest.raises(ValueError, match=r"document 1 has 13 tokens, more than the 9 a row"):
+        len(RoxDocumentSource(path, seq_len=8, long_documents="error"))
+
+
+# ---- item 2: restores check the data and config ---------------------------------------------
+def mixture(**changes):
+    config = {
+        "datasets": {"a": grain.MapDataset.range(50), "b": grain.MapDataset.range(100, 130)},
+        "weights": {"a": 0.7, "b": 0.3},
+        "seed": 3,
+        "length": 40,
+    }
+    config.update(changes)
+    return mix_datasets(config.pop("datasets"), **config)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"datasets": {"a": grain.MapDataset.range(51), "b": grain.MapDataset.range(100, 130)}},
+         r"dataset 'a': saved 'RangeMapDataset\(start=0, stop=50, step=1\)' -> now "
+         r"'RangeMapDataset\(start=0, stop=51, step=1\)'"),
+        ({"weights": {"a": 0.5, "b": 0.5}}, r"phases: saved \[\[40, \{'a': 0.7, 'b': 0.3\}\]\]"),
+        ({"seed": 4}, r"seed: saved 3 -> now 4"),
+        ({"length": 41}, r"length: saved 40 -> now 41"),
+        ({"weights": None, "phases": [(10, {"a": 1}), (None, {"b": 1})]}, r"phases: saved"),
+    ],
+)  # fmt: skip
+def test_mix_datasets_state_refuses_another_mixture(changes, named):
+    it = iter(mixture())
+    for _ in range(5):
+        next(it)
+    state = it.get_state()
+    expected = [next(it) for _ in range(5)]
+    again = iter(mixture())
+    again.set_state(state)
+    assert [next(again) for _ in range(5)] == expected
+    with pytest.raises(ValueError, match="cannot restore this mix_datasets state: .*" + named):
+        iter(mixture(**changes)).set_state(state)
+
+
+@pytest.fixture(scope="module")
+def doc_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("docs")
+    paths = []
+    for k in range(2):
+        path = str(d / f"d{k}.rox")
+        write_rox([(d_ + k).astype(np.uint16) for d_ in token_docs()], path, separator=0)
+        paths.append(path)
+    return paths
+
+
+def packing(path, **changes):
+    config = {"seq_len": 8, "batch_size": 2, "seed": 1, "num_packing_bins": 3}
+    config.update(changes)
+    return pack_documents(RoxDocumentSource(path, seq_len=16), **config)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"seq_len": 9}, "seq_len: saved 8 -> now 9"),
+        ({"batch_size": 3}, "batch_size: saved 2 -> now 3"),
+        ({"seed": 2}, "seed: saved 1 -> now 2"),
+        ({"method": "first_fit"}, "method: saved 'best_fit' -> now 'first_fit'"),
+        ({"long_documents": "truncate"}, "long_documents: saved 'split' -> now 'truncate'"),
+        ({"num_packing_bins": 4}, "num_packing_bins: saved 3 -> now 4"),
+        ({"shard": (0, 2)}, r"shard: saved \[0, 1\] -> now \[0, 2\]"),
+        ({"num_epochs": 2}, "num_epochs: saved None -> now 2"),
+    ],
+)
+def test_pack_documents_state_refuses_another_config(doc_files, changes, named):
+    it = iter(packing(doc_files[0]))
+    for _ in range(3):
+        next(it)
+    state = it.get_state()
+    json.dumps(state)  # Grain's checkpoint handler writes states as JSON
+    expected = [next(it) for _ in range(3)]
+    again = iter(packing(doc_files[0]))
+    again.set_state(state)
+    for e in expected:
+        got = next(again)
+        assert all(np.array_equal(got[k], e[k]) for k in e)
+    with pytest.raises(ValueError, match="cannot restore this pack_documents state: .*" + named):
+        iter(packing(doc_files[0], **changes)).set_state(state)
+
+
+def test_pack_documents_state_refuses_other_data(doc_files):
+    it = iter(packing(doc_files[0]))
+    next(it)
+    with pytest.raises(
+        ValueError, match=r"pack_documents state: its data or config changed \(inputs: saved "
+        r"'RoxDocumentSource\(data=[0-9a-f]{16}, seq_len=16"
+    ):  # fmt: skip
+        iter(packing(doc_files[1])).set_state(it.get_state())
+
+
+def test_identities_are_the_same_in_another_process(doc_files):
+    """No object address or process-local value in an identity: a state saved by one
+    process restores in another."""
+    code = (
+        "import json, sys, grain, numpy as np\n"
+        "from grain_rox import RoxDocumentSource, mix_datasets, pack_documents\n"
+        "src = grain.MapDataset.source(RoxDocumentSource(sys.argv[1], seq_len=16))\n"
+        "mixed = mix_datasets({'r': src, 'n': grain.MapDataset.range(9).map(lambda x: x)},"
+        " {'r': 1, 'n': 1}, length=20)\n"
+        "packed = pack_documents(src, seq_len=8, batch_size=2)\n"
+        "print(json.dumps([mixed.identity, packed.identity]))\n"
+    )
+    run = [sys.executable, "-c", code, doc_files[0]]
+    here = json.loads(subprocess.run(run, capture_output=True, text=True, check=True).stdout)
+    there = json.loads(subprocess.run(run, capture_output=True, text=True, check=True).stdout)
+    assert here == there
+    assert "0x" not in json.dumps(here)
+
+
+def test_grain_checkpoint_helper_holds_with_split_documents_and_mixtures():
+    docs = token_docs()
+    grain.experimental.assert_equal_output_after_checkpoint(
+        pack_documents(docs, seq_len=8, batch_size=1, num_epochs=1, num_packing_bins=2)
+    )
+    grain.experimental.assert_equal_output_after_checkpoint(mixture().to_iter_dataset())
+
+
+# ---- item 8: steps past the end --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("steps") / "t.rox")
+    write_rox([np.arange(1, 6000, dtype=np.uint16)], path, separator=0)
+    return path
+
+
+def test_endless_pipeline_refuses_a_step_past_its_largest(corpus):
+    pipe = TokenPipeline(corpus, seq_len=16, global_batch_size=4, seed=1)
+    last = 2**61 // 4 - 1
+    assert pipe.step_limit == last + 1
+    batch = pipe.map_dataset(first_step=last)[0]  # the largest step still reads real windows
+    assert batch["inputs"].shape == (4, 16) and (batch["inputs"] > 0).any()
+    for step in (last + 1, 10**30):
+        with pytest.raises(
+            ValueError,
+            match=rf"first_step={step} is past the largest step this endless pipeline "
+            rf"supports, {last} .* pass a step <= {last}",
+        ):
+            pipe.map_dataset(first_step=step)
+
+
+def test_finite_pipeline_step_at_the_end_is_done_past_it_is_an_error(corpus):
+    pipe = TokenPipeline(corpus, seq_len=16, global_batch_size=4, num_epochs=1)
+    n = pipe.num_batches
+    assert list(pipe.iter_dataset(first_step=n)) == []  # "done"
+    with pytest.raises(ValueError, match=rf"first_step={n + 1} is past the end .*{n} batches"):
+        pipe.iter_dataset(first_step=n + 1)
+
+
+def test_a_restored_step_past_the_end_stops_the_loop_loudly(corpus):
+    pipe = TokenPipeline(corpus, seq_len=16, global_batch_size=8)
+    with MultiHostDataLoadIterator(pipe) as it:
+        next(it)
+        state = json.loads(it.get_state())
+    for step in (10**30, pipe.step_limit):  # a hand-edited step; the first unsupported one
+        state["step"] = step
+        with (
+            MultiHostDataLoadIterator(pipe) as restored,
+            pytest.raises(ValueError, match=rf"step.{{0,3}}{step} is (past|beyond)"),
+        ):  # before: StopIteration, so `for batch in it:` just ended
+            restored.set_state(json.dumps(state))
+            next(restored)
+
+
+def test_numpy_integers_are_accepted_wherever_ints_are(corpus):
+    i64 = np.int64
+    plain = TokenPipeline(corpus, phases=[Phase(10, 4, 16), Phase(None, 8, 16)])
+    numpy = TokenPipeline(corpus, phases=[Phase(i64(10), i64(4), i64(16)), Phase(None, 8, 16)])
+    assert numpy.phases == plain.phases and numpy.describe() == plain.describe()
+    short = TokenPipeline(corpus, seq_len=i64(16), global_batch_size=i64(4), seed=i64(1))
+    assert np.array_equal(
+        short.map_dataset(first_step=i64(3))[0]["inputs"],
+        TokenPipeline(corpus, seq_len=16, global_batch_size=4, seed=1).map_dataset()[3]["inputs"],
+    )
+    packed = pack_documents(token_docs(), seq_len=i64(8), batch_size=i64(1), num_epochs=i64(1))
+    assert next(iter(packed))["inputs"].shape == (1, 8)
+
+
+# ---- item 10: one tokenizer per pipeline -----------------------------------------------------
+def test_sources_of_different_tokenizers_are_refused_unless_allowed(tmp_path):
+    texts = [f"document {i}: " + "the quick brown fox " * 20 for i in range(60)]
+    paths = {}
+    for name in ("bytes", "cl100k_base"):
+        paths[name] = str(tmp_path / f"{name}.rox")
+        write_rox(texts, paths[name], tokenizer=name)
+    paths["raw"] = str(tmp_path / "raw.rox")  # no manifest, no tokenizer: not checked
+    write_rox([np.arange(1, 20000, dtype=np.uint16)], paths["raw"], manifest=False)
+    mixed = {"b": paths["bytes"], "c": paths["cl100k_base"]}
+    weights = {"b": 1, "c": 1}
+    with pytest.raises(
+        ValueError,
+        match=r"TokenPipeline: the sources were tokenized differently \('b' \(.*bytes.rox\): "
+        r"tokenizer 'bytes', EOS id 256; 'c' \(.*cl100k_base.rox\): tokenizer 'cl100k_base' "
+        r"sha256 223921b76ee9, EOS id 100257\).*pass allow_mixed_tokenizers=True",
+    ):
+        TokenPipeline(mixed, seq_len=16, global_batch_size=4, weights=weights).batch_source()
+    allowed = TokenPipeline(
+        mixed, seq_len=16, global_batch_size=4, weights=weights, allow_mixed_tokenizers=True
+    )
+    assert allowed.map_dataset()[0]["inputs"].shape == (4, 16)
+    with_raw = TokenPipeline(
+        {"b": paths["bytes"], "r": paths["raw"]}, seq_len=16, global_batch_size=4,
+        weights={"b": 1, "r": 1},
+    )  # fmt: skip
+    assert with_raw.map_dataset()[0]["inputs"].shape == (4, 16)
+
+
+# ---- every new error names the argument, the value and the fix --------------------------------
+NOT_INT = "is a {t}, not an int; pass a whole number (a Python or numpy int)"
+
+
+def _pipe(path, **kw):
+    return TokenPipeline(path, **{"seq_len": 16, "global_batch_size": 4, **kw})
+
+
+BAD_INPUTS = [
+    ("Phase steps str", lambda p: Phase(steps="5", batch_size=4, seq_len=8), TypeError,
+     "Phase: steps='5' " + NOT_INT.format(t="str")),
+    ("Phase steps float", lambda p: Phase(steps=2.7, batch_size=4, seq_len=8), TypeError,
+     "Phase: steps=2.7 " + NOT_INT.format(t="float")),
+    ("Phase batch bool", lambda p: Phase(steps=3, batch_size=True, seq_len=8), TypeError,
+     "Phase: batch_size=True " + NOT_INT.format(t="bool")),
+    ("Phase seq_len 0", lambda p: Phase(steps=3, batch_size=4, seq_len=0), ValueError,
+     "Phase: seq_len=0 must be a positive int"),
+    ("seq_len str", lambda p: _pipe(p, seq_len="16"), TypeError,
+     "TokenPipeline: seq_len='16' " + NOT_INT.format(t="str")),
+    ("batch float", lambda p: _pipe(p, global_batch_size=4.0), TypeError,
+     "TokenPipeline: global_batch_size=4.0 " + NOT_INT.format(t="float")),
+    ("seed None", lambda p: _pipe(p, seed=None), ValueError,
+     "TokenPipeline: seed=None must be a non-negative 64-bit int; pass seed=0"),
+    ("seed float", lambda p: _pipe(p, seed=1.5), TypeError,
+     "TokenPipeline: seed=1.5 " + NOT_INT.format(t="float")),
+    ("lanes bool", lambda p: _pipe(p, lanes=True), TypeError,
+     "TokenPipeline: lanes=True " + NOT_INT.format(t="bool")),
+    ("first_step str", lambda p: _pipe(p).map_dataset(first_step="5"), TypeError,
+     "TokenPipeline: first_step='5' " + NOT_INT.format(t="str")),
+    ("first_step float", lambda p: _pipe(p).map_dataset(first_step=2.7), TypeError,
+     "TokenPipeline: first_step=2.7 " + NOT_INT.format(t="float")),
+    ("first_step bool", lambda p: _pipe(p).map_dataset(first_step=True), TypeError,
+     "TokenPipeline: first_step=True " + NOT_INT.format(t="bool")),
+    ("first_step negative", lambda p: _pipe(p).map_dataset(first_step=-1), ValueError,
+     "TokenPipeline: first_step=-1 must be >= 0"),
+    ("segmentation str", lambda p: _pipe(p, segmentation="no"), TypeError,
+     "TokenPipeline: segmentation='no' is a str; pass True or False"),
+    ("huge finite phase", lambda p: TokenPipeline(p, phases=[Phase(2**60, 4, 8)]), ValueError,
+     "phase 0: steps=1152921504606846976 of batch_size=4 take the schedule past "
+     "2305843009213693952 samples"),
+    ("pack seq_len float", lambda p: pack_documents([], seq_len=8.0, batch_size=1), TypeError,
+     "pack_documents: seq_len=8.0 " + NOT_INT.format(t="float")),
+    ("pack long_documents", lambda p: pack_documents([], seq_len=8, batch_size=1,
+                                                      long_documents="cut"), ValueError,
+     "pack_documents: long_documents='cut' is not one of 'split' (default: a long document "
+     "becomes several pieces), 'truncate' (keep its first seq_len tokens) or 'error'"),
+    ("pack shard", lambda p: pack_documents([], seq_len=8, batch_size=1, shard=(2, 2)),
+     ValueError, "pack_documents: shard=(2, 2) needs 0 <= index < count"),
+    ("rox docs seq_len", lambda p: RoxDocumentSource(p, seq_len="8"), TypeError,
+     "RoxDocumentSource: seq_len='8' " + NOT_INT.format(t="str")),
+    ("mix source", lambda p: mix_datasets({"a": [1, 2]}, {"a": 1}), TypeError,
+     "mix_datasets: dataset 'a' is a list, not a grain.MapDataset; wrap a data source as "
+     "grain.MapDataset.source(source)"),
+    ("mix phase steps", lambda p: mix_datasets({"a": grain.MapDataset.range(3)},
+                                               phases=[("5", {"a": 1}), (None, {"a": 1})]),
+     TypeError, "mix_datasets: phases[0] num_samples='5' " + NOT_INT.format(t="str")),
+    ("mix weight str", lambda p: mix_datasets({"a": grain.MapDataset.range(3)}, {"a": "1"}),
+     TypeError, "mix_datasets phase 0 weight of 'a' is '1' (str); pass a number"),
+    ("mix length", lambda p: mix_datasets({"a": grain.MapDataset.range(3)}, length=2.5),
+     TypeError, "mix_datasets: length=2.5 " + NOT_INT.format(t="float")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"), [row[1:] for row in BAD_INPUTS], ids=[r[0] for r in BAD_INPUTS]
+)
+def test_bad_inputs_are_refused_with_the_argument_value_and_fix(corpus, make, error, message):
+    with pytest.raises(error) as info:
+        make(corpus)
+    assert message in str(info.value)
