@@ -1,7 +1,7 @@
-"""Resolve a user's path, glob, directory or list into shard files, exactly as roxxel does.
+"""Resolve a user's path, glob, directory or list into shard files.
 
-Roxxel 0.9.x resolves (and therefore orders) shards like this, and the global block order of
-a corpus follows it, so we copy the rules byte for byte:
+Globs, directories and lists resolve (and therefore order) exactly as roxxel 0.9.x does, and
+the global block order of a corpus follows it:
 
 * a list: each entry resolved by the rules below, in order, duplicates allowed (roxxel users
   build virtual N-times corpora this way); we also accept tuples and ``pathlib.Path`` items;
@@ -9,15 +9,22 @@ a corpus follows it, so we copy the rules byte for byte:
   before ``_1001``, as in roxxel);
 * an existing directory: ``sorted(glob(dir/*.rox))``, not recursive;
 * an existing file: that file;
-* anything else: ``prefix = s`` minus a ``.rox`` suffix, then ``sorted(glob(prefix_*.rox))``,
-  else ``sorted(glob(prefix*.rox))`` (roxxel's fallback, which can also match unrelated sets
-  such as ``train_extra_0000.rox`` next to ``train_0000.rox``).
+* a set name ``data/man.rox`` (or ``data/man``) that is not a file: the files
+  ``man_<4+ digits>.rox`` beside it and nothing else. A set with a grain_rox manifest
+  (``man.manifest.json``) is ordered by shard number; a set without one (written by roxxel)
+  in roxxel's lexicographic order. Any looser match (``man_v2_0000.rox``, or ``docs_0000.rox``
+  for ``doc.rox``) is an error that lists the candidates and how to name them.
+
+``roxxel_names=True`` resolves a set name the way roxxel does instead: ``sorted(glob(prefix_*
+.rox))``, else ``sorted(glob(prefix*.rox))``, which also matches unrelated sets such as
+``train_extra_0000.rox`` next to ``train_0000.rox``. The bit-exact roxxel stream uses it.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Sequence
 
 PathSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -27,13 +34,44 @@ def _has_glob(s: str) -> bool:
     return "*" in s or "?" in s
 
 
-def _resolve_entry(s: str) -> tuple[list[str], str]:
+def _shard_number(path: str) -> int:
+    return int(path[path.rindex("_") + 1 : -len(".rox")])
+
+
+def _resolve_set_name(s: str, prefix: str) -> list[str]:
+    """``prefix_<digits>.rox`` only; an error listing looser candidates if there are any."""
+    numbered = re.compile(re.escape(os.path.basename(prefix)) + r"_\d{4,}\.rox")
+    escaped = glob.escape(prefix)
+    found = [p for p in glob.glob(escaped + "_*.rox") if numbered.fullmatch(os.path.basename(p))]
+    if found:
+        if os.path.exists(prefix + ".manifest.json"):  # a set grain_rox wrote: by number
+            return sorted(found, key=_shard_number)
+        return sorted(found)  # roxxel's order for roxxel's sets
+    loose = sorted(glob.glob(escaped + "*.rox"))
+    if loose:
+        shown = ", ".join(os.path.basename(p) for p in loose[:8])
+        more = f" and {len(loose) - 8} more" if len(loose) > 8 else ""
+        raise FileNotFoundError(
+            f"{s!r} names no shard set: neither {prefix + '.rox'!r} nor "
+            f"{prefix + '_NNNN.rox'!r} files exist, but {len(loose)} file(s) start with that "
+            f"name ({shown}{more}) and grain_rox does not guess which belong to it. Pass a glob "
+            f"such as {escaped + '*.rox'!r}, the list of files, or roxxel_names=True for "
+            "roxxel's prefix*.rox fallback"
+        )
+    return []
+
+
+def _resolve_entry(s: str, roxxel_names: bool) -> tuple[list[str], str]:
     """Resolve one entry; returns (files, what was searched when nothing matched)."""
     if os.path.isdir(s):
         return sorted(glob.glob(os.path.join(s, "*.rox"))), f"the directory {s!r} (no *.rox in it)"
     if os.path.exists(s):
         return [s], ""
     prefix = s[: -len(".rox")] if s.endswith(".rox") else s
+    if not roxxel_names:
+        found = _resolve_set_name(s, prefix)
+        searched = f"{s!r} (not a file or directory; no {prefix + '_NNNN.rox'!r} shards)"
+        return found, "" if found else searched
     for suffix in ("_*.rox", "*.rox"):
         found = sorted(glob.glob(prefix + suffix))  # unescaped, as roxxel does
         if found:
@@ -44,8 +82,8 @@ def _resolve_entry(s: str) -> tuple[list[str], str]:
     )
 
 
-def resolve_shard_paths(spec: PathSpec) -> list[str]:
-    """Return the shard files ``spec`` names, in roxxel's order.
+def resolve_shard_paths(spec: PathSpec, *, roxxel_names: bool = False) -> list[str]:
+    """Return the shard files ``spec`` names, in order (see the module docstring).
 
     Raises ``FileNotFoundError`` naming what was searched when nothing matches or an entry
     names nothing.
@@ -58,6 +96,12 @@ def resolve_shard_paths(spec: PathSpec) -> list[str]:
     ['c_0000.rox', 'c_0001.rox']
     >>> [os.path.basename(p) for p in resolve_shard_paths(str(d / "c.rox"))]
     ['c_0000.rox', 'c_0001.rox']
+    >>> resolve_shard_paths(str(d / "c_0.rox"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: ... 2 file(s) start with that name (c_0000.rox, c_0001.rox) and grain_rox does not guess ...
+    >>> len(resolve_shard_paths(str(d / "c_0.rox"), roxxel_names=True))
+    2
     """
     if isinstance(spec, (bytes, bytearray)):
         raise TypeError(f"shard paths must be str or os.PathLike, got bytes {spec!r}")
@@ -76,7 +120,7 @@ def resolve_shard_paths(spec: PathSpec) -> list[str]:
     paths: list[str] = []
     missing: list[str] = []
     for entry in entries:
-        found, searched = _resolve_entry(entry)
+        found, searched = _resolve_entry(entry, roxxel_names)
         paths.extend(found)
         if not found:
             missing.append(searched)

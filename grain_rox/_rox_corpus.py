@@ -396,10 +396,16 @@ def _load_shard_facts(
     return headers, records, manifests, uniform
 
 
-def open_rox(paths: PathSpec | RoxCorpus, *, verify: bool = False) -> RoxCorpus:
-    """Open `.rox` shards (a file, glob, directory, prefix or list) as one :class:`RoxCorpus`.
+def open_rox(
+    paths: PathSpec | RoxCorpus, *, verify: bool = False, roxxel_names: bool = False
+) -> RoxCorpus:
+    """Open `.rox` shards (a file, glob, directory, set name or list) as one :class:`RoxCorpus`.
 
-    Shards are resolved and ordered exactly as roxxel resolves them. Every shard's footer,
+    Globs, directories and lists are resolved and ordered as roxxel resolves them. A set name
+    (``data/train.rox`` that is not a file) means ``data/train_NNNN.rox`` and nothing looser;
+    ``roxxel_names=True`` restores roxxel's ``train*.rox`` fallback (see
+    :func:`grain_rox._paths.resolve_shard_paths`). A set written by grain_rox must be exactly
+    the set its manifest records (no extra, missing, resized or half-overwritten shards). Every shard's footer,
     size and index are validated (see :class:`RoxFormatError`); ``verify=True`` also checks
     sha256 checksums recorded in a manifest. Use it as a context manager.
 
@@ -413,7 +419,8 @@ def open_rox(paths: PathSpec | RoxCorpus, *, verify: bool = False) -> RoxCorpus:
     """
     if isinstance(paths, RoxCorpus):
         return paths
-    headers, records, manifests, uniform = _load_shard_facts(resolve_shard_paths(paths))
+    resolved = resolve_shard_paths(paths, roxxel_names=roxxel_names)
+    headers, records, manifests, uniform = _load_shard_facts(resolved)
     corpus = RoxCorpus(headers, records, manifests, uniform)
     if verify:
         corpus.verify(checksums=True)

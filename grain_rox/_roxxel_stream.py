@@ -364,7 +364,7 @@ def roxxel_stream(
     if total_steps is not None:
         total_steps = _non_negative_int("total_steps", total_steps)
     out_dtype = np.dtype(dtype)
-    corpus = open_rox(paths)
+    corpus = open_rox(paths, roxxel_names=True)  # roxxel's prefix*.rox fallback, bit for bit
     if len(corpus) == 0:
         raise ValueError(
             f"the corpus {list(corpus.paths)} is empty (0 blocks); roxxel's stream() refuses it "

@@ -28,7 +28,9 @@ class ShardReport:
         return self.problem is None
 
 
-def verify_rox(paths: PathSpec, *, checksums: bool = True) -> list[ShardReport]:
+def verify_rox(
+    paths: PathSpec, *, checksums: bool = True, roxxel_names: bool = False
+) -> list[ShardReport]:
     """Check each shard's footer, size, whole index and (with a manifest) sha256 checksum.
 
     Unlike :func:`open_rox`, which stops at the first damaged shard, this returns one report
@@ -43,7 +45,7 @@ def verify_rox(paths: PathSpec, *, checksums: bool = True) -> list[ShardReport]:
     """
     reports = []
     first_dtype: tuple[str, np.dtype] | None = None
-    for path in resolve_shard_paths(paths):
+    for path in resolve_shard_paths(paths, roxxel_names=roxxel_names):
         try:
             header = read_header(path)
             if header.num_blocks:

@@ -446,11 +446,17 @@ def test_nonexistent_file(tmp_path):
     path = str(tmp_path / "nope.rox")
     prefix = str(tmp_path / "nope")
     expected = (
-        f"no .rox shard found for {path!r} (not a file or directory; "
-        f"{prefix + '_*.rox'!r} and {prefix + '*.rox'!r} matched nothing)"
+        f"no .rox shard found for {path!r} (not a file or directory; no "
+        f"{prefix + '_NNNN.rox'!r} shards)"
     )
     with pytest.raises(FileNotFoundError, match=re.escape(expected)):
         open_rox(path)
+    roxxel_expected = (
+        f"no .rox shard found for {path!r} (not a file or directory; "
+        f"{prefix + '_*.rox'!r} and {prefix + '*.rox'!r} matched nothing)"
+    )
+    with pytest.raises(FileNotFoundError, match=re.escape(roxxel_expected)):
+        open_rox(path, roxxel_names=True)
 
 
 def test_empty_glob(tmp_path):

@@ -20,6 +20,7 @@ import dataclasses
 import glob
 import io
 import os
+import re
 import struct
 import tempfile
 from collections.abc import Callable, Sequence
@@ -115,12 +116,12 @@ def _rox_files(directory: str | Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(Path(directory).glob("*.rox"))}
 
 
-def assert_grain_reads_like_roxxel(spec: Any) -> RoxxelView:
+def assert_grain_reads_like_roxxel(spec: Any, *, roxxel_names: bool = False) -> RoxxelView:
     """Open ``spec`` with both readers and require the same shards, dtype and bytes."""
     ref = roxxel_read(spec)
     assert ref.blocks, "a compatibility case must have at least one block"
     stream = b"".join(ref.blocks)
-    with open_rox(spec) as corpus:
+    with open_rox(spec, roxxel_names=roxxel_names) as corpus:
         assert corpus.paths == tuple(ref.paths)
         assert len(corpus) == len(ref.blocks)
         assert corpus.dtype == np.dtype(ref.dtype)
@@ -899,13 +900,74 @@ def test_path_resolution_matches_roxxel(
 ) -> None:
     d = str(shard_tree)
     spec = make_spec(d)
-    ref = assert_grain_reads_like_roxxel(spec)
+    ref = assert_grain_reads_like_roxxel(spec, roxxel_names=True)
     assert [os.path.relpath(p, d) for p in ref.paths] == expected
-    with open_rox(spec) as corpus:
+    with open_rox(spec, roxxel_names=True) as corpus:
         assert corpus.paths == tuple(ref.paths)
         # Content is the file's own name: the global block order follows the shard order.
         content = corpus.tokens(0, corpus.num_tokens).tobytes().replace(b"\x00", b"")
         assert content == "".join(expected).encode()
+
+
+# Without roxxel_names, a set name resolves to name_NNNN.rox only; globs, directories, files and
+# lists resolve as in roxxel (they name the files explicitly).
+STRICT_NAMES: dict[str, tuple[Callable[[str], Any], list[str] | str]] = {
+    "set_name_excludes_other_sets": (
+        lambda d: f"{d}/train.rox",
+        ["train_0000.rox", "train_0001.rox"],
+    ),
+    "set_name_keeps_roxxel_order_without_manifest": (
+        lambda d: f"{d}/a",
+        ["a_0999.rox", "a_10000.rox", "a_1001.rox"],
+    ),
+    "typo_prefix_is_refused": (lambda d: f"{d}/tra.rox", "4 file(s) start with that name"),
+    "typo_train_val_is_refused": (lambda d: f"{d}/trainv.rox", "(trainval.rox)"),
+    "list_with_set_name": (
+        lambda d: [f"{d}/train.rox", f"{d}/trainval.rox"],
+        ["train_0000.rox", "train_0001.rox", "trainval.rox"],
+    ),
+}
+
+
+@pytest.mark.parametrize(("make_spec", "expected"), STRICT_NAMES.values(), ids=STRICT_NAMES.keys())
+def test_strict_set_names(shard_tree: Path, make_spec: Callable[[str], Any], expected: Any) -> None:
+    d = str(shard_tree)
+    spec = make_spec(d)
+    if isinstance(expected, str):
+        with pytest.raises(FileNotFoundError, match=re.escape(expected)) as info:
+            open_rox(spec)
+        assert "grain_rox does not guess which belong to it. Pass a glob such as" in str(info.value)
+        assert "roxxel_names=True" in str(info.value)
+        return
+    with open_rox(spec) as corpus:
+        assert [os.path.relpath(p, d) for p in corpus.paths] == expected
+
+
+def test_grain_rox_sets_order_shards_by_number(tmp_path: Path) -> None:
+    """A set grain_rox wrote (it has a manifest) is ordered by shard number, past _9999."""
+    items = [np.full(2, i, np.uint16) for i in range(3)]
+    write_rox(items, tmp_path / "n.rox", block_size=4, max_shard_bytes=44)
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["n.manifest.json", "n_0000.rox", "n_0001.rox", "n_0002.rox"]
+    # Renumber as a set of >10,000 shards would be named, manifest included.
+    manifest = (tmp_path / "n.manifest.json").read_text()
+    for old, new in [("n_0001.rox", "n_1001.rox"), ("n_0002.rox", "n_10000.rox")]:
+        os.rename(tmp_path / old, tmp_path / new)
+        manifest = manifest.replace(old, new)
+    (tmp_path / "n.manifest.json").write_text(manifest)
+    with open_rox(tmp_path / "n.rox") as corpus:
+        assert [os.path.basename(p) for p in corpus.paths] == [
+            "n_0000.rox",
+            "n_1001.rox",
+            "n_10000.rox",
+        ]
+        assert corpus.tokens(0, corpus.num_tokens).tolist() == [0, 0, 1, 1, 2, 2]
+    # roxxel (and roxxel_names=True) keep roxxel's lexicographic order.
+    assert [os.path.basename(p) for p in roxxel_read(str(tmp_path / "n.rox")).paths] == [
+        "n_0000.rox",
+        "n_10000.rox",
+        "n_1001.rox",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
