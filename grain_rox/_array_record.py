@@ -28,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from grain_rox._batches import BatchesMixin
-from grain_rox._digest import facts_digest
+from grain_rox._digest import check_unchanged, content_digest, facts_digest, stat_key
 
 READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 PathsSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -148,15 +148,21 @@ class ArrayRecordSource(BatchesMixin):
             raise ValueError(f"the ArrayRecord files {empty} hold no records")
         self.counts = counts
         self._starts = [0, *np.cumsum(counts).tolist()]  # record numbering over all files
+        self._opened: list[tuple[int, int, int, int]] = []  # each file's stat when opened
+        self._digests: list[str] = []  # and its content digest
+        for path in self.files:
+            with open(path, "rb") as f:
+                self._opened.append(stat_key(os.fstat(f.fileno())))
+                self._digests.append(content_digest(f, path, share=len(self.files)))
         self._identity = self._fingerprint()
         self._local = threading.local()
 
     def _fingerprint(self) -> str:
+        """The content identity: each file's content digest and record count (whole files up
+        to 256 MiB in all, 64 MiB of samples beyond: see ``grain_rox._digest``), not names or
+        times: a byte-identical copy of the files elsewhere is the same data."""
         facts = [
-            [
-                [os.path.basename(f), os.path.getsize(f), n]
-                for f, n in zip(self.files, self.counts, strict=True)
-            ],
+            [[d, n] for d, n in zip(self._digests, self.counts, strict=True)],
             str(self.dtype),
             self.shape,
             self.encoding,
@@ -188,8 +194,30 @@ class ArrayRecordSource(BatchesMixin):
             readers = self._local.readers = {}
         reader = readers.get(f)
         if reader is None:
+            self._check_unchanged(f)
             reader = readers[f] = _reader_class()(self.files[f], READ_OPTIONS)
         return reader
+
+    def _check_unchanged(self, f: int) -> None:
+        """Refuse file ``f`` if its content changed since this source was made (readers are
+        opened lazily, by path, in every process and thread)."""
+        path = self.files[f]
+        try:
+            handle = open(path, "rb")
+        except OSError as e:
+            raise FileNotFoundError(
+                f"{path}: cannot be reopened ({e.strerror}); it was part of this "
+                "ArrayRecordSource when it was made: restore the file, or make a new source"
+            ) from None
+        with handle:
+            self._opened[f] = check_unchanged(
+                handle,
+                path,
+                self._opened[f],
+                self._digests[f],
+                what="this ArrayRecordSource",
+                share=len(self.files),
+            )
 
     def _locate(self, indices: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
         """(file, record in that file) of each global record index."""

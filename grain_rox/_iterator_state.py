@@ -98,8 +98,8 @@ def check_step(step: int, length: int | None, *, limit: int, what: str) -> None:
         )
     if length is None and step > limit:
         raise ValueError(
-            f"this data state's step {step} is beyond the {limit} steps an endless "
-            f"{what.removeprefix('this ')} can serve; pass a state saved from it, unchanged"
+            f"this data state's step {step} is beyond {limit}, the most steps {what} (endless "
+            "or of unknown length) can serve; pass a state saved from it, unchanged"
         )
 
 

@@ -192,7 +192,13 @@ class MultiHostDataLoadIterator:
             return iter(ds)
         it = iter(self._source)
         if grain_state is not None:
-            it.set_state(grain_state)
+            try:
+                it.set_state(grain_state)
+            except BaseException:
+                closer = getattr(it, "close", None)
+                if callable(closer):
+                    closer()
+                raise
         return it
 
     def _to_global(self, local: Any) -> Any:
@@ -273,7 +279,8 @@ class MultiHostDataLoadIterator:
         """Start the background producer (done automatically on the first ``next``)."""
         if self._thread is not None or self._exhausted:
             return
-        self._grain_iter = self._make_grain_iterator(self._step, self._grain_state)
+        if self._grain_iter is None:  # (set_state may have made it, to check the state)
+            self._grain_iter = self._make_grain_iterator(self._step, self._grain_state)
         self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.prefetch)
         self._thread = threading.Thread(
@@ -286,13 +293,12 @@ class MultiHostDataLoadIterator:
 
     def _halt(self) -> None:
         thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        while thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                self._queue.get(timeout=0.05)
-            thread.join(timeout=0.05)
+        if thread is not None:
+            self._stop.set()
+            while thread.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    self._queue.get(timeout=0.05)
+                thread.join(timeout=0.05)
         closer = getattr(self._grain_iter, "close", None)
         if callable(closer):
             closer()
@@ -353,6 +359,8 @@ class MultiHostDataLoadIterator:
             grain_state = self._check_grain_state(decoded)
             check_step(step, self._input_length(), limit=sys.maxsize, what="this Grain input")
         self._halt()
+        if grain_state is not None:  # Grain checks its own state now, not at the next batch
+            self._grain_iter = self._make_grain_iterator(step, grain_state)
         self._step = step
         self._grain_state = grain_state
         self._exhausted = False

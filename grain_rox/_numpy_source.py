@@ -13,28 +13,15 @@ import hashlib
 import math
 import os
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 import numpy as np
 
 from grain_rox._batches import BatchesMixin
-from grain_rox._digest import facts_digest
+from grain_rox._digest import check_unchanged, content_digest, facts_digest, stat_key
 
 ArraySpec = str | os.PathLike[str] | np.ndarray
-
-FULL_HASH_BYTES = 256 << 20  # files up to this size are hashed whole (~0.2 s)
-SAMPLE_BLOCKS, SAMPLE_BYTES = 4096, 16 << 10  # larger ones: 64 MiB of evenly spaced blocks
-_digests: dict[tuple[str, int, int, int, int], str] = {}  # (path, dev, inode, size, mtime)
-_digests_lock = threading.Lock()
-RACY_NS = 2_000_000_000  # a file modified this recently may change again within its mtime
-
-
-def _racy(stat_key: tuple[int, int, int, int]) -> bool:
-    """Whether a file's mtime is too recent to vouch for its content: a rewrite within the
-    filesystem's timestamp granularity keeps size, inode and mtime (git's "racy" case)."""
-    return time.time_ns() - stat_key[3] < RACY_NS
 
 
 class NpyHeader:
@@ -83,48 +70,6 @@ def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
     except OSError as e:
         raise ValueError(f"{path}: not a readable .npy file ({e})") from None
     return header.shape, header.dtype
-
-
-def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def content_digest(f: IO[bytes], path: str) -> str:
-    """SHA-1 of the open file ``f``'s content: all of it up to ``FULL_HASH_BYTES``; beyond,
-    its size and ``SAMPLE_BLOCKS`` evenly spaced blocks (first and last included). Cached per
-    (path, device, inode, size, mtime_ns), so reopening an unchanged file costs one ``stat``
-    (files modified in the last 2 s are hashed again each time).
-
-    >>> import tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "a.bin")
-    >>> with open(path, "wb") as f:
-    ...     _ = f.write(b"abc")
-    >>> with open(path, "rb") as f:
-    ...     content_digest(f, path) == hashlib.sha1(b"abc").hexdigest()
-    True
-    """
-    key = (os.path.abspath(path), *_stat_key(os.fstat(f.fileno())))
-    with _digests_lock:
-        cached = _digests.get(key)
-    if cached is not None:
-        return cached
-    size = key[3]
-    h = hashlib.sha1()
-    f.seek(0)
-    if size <= FULL_HASH_BYTES:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    else:
-        h.update(f"sampled {size}".encode())
-        step = (size - SAMPLE_BYTES) / (SAMPLE_BLOCKS - 1)
-        for i in range(SAMPLE_BLOCKS):
-            f.seek(int(i * step))
-            h.update(f.read(SAMPLE_BYTES))
-    digest = h.hexdigest()
-    if not _racy(key[1:]):
-        with _digests_lock:
-            _digests[key] = digest
-    return digest
 
 
 def _as_path(spec: Any) -> Any:
@@ -199,7 +144,7 @@ class NumpySource(BatchesMixin):
         path = self.paths[key]
         with open(path, "rb") as f:
             header = _read_header(f, path)
-            self._opened[key] = _stat_key(os.fstat(f.fileno()))
+            self._opened[key] = stat_key(os.fstat(f.fileno()))
             self._digests[key] = content_digest(f, path)
         return header.shape, header.dtype
 
@@ -233,17 +178,9 @@ class NumpySource(BatchesMixin):
                 "when it was made: restore the file, or make a new NumpySource"
             ) from None
         with f:
-            now = _stat_key(os.fstat(f.fileno()))
-            if now != self._opened[key] or _racy(self._opened[key]):
-                if content_digest(f, path) != self._digests[key]:
-                    size = self._opened[key][2]
-                    raise ValueError(
-                        f"{path} changed after this NumpySource was made ({size} -> {now[2]} "
-                        "bytes, new content): it no longer holds the rows this source (and any "
-                        "state saved from it) refers to. Restore the original file, or make a "
-                        "new NumpySource and start a new run"
-                    )
-                self._opened[key] = now  # the same bytes (a copy, a touch): serve them
+            self._opened[key] = check_unchanged(
+                f, path, self._opened[key], self._digests[key], what="this NumpySource"
+            )
             f.seek(0)
             header = _read_header(f, path)
             mapped = np.memmap(
