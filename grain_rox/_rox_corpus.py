@@ -30,7 +30,7 @@ from grain_rox._rox_format import (
     check_index,
     read_header,
 )
-from grain_rox._shard_set import current_manifest
+from grain_rox._shard_set import current_manifest, file_sha256, leftovers_of
 
 _SAMPLE_BYTES = 4096
 
@@ -211,6 +211,12 @@ class RoxCorpus:
         return tuple(self._manifests)
 
     @property
+    def leftover_temps(self) -> tuple[str, ...]:
+        """Hidden temporary files that killed writers left beside these shards' sets (not part
+        of the data; the next write to the set removes them). Scans the directories."""
+        return tuple(leftovers_of(list(self.paths)))
+
+    @property
     def uniform_blocks(self) -> bool | None:
         """Whether every block has :attr:`block_size` bytes (None: not checked yet, see verify)."""
         if any(h.first_block_bytes != self.block_size for h in self._headers if h.num_blocks):
@@ -221,12 +227,22 @@ class RoxCorpus:
 
     @property
     def fingerprint(self) -> str:
-        """A short hash identifying the content: per shard its name, size, footer, the manifest's
-        checksum, and a hash of its first and last 4 KiB of tokens. Computed once, O(1) per shard.
+        """A short hash identifying the content, computed once, O(1) per unchanged shard.
+
+        Per shard: its name, size and footer, the manifest's sha256, and a hash of its first
+        and last 4 KiB of tokens. With a manifest, a shard whose size or mtime_ns differs from
+        the recorded ones is re-hashed (once per process per file version) and must still have
+        the recorded sha256, else :class:`RoxFormatError` names it: a shard changed in place at
+        the same size cannot pass as the data a checkpoint was made on, while a byte-identical
+        copy or a moved directory gives the same fingerprint. Without a manifest (files
+        written by roxxel) only the sampled bytes and sizes count: a same-size change outside
+        the first and last 4 KiB is not detected.
         """
         if self._fingerprint is None:
             h = hashlib.sha1()
             for s, (header, record) in enumerate(zip(self._headers, self._records, strict=True)):
+                if record is not None:
+                    _check_unchanged(header.path, record)
                 h.update(json.dumps([*header.facts(), record.sha256 if record else None]).encode())
                 if header.raw_size:
                     with open(header.path, "rb") as f:
@@ -348,6 +364,25 @@ class RoxCorpus:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+
+def _check_unchanged(path: str, record: ShardRecord) -> None:
+    """Raise if a shard's bytes are not the ones its manifest records (hashing only if its
+    size or mtime_ns changed since the write)."""
+    if record.sha256 is None:
+        return
+    st = os.stat(path)
+    if st.st_size == record.file_size and st.st_mtime_ns == record.mtime_ns:
+        return
+    digest = file_sha256(path, st)
+    if digest != record.sha256:
+        raise RoxFormatError(
+            path,
+            f"its content changed after it was written: its sha256 is {digest} but "
+            f"{manifest_path_for(path)} records {record.sha256}",
+            "re-create the shard set (or restore the shard from a copy); a checkpoint made on "
+            "the data as written cannot continue on these bytes",
+        )
 
 
 def _load_shard_facts(

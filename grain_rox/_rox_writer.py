@@ -89,6 +89,19 @@ def _dtype_range_check(values: np.ndarray, dtype: np.dtype, where: str) -> None:
         )
 
 
+def _float_overflow_check(values: np.ndarray, stored: np.ndarray, where: str) -> None:
+    """Refuse values that become inf in a float dtype (e.g. 1e6 in float16)."""
+    if values.size == 0 or stored.dtype.kind in "ui":
+        return
+    lost = np.isinf(stored.astype(np.float64)) & ~np.isinf(values.astype(np.float64))
+    if lost.any():
+        bad = values.reshape(-1)[int(np.argmax(lost.reshape(-1)))]
+        raise ValueError(
+            f"{where} holds {bad.item()!r}, which overflows to inf in {stored.dtype}; pass "
+            "dtype= a wider float type (e.g. float32) or scale the values"
+        )
+
+
 class _ItemEncoder:
     """Turns each item into a 1-D array of the target dtype, checking instead of relabelling."""
 
@@ -144,14 +157,17 @@ class _ItemEncoder:
                 )
             if not (self.ids_fit and arr.dtype.kind in "ui" and self.tokenizer is not None):
                 _dtype_range_check(arr, self.dtype, where)
-            return arr.astype(self.dtype)
+            with np.errstate(over="ignore"):
+                stored = arr.astype(self.dtype)
+            _float_overflow_check(arr, stored, where)
+            return stored
         raise TypeError(
             f"{where} is a {type(item).__name__}; items must be str, bytes, numpy arrays or "
             "lists of ints"
         )
 
 
-def _separator_token(separator: Any, dtype: np.dtype) -> int | float | None:
+def _separator_token(separator: Any, dtype: np.dtype, tok: Tokenizer | None) -> int | float | None:
     if separator is None or separator is False:
         return None
     if isinstance(separator, str):
@@ -165,8 +181,25 @@ def _separator_token(separator: Any, dtype: np.dtype) -> int | float | None:
             )
         return np.frombuffer(bytes(separator), dtype)[0].item()
     if isinstance(separator, (int, np.integer, float, np.floating)):
-        _dtype_range_check(np.asarray([separator]), dtype, f"separator {separator!r}")
-        return separator.item() if isinstance(separator, np.generic) else separator
+        value = separator.item() if isinstance(separator, np.generic) else separator
+        if dtype.kind in "ui" and isinstance(value, float):
+            if not value.is_integer():
+                raise ValueError(
+                    f"separator={value!r} is not a whole number but the tokens are {dtype}: it "
+                    f"would be stored as {int(value)}; pass separator= an integer token id"
+                )
+            value = int(value)
+        _dtype_range_check(np.asarray([value]), dtype, f"separator {value!r}")
+        if dtype.kind not in "ui":
+            with np.errstate(over="ignore"):
+                stored = np.asarray([value]).astype(dtype)
+            _float_overflow_check(np.asarray([value]), stored, "separator")
+        if tok is not None and dtype.kind in "ui" and not 0 <= value < tok.vocab_size:
+            raise ValueError(
+                f"separator={value} is outside the {tok.name} vocabulary (ids 0..{tok.vocab_size - 1}); "
+                f"pass one of its ids, or leave separator= unset for its EOS id {tok.eos_id}"
+            )
+        return value
     raise TypeError(f"separator {separator!r} must be one token id (int) or one token of bytes")
 
 
@@ -435,7 +468,7 @@ def write_rox(
         )
     if tok is not None and separator is None:
         separator = tok.eos_id
-    sep = _separator_token(separator, target)
+    sep = _separator_token(separator, target, tok)
     if pad_id is None:
         pad_id = tok.pad_id if tok is not None and tok.pad_id is not None else None
     pad = pad_id if pad_id is not None else (sep if sep is not None else 0)

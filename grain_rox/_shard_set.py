@@ -10,8 +10,9 @@ neither record (e.g. a directory copied half-way), by its sha256:
 * the files are exactly the previous set -> the previous data (it died before them);
 * anything else is a mix of two writes and is refused, naming what to do.
 
-Without ``pending``, the files named like shards must be exactly the manifest's, with its
-sizes: an extra, missing or resized shard is refused (cheap: one directory scan, no reads).
+Without ``pending``, the files named like shards must be exactly the manifest's: an extra or
+missing shard is refused (cheap: one directory scan, no reads); each shard's size and footer
+are checked against its record when it is opened.
 Hidden temporary files of killed writers are listed by :func:`leftover_temps` and removed by
 the next write to the set (:func:`clean_leftovers`).
 """
@@ -28,11 +29,12 @@ from grain_rox._manifest import (
     Manifest,
     ShardRecord,
     load_manifest,
+    manifest_path_for,
     member_pattern,
     set_name,
     sha256_file,
 )
-from grain_rox._rox_format import RoxFormatError, read_header, require_regular
+from grain_rox._rox_format import RoxFormatError, require_regular
 
 _HASHES: dict[tuple[str, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> sha256
 
@@ -88,6 +90,14 @@ def leftover_temps(manifest_path: str) -> list[str]:
             if m and not _alive(int(m.group(1))):
                 found.append(entry.path)
     return sorted(found)
+
+
+def leftovers_of(paths: list[str]) -> list[str]:
+    """The killed writers' temporaries beside the sets that shard ``paths`` belong to."""
+    found: list[str] = []
+    for mpath in dict.fromkeys(manifest_path_for(p) for p in paths):
+        found += [t for t in leftover_temps(mpath) if t not in found]
+    return found
 
 
 def _alive(pid: int) -> bool:
@@ -230,8 +240,6 @@ def current_manifest(manifest_path: str) -> Manifest | None:
             f"{len(missing)} shard(s) that the manifest records are missing ({_listing(missing)})",
             "restore them from a copy of the set, or run the write again",
         )
-    for name, st in disk.items():
-        rec = m.shards[name]
-        if st.st_size != rec.file_size:  # the footer says what changed (or that it is broken)
-            rec.check(read_header(os.path.join(directory, name)), manifest_path)
+    # Sizes are checked per shard against its footer when it is opened or verified, so one
+    # damaged shard does not hide the state of the others from verify.
     return m

@@ -10,7 +10,7 @@ import numpy as np
 from grain_rox._manifest import manifest_path_for
 from grain_rox._paths import PathSpec, resolve_shard_paths
 from grain_rox._rox_format import INDEX_DTYPE, RoxFormatError, check_index, read_header
-from grain_rox._shard_set import current_manifest
+from grain_rox._shard_set import current_manifest, leftovers_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +22,8 @@ class ShardReport:
     num_blocks: int = 0
     num_tokens: int = 0
     checksum: str = "none"  # "ok", "mismatch", or "none" (no manifest entry)
+    kind: str = "shard"  # or "leftover": a killed writer's hidden temporary file (harmless)
+    note: str | None = None  # what a "leftover" report says and how to remove it
 
     @property
     def ok(self) -> bool:
@@ -34,7 +36,9 @@ def verify_rox(
     """Check each shard's footer, size, whole index and (with a manifest) sha256 checksum.
 
     Unlike :func:`open_rox`, which stops at the first damaged shard, this returns one report
-    per shard, plus a report for every shard whose dtype differs from the first shard's.
+    per shard, plus a report for every shard whose dtype differs from the first shard's, plus
+    one ``kind="leftover"`` report (ok, with a ``note``) per hidden temporary file that a
+    killed writer left beside the sets (the next write to the set removes them).
 
     >>> import tempfile, os
     >>> from grain_rox import write_rox
@@ -45,7 +49,8 @@ def verify_rox(
     """
     reports = []
     first_dtype: tuple[str, np.dtype] | None = None
-    for path in resolve_shard_paths(paths, roxxel_names=roxxel_names):
+    resolved = resolve_shard_paths(paths, roxxel_names=roxxel_names)
+    for path in resolved:
         try:
             header = read_header(path)
             if header.num_blocks:
@@ -75,4 +80,11 @@ def verify_rox(
             reports.append(ShardReport(path, f"{e.problem}. Fix: {e.fix}."))
         except OSError as e:
             reports.append(ShardReport(path, f"cannot read: {e}"))
+    for tmp in leftovers_of(resolved):
+        note = (
+            f"a hidden temporary file ({os.path.getsize(tmp):,} bytes) of a write to this set "
+            "that was killed; it is not part of the data. Fix: delete it, or write to the set "
+            "again (the next write removes it)"
+        )
+        reports.append(ShardReport(tmp, None, kind="leftover", note=note))
     return reports

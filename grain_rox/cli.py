@@ -247,6 +247,7 @@ def describe(paths: Any) -> dict[str, Any]:
             "uniform_blocks": corpus.uniform_blocks,
             "manifests": list(corpus.manifest_paths),
             "fingerprint": corpus.fingerprint,
+            "leftover_temporaries": list(corpus.leftover_temps),
             "files": [
                 {
                     "path": s.path,
@@ -280,6 +281,11 @@ def _inspect(args: argparse.Namespace) -> int:
     print(f"tokenizer   {tok['name'] if tok else 'unknown (no manifest)'}")
     print(f"manifest    {', '.join(info['manifests']) or 'none'}")
     print(f"fingerprint {info['fingerprint']}")
+    for tmp in info["leftover_temporaries"]:
+        print(
+            f"leftover    {tmp}: a hidden temporary file of a killed write, not part of the "
+            "data; delete it or write to the set again (the next write removes it)"
+        )
     width = max(len(os.path.basename(f["path"])) for f in info["files"])
     print(f"\n{'file':<{width}}  {'bytes':>14}  {'blocks':>10}  {'tokens':>14}  sha256")
     for f in info["files"]:
@@ -297,13 +303,18 @@ def _verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.__dict__ for r in reports], indent=1))
     else:
-        for r in reports:
+        shards = [r for r in reports if r.kind == "shard"]
+        leftovers = [r for r in reports if r.kind == "leftover"]
+        for r in shards:
             status = "OK  " if r.ok else "FAIL"
             detail = f"{r.num_blocks} blocks, checksum {r.checksum}" if r.ok else r.problem
             print(f"{status} {r.path}: {detail}")
+        for r in leftovers:
+            print(f"WARN {r.path}: {r.note}")
         print(
-            f"{len(reports) - len(bad)} of {len(reports)} shards OK"
+            f"{len(shards) - len(bad)} of {len(shards)} shards OK"
             + (f"; {len(bad)} damaged" if bad else "")
+            + (f"; {len(leftovers)} leftover temporary file(s)" if leftovers else "")
         )
     return 1 if bad else 0
 
