@@ -27,7 +27,7 @@ import lzma
 import os
 import stat
 from collections.abc import Iterable, Iterator, Sequence
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
@@ -179,7 +179,7 @@ def detect_format(path: str) -> str:
     return "text"
 
 
-def _open(path: str, compression: str | None) -> IO[bytes]:
+def _open(path: str, compression: str | None) -> Any:  # a binary file object
     if compression is None:
         return open(path, "rb")
     if compression == "gzip":

@@ -29,9 +29,11 @@ from grain_rox._hf_records import (
     ArrowColumn,
     RecordFormat,
     arrow_numeric,
+    find_nulls,
     hf_datasets,
     kept_columns,
     load_files,
+    null_problem,
     stack_column,
 )
 
@@ -63,6 +65,21 @@ def _dataset_from(spec: Any) -> Any:
         f"datasets.load_dataset({path!r}, split='train').save_to_disk(DIR), then pass "
         "HFEagerSource(DIR)"
     )
+
+
+def _refuse_nulls(dataset: Any, columns: Sequence[str]) -> None:
+    """An error naming the first kept column and row with a missing value, and the fix."""
+    indices = dataset._indices  # rows remapped by select/shuffle/filter
+    remap = None if indices is None else indices.column(0).to_numpy()
+    found = find_nulls(dataset.data.table, columns, remap)
+    if found is not None:
+        column, row, inside, count, keep = found
+        rows = f"{count} row{'' if count == 1 else 's'} in all"
+        raise ValueError(
+            f"{null_problem(column, row, inside, rows)}. Drop such rows first, dataset = "
+            f"dataset.filter(lambda r: {keep}), fill them (dataset.map), or leave the column "
+            f"out (exclude_keys=[{column!r}])"
+        )
 
 
 class HFEagerSource(BatchesMixin):
@@ -114,6 +131,7 @@ class HFEagerSource(BatchesMixin):
         if len(dataset) == 0:
             raise ValueError("the dataset is empty: a Grain source needs at least one row")
         keep = kept_columns(list(dataset.column_names), include_keys, exclude_keys)
+        _refuse_nulls(dataset, keep)
         self.format = RecordFormat(
             columns=keep, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
         )

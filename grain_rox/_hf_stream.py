@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grain
 import numpy as np
 
-from grain_rox._hf_records import RecordFormat, arrow_dtypes, file_kind, hf_datasets, kept_columns
+from grain_rox._hf_records import (
+    RecordFormat,
+    arrow_dtypes,
+    file_kind,
+    hf_datasets,
+    kept_columns,
+    null_problem,
+    python_null,
+    read_errors,
+    unreadable,
+)
+from grain_rox._identity import check_identity, split_state
+
+_SAMPLE = 1 << 20  # bytes hashed at each end of a data file for its identity
+_WHAT = "HFStreamingSource"
+
+
+def file_digest(path: str) -> str:
+    """16 hex digits of SHA-256 over a file's size and its first and last MiB: content-based
+    (a copy or a moved file keeps it) and cheap for files of any size."""
+    size = os.path.getsize(path)
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_SAMPLE))
+        if size > _SAMPLE:
+            f.seek(max(_SAMPLE, size - _SAMPLE))
+            h.update(f.read(_SAMPLE))
+    return h.hexdigest()[:16]
 
 
 class HFStreamingSource:
@@ -19,7 +48,11 @@ class HFStreamingSource:
     and the same numpy records as :class:`HFEagerSource`. The iterator's ``get_state`` /
     ``set_state`` carry the ``IterableDataset``'s own ``state_dict``, so it resumes mid-epoch
     exactly (the shuffle buffer is grain_rox's own and is saved with it: HF's would lose the
-    buffered examples). What it cannot do, unlike the eager source: random access, a global
+    buffered examples). The state also names the data and config it belongs to (each file's
+    size and a digest of its first and last MiB, columns, tokenizer, shuffle buffer, seed,
+    shard): ``set_state`` refuses a state from other files or another config, naming what
+    changed. A missing value (None) in a kept column is an error naming the column and row;
+    a damaged file is an error naming the file. What it cannot do, unlike the eager source: random access, a global
     order independent of the number of hosts, and restoring on another host count (its
     position is per host); and its state grows with ``shuffle_buffer``.
 
@@ -52,18 +85,50 @@ class HFStreamingSource:
         self.include_keys = list(include_keys) if include_keys is not None else None
         self.exclude_keys = list(exclude_keys or ())
         self.dtypes: dict[str, np.dtype] = {}
+        self.kept = self.columns()
         self.format = RecordFormat(
-            columns=self.columns(), tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
+            columns=self.kept, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
         )
+        self._identity: dict[str, Any] | None = None
 
     def columns(self) -> list[str]:
         """The kept columns, from the files' schema (an error names unknown keys)."""
-        ds = hf_datasets().load_dataset(
-            self.kind, data_files=self.files[:1], split="train", streaming=True
-        )
-        if ds.features is not None:  # numbers keep the files' dtypes, as in HFEagerSource
-            self.dtypes = arrow_dtypes(ds.features.arrow_schema)
+        try:
+            ds = hf_datasets().load_dataset(
+                self.kind, data_files=self.files[:1], split="train", streaming=True
+            )
+            features = ds.features
+        except read_errors() as e:
+            raise unreadable(self.files[:1], self.kind, e) from None
+        if features is not None:  # numbers keep the files' dtypes, as in HFEagerSource
+            self.dtypes = arrow_dtypes(features.arrow_schema)
         return kept_columns(list(ds.column_names or []), self.include_keys, self.exclude_keys)
+
+    def identity(self) -> dict[str, Any]:
+        """What an iterator state belongs to: the files' content and the config (JSON)."""
+        if self._identity is None:
+            self._identity = {
+                "files": [[os.path.basename(f), file_digest(f)] for f in self.files],
+                "columns": self.kept,
+                "records": self.format.describe(),
+                "shuffle_buffer": self.shuffle_buffer,
+                "seed": self.seed,
+                "shard": list(self.shard),
+            }
+        return self._identity
+
+    def check_nulls(self, row: Mapping[str, Any], index: int, epoch: int) -> None:
+        """An error naming the column and row if ``row`` (row ``index`` of this host's
+        stream) holds a missing value (None)."""
+        for key, value in row.items():
+            inside = python_null(value)
+            if inside is not None:
+                files = self.files[0] if len(self.files) == 1 else self.files
+                where = f"of this host's stream, shard={self.shard}, epoch {epoch}"
+                raise ValueError(
+                    f"{files}: {null_problem(key, index, inside, where)}. Drop or fill such "
+                    f"rows in the files, or leave the column out (exclude_keys=[{key!r}])"
+                )
 
     def record(self, row: dict[str, Any]) -> dict[str, Any]:
         """A streamed row as the eager source's record (same keys, dtypes and tokens)."""
@@ -140,7 +205,16 @@ class _StreamIterator(grain.DatasetIterator):
         self._rng = np.random.default_rng([self._source.seed, self._epoch])
         self._drained = False
         self._served = 0  # rows this epoch: an epoch of none would loop forever
+        self._pulled = 0  # rows read from the files this epoch (named by null errors)
         self._loaded: Any = None  # HF state restored but not yet iterated from
+
+    def _next_row(self) -> dict[str, Any]:
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise
+        except read_errors() as e:
+            raise unreadable(self._source.files, self._source.kind, e) from None
 
     def _fill(self) -> None:
         if self._it is None:
@@ -149,10 +223,12 @@ class _StreamIterator(grain.DatasetIterator):
         size = max(1, self._source.shuffle_buffer)
         while not self._drained and len(self._buffer) < size:
             try:
-                row = next(self._it)
+                row = self._next_row()
             except StopIteration:
                 self._drained = True
                 break
+            self._source.check_nulls(row, self._pulled, self._epoch)
+            self._pulled += 1
             self._buffer.append(self._source.record(row))
 
     def __next__(self) -> dict[str, np.ndarray]:
@@ -176,20 +252,65 @@ class _StreamIterator(grain.DatasetIterator):
 
     def get_state(self) -> dict[str, Any]:
         return {
-            "epoch": self._epoch,
-            # right after set_state HF reports its epoch start until it is iterated again
-            "hf": self._loaded if self._loaded is not None else self._ds.state_dict(),
-            "buffer": [_to_json(r) for r in self._buffer],
-            "rng": self._rng.bit_generator.state,
-            "drained": self._drained,
+            "identity": self._source.identity(),
+            "state": {
+                "epoch": self._epoch,
+                # right after set_state HF reports its epoch start until it is iterated again
+                "hf": self._loaded if self._loaded is not None else self._ds.state_dict(),
+                "buffer": [_to_json(r) for r in self._buffer],
+                "rng": self._rng.bit_generator.state,
+                "drained": self._drained,
+                "rows": self._pulled,
+            },
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._epoch = int(state["epoch"])
+        saved, inner = split_state(state, what=_WHAT)
+        check_identity(saved, self._source.identity(), what=_WHAT)
+        _check_inner(inner)
+        self._epoch = inner["epoch"]
         self._start_epoch()
-        self._ds.load_state_dict(state["hf"])
-        self._loaded = state["hf"]
+        try:
+            buffer = [_from_json(r) for r in inner["buffer"]]
+            self._rng.bit_generator.state = inner["rng"]
+            self._ds.load_state_dict(inner["hf"])
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(
+                _edited(f"its buffer, rng or hf position does not load ({e})")
+            ) from None
+        self._loaded = inner["hf"]
         self._restored_mid_epoch = True  # rows of this epoch may all have been served already
-        self._buffer = [_from_json(r) for r in state["buffer"]]
-        self._rng.bit_generator.state = state["rng"]
-        self._drained = bool(state["drained"])
+        self._buffer = buffer
+        self._drained = inner["drained"]
+        self._pulled = inner["rows"]
+
+
+def _edited(problem: str) -> str:
+    return (
+        f"not a {_WHAT} state: {problem}; pass the state get_state() returned, unchanged "
+        "(a JSON round trip is fine)"
+    )
+
+
+_STATE_TYPES: dict[str, tuple[type, ...]] = {
+    "epoch": (int,),
+    "hf": (dict,),
+    "buffer": (list,),
+    "rng": (dict,),
+    "drained": (bool,),
+    "rows": (int,),
+}
+
+
+def _check_inner(inner: Any) -> None:
+    """Type-check a (possibly hand-edited) inner state: keys, types, non-negative counts."""
+    if not isinstance(inner, Mapping) or set(inner) != set(_STATE_TYPES):
+        shown = sorted(inner) if isinstance(inner, Mapping) else type(inner).__name__
+        raise ValueError(_edited(f"its 'state' has keys {shown}, expected {sorted(_STATE_TYPES)}"))
+    for key, types in _STATE_TYPES.items():
+        value = inner[key]
+        wrong_bool = isinstance(value, bool) and bool not in types
+        negative = isinstance(value, int) and value < 0
+        if wrong_bool or negative or not isinstance(value, types):
+            expected = "an int >= 0" if types == (int,) else types[0].__name__
+            raise ValueError(_edited(f"{key!r} is {value!r}, expected {expected}"))

@@ -133,7 +133,9 @@ CONVERT_BAD_INPUTS = [
 
 
 @pytest.mark.parametrize(
-    ("name", "data", "flags", "expected"), CONVERT_BAD_INPUTS, ids=[c[0] for c in CONVERT_BAD_INPUTS]
+    ("name", "data", "flags", "expected"),
+    CONVERT_BAD_INPUTS,
+    ids=[c[0] for c in CONVERT_BAD_INPUTS],
 )
 def test_convert_bad_input_is_an_exact_error(tmp_path, capsys, name, data, flags, expected):
     path = tmp_path / name
@@ -151,9 +153,7 @@ def test_convert_bad_input_is_an_exact_error(tmp_path, capsys, name, data, flags
     assert not out.exists()
 
 
-def test_zstd_without_the_zstandard_package_names_the_file_and_the_package(
-    tmp_path, monkeypatch
-):
+def test_zstd_without_the_zstandard_package_names_the_file_and_the_package(tmp_path, monkeypatch):
     from grain_rox._convert import read_documents
 
     path = tmp_path / "a.txt.zst"
@@ -245,3 +245,196 @@ def test_a_json_list_of_records_is_read_record_by_record(tmp_path):
     out = str(tmp_path / "o.rox")
     assert main(["convert", str(path), "-o", out]) == 0
     assert tokens_of(out) == [97, 98, 256, 99, 256]
+
+
+# --- HuggingFace sources: missing values and damaged files ------------------------------
+
+NULL_WHY = (
+    "grain_rox serves no stand-in for it (a null text would be tokenized as 'None', a null "
+    "number read as NaN)"
+)
+
+
+def _eager_null(column: str, where: str, rows: str, keep: str) -> str:
+    return (
+        f"column {column!r} has a missing value (None) {where} ({rows}); {NULL_WHY}. Drop such "
+        f"rows first, dataset = dataset.filter(lambda r: {keep}), fill them (dataset.map), or "
+        f"leave the column out (exclude_keys=[{column!r}])"
+    )
+
+
+EAGER_NULLS = [
+    (
+        "text-tokenized",
+        {"t": ["a", None, "b"]},
+        {"tokenize": ["t"], "tokenizer": "bytes"},
+        _eager_null("t", "in row 1", "1 row in all", "r['t'] is not None"),
+    ),
+    (
+        "text",
+        {"t": ["a", "b", None, None]},
+        {},
+        _eager_null("t", "in row 2", "2 rows in all", "r['t'] is not None"),
+    ),
+    (
+        "int-list-element",
+        {"ids": [[1, 2], [3, None], [4]]},
+        {},
+        _eager_null(
+            "ids",
+            "inside row 1 (an element of its value)",
+            "1 row in all",
+            "None not in r['ids']",
+        ),
+    ),
+    (
+        "int-list-and-element",
+        {"ids": [[1, None], None, [4]], "y": [1, 2, 3]},
+        {},
+        _eager_null(
+            "ids",
+            "inside row 0 (an element of its value)",
+            "2 rows in all",
+            "r['ids'] is not None and None not in r['ids']",
+        ),
+    ),
+    (
+        "int",
+        {"y": [1, None]},
+        {},
+        _eager_null("y", "in row 1", "1 row in all", "r['y'] is not None"),
+    ),
+    (
+        "nested-struct",
+        {"s": [{"a": 1, "b": "x"}, {"a": None, "b": "y"}]},
+        {},
+        _eager_null(
+            "s", "inside row 1 (an element of its value)", "1 row in all", "None not in r['s']"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "kwargs", "expected"), [c[1:] for c in EAGER_NULLS], ids=[c[0] for c in EAGER_NULLS]
+)
+def test_hf_eager_null_is_an_exact_error(data, kwargs, expected):
+    datasets = pytest.importorskip("datasets")
+    from grain_rox import HFEagerSource
+
+    with pytest.raises(ValueError) as info:
+        HFEagerSource(datasets.Dataset.from_dict(data), **kwargs)
+    assert str(info.value) == expected
+
+
+def test_hf_eager_null_in_a_column_left_out_is_no_error():
+    datasets = pytest.importorskip("datasets")
+    from grain_rox import HFEagerSource
+
+    source = HFEagerSource(
+        datasets.Dataset.from_dict({"t": ["a", None], "y": [1, 2]}), exclude_keys=["t"]
+    )
+    assert source.get_batch([0, 1])["y"].tolist() == [1, 2]
+
+
+def _jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_hf_filtered_files_with_nulls_serve_exact_ints_after_the_suggested_filter(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from grain_rox import HFEagerSource
+
+    rows = [{"ids": [1, 2]}, {"ids": [3, None]}, {"ids": [5]}, {"ids": None}, {"ids": [7, 8]}]
+    path = _jsonl(tmp_path / "n.jsonl", rows)
+    with pytest.raises(ValueError, match=r"inside row 1 .* \(2 rows in all\)"):
+        HFEagerSource(data_files=path)
+    ds = datasets.load_dataset("json", data_files=path, split="train", cache_dir=str(tmp_path))
+    kept = ds.filter(lambda r: r["ids"] is not None and None not in r["ids"])
+    source = HFEagerSource(kept)  # memory-mapped with an indices map: the nulls stay in Arrow
+    assert not source.files[0].startswith(str(tmp_path / "grain_rox_hf_"))
+    served = [source[i]["ids"] for i in range(len(source))]
+    assert [a.tolist() for a in served] == [[1, 2], [5], [7, 8]]
+    assert {a.dtype.name for a in served} == {"int64"}  # not float64 with NaN
+
+
+def _stream_null(path: str, column: str, where: str) -> str:
+    return (
+        f"{path}: column {column!r} has a missing value (None) {where} (of this host's stream, "
+        f"shard=(0, 1), epoch 0); {NULL_WHY}. Drop or fill such rows in the files, or leave the "
+        f"column out (exclude_keys=[{column!r}])"
+    )
+
+
+def test_hf_streaming_nulls_are_exact_errors(tmp_path):
+    pytest.importorskip("datasets")
+    from grain_rox import HFStreamingSource
+
+    path = _jsonl(
+        tmp_path / "s.jsonl",
+        [{"ids": [1], "t": "a"}, {"ids": [2], "t": None}, {"ids": [3, None], "t": "c"}],
+    )
+    cases = [
+        (
+            {"include_keys": ["t"], "tokenize": ["t"], "tokenizer": "bytes"},
+            _stream_null(path, "t", "in row 1"),
+        ),
+        (
+            {"include_keys": ["ids"], "shuffle_buffer": 2},
+            _stream_null(path, "ids", "inside row 2 (an element of its value)"),
+        ),
+    ]
+    for kwargs, expected in cases:
+        with pytest.raises(ValueError) as info:
+            list(HFStreamingSource(path, **kwargs).dataset(num_epochs=1))
+        assert str(info.value) == expected
+
+
+def _hf_files():
+    return [
+        (
+            "corrupt.parquet",
+            b"PAR1 not parquet",
+            "re:{p} is not a readable Parquet file \\(ArrowInvalid: Parquet magic bytes not "
+            "found in footer.*\\); regenerate it, or leave it out of data_files$",
+        ),
+        (
+            "empty.jsonl",
+            b"",
+            "{p} is empty (0 bytes); leave it out of data_files or write its rows again",
+        ),
+        (
+            "latin1.jsonl",
+            b'{"text": "ok"}\n{"text": "caf\xe9"}\n',
+            "{p} is not UTF-8: byte offset 28 holds 0xe9; convert it to UTF-8 (e.g. iconv -f "
+            "latin1 -t utf-8)",
+        ),
+        (
+            "corrupt.arrow",
+            b"not an arrow file at all",
+            "re:{p} is not a readable Arrow file \\(ArrowInvalid: .*\\); regenerate it, or "
+            "leave it out of data_files$",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["eager", "streaming"])
+@pytest.mark.parametrize(("name", "data", "expected"), _hf_files(), ids=[c[0] for c in _hf_files()])
+def test_hf_damaged_file_is_an_exact_error_naming_it(tmp_path, streaming, name, data, expected):
+    pytest.importorskip("datasets")
+    from grain_rox import HFEagerSource, HFStreamingSource
+
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as info:
+        if streaming:
+            list(HFStreamingSource(str(path)).dataset(num_epochs=1))
+        else:
+            source = HFEagerSource(data_files=str(path))
+            [source[i] for i in range(len(source))]
+    message = str(info.value)
+    if expected.startswith("re:"):
+        assert re.match(expected[3:].replace("{p}", re.escape(str(path))), message), message
+    else:
+        assert message == expected.format(p=path)
