@@ -217,3 +217,284 @@ def test_killed_api_write_leaves_old_new_or_refuses(tmp_path, old, new):
 @pytest.mark.parametrize(("old", "new"), CLI_SCENARIOS.values(), ids=CLI_SCENARIOS.keys())
 def test_killed_cli_convert_leaves_old_new_or_refuses(tmp_path, old, new):
     _run(tmp_path, old, new, cli=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact states and messages. A writer is stopped in-process at its N-th os.replace / os.unlink
+# (an exception where the kill would land leaves the same files as a SIGKILL).
+# ---------------------------------------------------------------------------------------------
+
+
+class _Stop(BaseException):
+    pass
+
+
+def _stop_at(monkeypatch, name: str, n: int) -> None:
+    real = getattr(os, name)
+    count = [0]
+
+    def stop(*args, **kwargs):
+        count[0] += 1
+        if count[0] == n:
+            raise _Stop
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, name, stop)
+
+
+def _docs(seed: int, n: int) -> list[np.ndarray]:
+    return [(np.arange(7) + 100 * seed + 10 * i).astype(np.uint16) for i in range(n)]
+
+
+def _write(path, seed: int, n: int, mode: str = "error") -> None:
+    write_rox(_docs(seed, n), path, block_size=16, separator=0, max_shard_bytes=100, if_exists=mode)
+
+
+def test_shrink_stopped_before_deleting_old_shards_names_them(tmp_path, monkeypatch):
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 10)  # 5 shards
+    _stop_at(monkeypatch, "unlink", 1)  # after both renames, before the first old shard goes
+    with pytest.raises(_Stop):
+        _write(path, 2, 3, "overwrite")  # 2 shards
+    monkeypatch.undo()
+    with pytest.raises(RoxFormatError) as info:
+        open_rox(path)
+    assert str(info.value) == (
+        f"{tmp_path}/set.manifest.json: a write to this shard set (write "
+        f"{json.loads((tmp_path / 'set.manifest.json').read_text())['pending']['write_id']}) "
+        "was interrupted while it published its shards: on disk are 2 of its 2 new shard(s) "
+        "and 3 of the 5 shard(s) of the data it replaces, so the files are neither the old nor "
+        "the new data. Fix: the new data is complete: delete the 3 leftover shard(s) of the old "
+        "data (set_0002.rox, set_0003.rox, set_0004.rox), or run the write again."
+    )
+    for name in ["set_0002.rox", "set_0003.rox", "set_0004.rox"]:
+        os.unlink(tmp_path / name)  # the fix as stated
+    with open_rox(path) as corpus:
+        assert (
+            corpus.tokens(0, 24).tolist()
+            == np.concatenate([np.append(d, 0) for d in _docs(2, 3)]).tolist()
+        )
+
+
+def test_append_stopped_between_renames_names_the_new_shards(tmp_path, monkeypatch):
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 4)  # set_0000, set_0001
+    before = _tokens(path)
+    _stop_at(monkeypatch, "replace", 3)  # pending manifest, first new shard, then stop
+    with pytest.raises(_Stop):
+        _write(path, 2, 4, "append")  # set_0002, set_0003
+    monkeypatch.undo()
+    with pytest.raises(RoxFormatError, match=r"on disk are 1 of its 4 new shard\(s\)") as info:
+        open_rox(path)
+    assert info.value.fix == (
+        "the previous data is intact: delete the 1 shard(s) of the interrupted write "
+        "(set_0002.rox) to get it back, or run the write again"
+    )
+    os.unlink(tmp_path / "set_0002.rox")
+    assert _tokens(path) == before
+    assert len(open_rox(path).leftover_temps) == 1  # set_0003's temporary is listed ...
+    _write(path, 2, 4, "append")
+    assert _tokens(path)[: len(before)] == before
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []  # ... and removed
+
+
+def test_same_size_overwrite_stopped_between_renames_is_refused(tmp_path, monkeypatch):
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 6)
+    _stop_at(monkeypatch, "replace", 3)
+    with pytest.raises(_Stop):
+        _write(path, 2, 6, "overwrite")  # same names, same sizes: only mtime/sha256 differ
+    monkeypatch.undo()
+    with pytest.raises(RoxFormatError) as info:
+        open_rox(path)
+    assert "on disk are 1 of its 3 new shard(s) and 2 of the 3 shard(s)" in info.value.problem
+    assert info.value.fix == (
+        "run the write again (if_exists='overwrite' rewrites the whole set); the previous data "
+        "was partly replaced and cannot be recovered from these files"
+    )
+    _write(path, 2, 6, "overwrite")
+    assert _tokens(path)[:8] == [200, 201, 202, 203, 204, 205, 206, 0]
+
+
+def test_extra_and_missing_shards_of_a_committed_set_are_refused(tmp_path):
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 6)
+    (tmp_path / "set_0007.rox").write_bytes((tmp_path / "set_0000.rox").read_bytes())
+    with pytest.raises(RoxFormatError) as info:
+        open_rox(path)
+    assert str(info.value) == (
+        f"{tmp_path}/set_0007.rox: 1 file(s) named like shards of this set are not in its "
+        f"manifest {tmp_path}/set.manifest.json (set_0007.rox): no write of this set made "
+        "them. Fix: rename them if they belong to another set, or run the write again; to "
+        "read the files without grain_rox's checks, delete the manifest."
+    )
+    os.unlink(tmp_path / "set_0007.rox")
+    os.unlink(tmp_path / "set_0001.rox")
+    with pytest.raises(RoxFormatError) as info:
+        open_rox(tmp_path / "set_0000.rox")  # even a subset: the set is damaged
+    assert str(info.value) == (
+        f"{tmp_path}/set.manifest.json: 1 shard(s) that the manifest records are missing "
+        "(set_0001.rox). Fix: restore them from a copy of the set, or run the write again."
+    )
+
+
+def test_same_size_in_place_change_fails_the_fingerprint_copies_do_not(tmp_path, monkeypatch):
+    import shutil
+
+    import grain_rox._shard_set as shard_set
+
+    path = str(tmp_path / "a" / "set.rox")
+    _write(path, 1, 6)
+    with open_rox(path) as corpus:
+        fingerprint = corpus.fingerprint
+    # Unchanged files are never hashed on open or fingerprint: O(1) per shard.
+    monkeypatch.setattr(shard_set, "sha256_file", lambda p: pytest.fail(f"hashed {p}"))
+    assert open_rox(path).fingerprint == fingerprint
+    monkeypatch.undo()
+    shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copy)  # new mtimes
+    os.rename(tmp_path / "b", tmp_path / "moved")
+    assert open_rox(str(tmp_path / "moved" / "set.rox")).fingerprint == fingerprint
+    os.utime(tmp_path / "a" / "set_0001.rox", ns=(1, 1))  # touched, same bytes
+    assert open_rox(path).fingerprint == fingerprint
+    shard = tmp_path / "a" / "set_0001.rox"
+    data = bytearray(shard.read_bytes())
+    data[6] ^= 1  # one token in the middle, same size
+    shard.write_bytes(bytes(data))
+    corpus = open_rox(path)  # still O(1): opening does not hash
+    with pytest.raises(RoxFormatError) as info:
+        _ = corpus.fingerprint
+    assert info.value.path == str(shard)
+    assert info.value.problem.startswith("its content changed after it was written: its sha256")
+    assert info.value.fix == (
+        "re-create the shard set (or restore the shard from a copy); a checkpoint made on the "
+        "data as written cannot continue on these bytes"
+    )
+
+
+BAD_WRITES = {
+    "separator-outside-vocabulary": (
+        dict(items=["a"], tokenizer="bytes", separator=1000),
+        "separator=1000 is outside the bytes vocabulary (ids 0..256); pass one of its ids, or "
+        "leave separator= unset for its EOS id 256",
+    ),
+    "fractional-separator": (
+        dict(items=[np.array([1, 2], np.uint16)], separator=1.5),
+        "separator=1.5 is not a whole number but the tokens are uint16: it would be stored as "
+        "1; pass separator= an integer token id",
+    ),
+    "float-token-overflow": (
+        dict(items=[np.array([1.0, 1e6], np.float32)], dtype="float16"),
+        "item 0 holds 1000000.0, which overflows to inf in float16; pass dtype= a wider float "
+        "type (e.g. float32) or scale the values",
+    ),
+    "float-separator-overflow": (
+        dict(items=[np.array([1.0], np.float16)], separator=1e6),
+        "separator holds 1000000.0, which overflows to inf in float16; pass dtype= a wider "
+        "float type (e.g. float32) or scale the values",
+    ),
+}
+
+
+@pytest.mark.parametrize(("kwargs", "message"), BAD_WRITES.values(), ids=BAD_WRITES.keys())
+def test_bad_write_arguments_are_refused_exactly(tmp_path, kwargs, message):
+    kwargs = dict(kwargs)
+    items = kwargs.pop("items")
+    with pytest.raises(ValueError) as info:
+        write_rox(items, tmp_path / "x.rox", block_size=8, **kwargs)
+    assert str(info.value) == message
+    assert os.listdir(tmp_path) == []
+
+
+def test_output_path_must_end_in_rox(tmp_path):
+    with pytest.raises(ValueError) as info:
+        write_rox(["a"], tmp_path / "x.bin")
+    assert str(info.value) == (
+        f"the output path {str(tmp_path / 'x.bin')!r} does not end in .rox; roxxel and "
+        f"grain_rox find shards by that suffix. Pass e.g. {str(tmp_path / 'x.bin.rox')!r}"
+    )
+
+
+def _no_hang(seconds: int = 20):
+    import signal
+
+    def fail(*_):
+        raise AssertionError("hung on a FIFO")
+
+    signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+
+
+def test_fifo_named_like_a_shard_is_refused_without_hanging(tmp_path, capsys):
+    os.mkfifo(tmp_path / "f.rox")
+    _no_hang()
+    try:
+        message = (
+            f"{tmp_path}/f.rox: it is a FIFO, device or socket, not a regular file, but is "
+            "named like a shard. Fix: rename or remove it; .rox shards are regular files."
+        )
+        for spec in [tmp_path / "f.rox", tmp_path, str(tmp_path / "*.rox")]:
+            with pytest.raises(RoxFormatError) as info:
+                open_rox(spec)
+            assert str(info.value) == message
+        [report] = verify_rox(str(tmp_path))
+        assert report.problem == message.split(": ", 1)[1].replace(". Fix: ", ". Fix: ")
+        assert cli_main(["inspect", str(tmp_path / "f.rox")]) == 2
+        assert cli_main(["verify", str(tmp_path / "f.rox")]) == 1
+        assert "not a regular file" in capsys.readouterr().out
+        # A FIFO inside a grain_rox set (named like one of its shards) is refused as well.
+        _write(str(tmp_path / "s.rox"), 1, 2)
+        os.mkfifo(tmp_path / "s_0005.rox")
+        with pytest.raises(RoxFormatError, match=r"s_0005\.rox: it is a FIFO"):
+            open_rox(tmp_path / "s.rox")
+    finally:
+        import signal
+
+        signal.alarm(0)
+
+
+@pytest.mark.parametrize("name", ["/etc/hostname", "../x.rox", "sub/set.rox", "other_0000.rox"])
+@pytest.mark.parametrize("where", ["shards", "pending"])
+def test_manifest_names_outside_the_set_are_refused(tmp_path, name, where):
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 2)
+    mpath = tmp_path / "set.manifest.json"
+    data = json.loads(mpath.read_text())
+    record = data["shards"]["set_0000.rox"]
+    if where == "pending":
+        data["pending"] = {**data, "shards": {name: record}, "pending": None}
+    else:
+        data["shards"][name] = record
+    mpath.write_text(json.dumps(data))
+    for action in (lambda: open_rox(path), lambda: _write(path, 2, 2, "append")):
+        with pytest.raises(RoxFormatError) as info:
+            action()
+        assert str(info.value) == (
+            f"{mpath}: the manifest names {name!r}, which is not a shard of this set (expected "
+            "set.rox or set_NNNN.rox in the manifest's own directory). Fix: the manifest was "
+            "edited or damaged: re-create the shard set, or delete this manifest to read the "
+            "shards without its extras."
+        )
+    # An overwrite replaces the manifest; it only ever deletes files of its own set.
+    _write(path, 2, 2, "overwrite")
+    assert _tokens(path)[:8] == [200, 201, 202, 203, 204, 205, 206, 0]
+    assert name not in mpath.read_text()
+
+
+def test_leftover_temporaries_are_reported_by_inspect_and_verify(tmp_path, capsys):
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 4)
+    tmp = tmp_path / ".set_0001.rox.999999999.0badcafe.tmp"  # a killed writer's pid
+    tmp.write_bytes(b"x" * 100)
+    unrelated = tmp_path / ".other_0000.rox.999999999.0badcafe.tmp"
+    unrelated.write_bytes(b"y")
+    assert open_rox(path).leftover_temps == (str(tmp),)
+    assert cli_main(["inspect", path]) == 0
+    assert (
+        f"leftover    {tmp}: a hidden temporary file of a killed write" in capsys.readouterr().out
+    )
+    assert cli_main(["verify", path]) == 0  # harmless: reported, not damage
+    out = capsys.readouterr().out
+    assert f"WARN {tmp}: a hidden temporary file (100 bytes) of a write to this set" in out
+    assert "2 of 2 shards OK; 1 leftover temporary file(s)" in out
+    _write(path, 2, 2, "overwrite")
+    assert not tmp.exists() and unrelated.exists()  # only this set's leftovers are removed
