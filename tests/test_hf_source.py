@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import pickle
+import shutil
 
 import grain
 import numpy as np
@@ -520,3 +522,125 @@ def test_streaming_state_taken_right_after_a_restore_and_empty_shards(parquet_fi
     pq.write_table(pa.table({"x": [1]}), one_row)
     with pytest.raises(ValueError, match=r"give this host no rows \(shard=\(1, 2\)\)"):
         next(iter(HFStreamingSource(one_row, shard=(1, 2)).dataset(num_epochs=None)))
+
+
+def _streamed_state(files, **kwargs):
+    it = iter(HFStreamingSource(files, shuffle_buffer=8, seed=1, **kwargs).dataset(num_epochs=1))
+    for _ in range(30):
+        next(it)
+    return json.loads(json.dumps(it.get_state()))
+
+
+def test_streaming_restore_refuses_other_files_and_config_naming_the_change(
+    parquet_files, tmp_path
+):
+    state = _streamed_state(parquet_files)
+    assert set(state) == {"identity", "state"} and state["state"]["rows"] == 37
+    other = str(tmp_path / "other.parquet")
+    pq.write_table(pa.table({"x": list(range(500, 600)), "y": ["t"] * 100}), other)
+
+    def refused(files, **changes):
+        kwargs = {"shuffle_buffer": 8, "seed": 1, **changes}
+        it = iter(HFStreamingSource(files, **kwargs).dataset(num_epochs=1))
+        with pytest.raises(ValueError) as info:
+            it.set_state(state)
+        return str(info.value)
+
+    prefix = "cannot restore this HFStreamingSource state: its data or config changed ("
+    suffix = "). Restore with the same data and config, or start a new run"
+    digests = state["identity"]["files"]
+    message = refused([other, *parquet_files[1:]])
+    assert message.startswith(prefix + f"files: saved {digests!r} -> now [['other.parquet', '")
+    assert message.endswith(suffix)
+    assert refused(parquet_files, seed=2) == prefix + "seed: saved 1 -> now 2" + suffix
+    assert refused(parquet_files, shuffle_buffer=4) == (
+        prefix + "shuffle_buffer: saved 8 -> now 4" + suffix
+    )
+    assert refused(parquet_files, exclude_keys=["y"]) == (
+        prefix + "columns: saved ['x', 'y'] -> now ['x']" + suffix
+    )
+    assert (
+        refused(parquet_files, shard=(1, 2))
+        == prefix + "shard: saved [0, 1] -> now [1, 2]" + suffix
+    )
+    tokenized = _streamed_state(parquet_files, tokenize=["y"], tokenizer="bytes")
+    it = iter(
+        HFStreamingSource(
+            parquet_files,
+            shuffle_buffer=8,
+            seed=1,
+            tokenize=["y"],
+            tokenizer="bytes",
+            append_eos=False,
+        ).dataset(num_epochs=1)
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"records: saved \{'tokenize': \['y'\], 'tokenizer': 'bytes', 'eos': True\} -> now \{.*'eos': False\}",
+    ):
+        it.set_state(tokenized)
+
+
+def test_streaming_state_restores_on_a_byte_identical_copy(parquet_files, tmp_path):
+    copies = []
+    for path in parquet_files:
+        copy = tmp_path / "moved" / os.path.basename(path)
+        copy.parent.mkdir(exist_ok=True)
+        shutil.copy(path, copy)
+        copies.append(str(copy))
+    it = iter(HFStreamingSource(parquet_files, shuffle_buffer=8, seed=1).dataset(num_epochs=1))
+    for _ in range(30):
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    rest = [int(r["x"]) for r in it]
+    again = iter(HFStreamingSource(copies, shuffle_buffer=8, seed=1).dataset(num_epochs=1))
+    again.set_state(state)
+    assert [int(r["x"]) for r in again] == rest
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda s: s["state"],
+            r"not a HFStreamingSource state: \{'epoch': 0, .*Expected the dict get_state\(\) returned, with keys 'identity' and 'state'",
+        ),
+        (
+            lambda s: {**s, "state": {**s["state"], "epoch": "0"}},
+            r"not a HFStreamingSource state: 'epoch' is '0', expected an int >= 0; pass the state get_state\(\) returned, unchanged",
+        ),
+        (
+            lambda s: {**s, "state": {**s["state"], "rows": -1}},
+            r"'rows' is -1, expected an int >= 0",
+        ),
+        (
+            lambda s: {**s, "state": {**s["state"], "epoch": True}},
+            r"'epoch' is True, expected an int >= 0",
+        ),
+        (lambda s: {**s, "state": {**s["state"], "drained": 1}}, r"'drained' is 1, expected bool"),
+        (
+            lambda s: {**s, "state": {k: v for k, v in s["state"].items() if k != "rng"}},
+            r"its 'state' has keys \['buffer', 'drained', 'epoch', 'hf', 'rows'\], expected \['buffer', 'drained', 'epoch', 'hf', 'rng', 'rows'\]",
+        ),
+        (
+            lambda s: {**s, "state": {**s["state"], "buffer": [[1, 2]]}},
+            r"its buffer, rng or hf position does not load",
+        ),
+        (lambda s: {**s, "identity": "abc"}, r"its identity is 'abc', not a dict"),
+    ],
+    ids=[
+        "inner-only",
+        "epoch-str",
+        "rows-negative",
+        "epoch-bool",
+        "drained-int",
+        "missing-key",
+        "buffer",
+        "identity",
+    ],
+)
+def test_streaming_hand_edited_states_are_refused(parquet_files, edit, message):
+    state = _streamed_state(parquet_files)
+    it = iter(HFStreamingSource(parquet_files, shuffle_buffer=8, seed=1).dataset(num_epochs=1))
+    with pytest.raises(ValueError, match=message):
+        it.set_state(edit(state))
