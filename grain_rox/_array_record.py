@@ -22,13 +22,20 @@ import glob
 import io
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from grain_rox._batches import BatchesMixin
-from grain_rox._digest import check_unchanged, content_digest, facts_digest, stat_key
+from grain_rox._digest import (
+    check_unchanged,
+    content_digest,
+    facts_digest,
+    file_changed,
+    stat_key,
+)
 
 READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 PathsSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -114,6 +121,12 @@ class ArrayRecordSource(BatchesMixin):
         any length.
       encoding: ``"raw"`` (the array's bytes) or ``"npy"`` (an ``np.save`` image per record).
 
+    The repr's fingerprint (compared by Grain's ``DataLoader`` and ``.batches()`` states on
+    restore) is a digest of the files' content and record counts (whole files up to 256 MiB
+    in all, 64 MiB of samples beyond), not their names or times: a byte-identical copy
+    restores. A file whose content changed since the source was made is refused, naming it,
+    when a reader opens it and on every batch read (within 0.1 s on the per-record path).
+
     >>> import tempfile, os, numpy as np
     >>> from array_record.python.array_record_module import ArrayRecordWriter
     >>> path = os.path.join(tempfile.mkdtemp(), "docs.array_record")
@@ -198,6 +211,27 @@ class ArrayRecordSource(BatchesMixin):
             reader = readers[f] = _reader_class()(self.files[f], READ_OPTIONS)
         return reader
 
+    def _recheck(self, files: set[int], after: float) -> None:
+        """Check again (one ``stat`` each) the files of a read that were last checked
+        ``after`` seconds ago or more: an open reader sees a file rewritten in place."""
+        checked = getattr(self._local, "checked", None)
+        if checked is None:
+            checked = self._local.checked = {}
+        now = time.monotonic()
+        for f in files:
+            last = checked.get(f)
+            if last is not None and now - last < after:
+                continue
+            checked[f] = now
+            if last is None:
+                continue  # no reader yet in this thread: _reader checks the file as it opens
+            try:
+                changed = file_changed(stat_key(os.stat(self.files[f])), self._opened[f])
+            except OSError:
+                changed = False  # removed or renamed away: the reader keeps what it opened
+            if changed:
+                self._check_unchanged(f)
+
     def _check_unchanged(self, f: int) -> None:
         """Refuse file ``f`` if its content changed since this source was made (readers are
         opened lazily, by path, in every process and thread)."""
@@ -239,9 +273,15 @@ class ArrayRecordSource(BatchesMixin):
         """The raw records ``indices`` (global numbering over all files)."""
         return [record for record, _ in self._read(indices)]
 
-    def _read(self, indices: Sequence[int] | np.ndarray) -> list[tuple[bytes, tuple[int, int]]]:
+    def _read(
+        self, indices: Sequence[int] | np.ndarray, recheck_after: float = 0.0
+    ) -> list[tuple[bytes, tuple[int, int]]]:
+        """Records ``indices``; their files are checked again (one ``stat`` each) if
+        ``recheck_after`` seconds passed (0 for batches, 0.1 s for single records)."""
+        located = self._locate(indices)
+        self._recheck({f for f, _ in located}, recheck_after)
         out = []
-        for f, p in self._locate(indices):
+        for f, p in located:
             reader = self._reader(f)
             try:
                 reader.seek(p)
@@ -290,7 +330,7 @@ class ArrayRecordSource(BatchesMixin):
         return f"{self.files[where[0]]}: record {where[1]}"
 
     def __getitem__(self, index: int) -> np.ndarray:
-        ((record, where),) = self._read([int(index)])
+        ((record, where),) = self._read([int(index)], recheck_after=0.1)
         return self._decode(record, where)
 
     def _getitems(self, indices: Sequence[int]) -> list[np.ndarray]:

@@ -13,13 +13,20 @@ import hashlib
 import math
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 import numpy as np
 
 from grain_rox._batches import BatchesMixin
-from grain_rox._digest import check_unchanged, content_digest, facts_digest, stat_key
+from grain_rox._digest import (
+    check_unchanged,
+    content_digest,
+    facts_digest,
+    file_changed,
+    stat_key,
+)
 
 ArraySpec = str | os.PathLike[str] | np.ndarray
 
@@ -92,6 +99,15 @@ class NumpySource(BatchesMixin):
     ``arrays`` is one path/array (records are arrays) or a mapping of names to paths/arrays
     (records are dicts), all with the same number of rows.
 
+    The repr's fingerprint (which Grain's ``DataLoader`` and ``.batches()`` states compare on
+    restore) is a digest of the content, shapes and dtypes: whole files up to 256 MiB in all,
+    64 MiB of evenly spaced samples of larger ones (see ``grain_rox._digest``); not names or
+    times, so a byte-identical copy of the data elsewhere restores. A file whose content
+    changes after the source was made is refused, naming it: when a worker (re)opens it, on
+    every batch read (one ``stat`` per file) and within 0.1 s on the per-row path. Replace
+    data files by writing a new file and renaming it over the old one: a file truncated in
+    place while it is memory-mapped can crash the reading process (``SIGBUS``).
+
     >>> import numpy as np, tempfile, os
     >>> d = tempfile.mkdtemp()
     >>> np.save(os.path.join(d, "x.npy"), np.arange(12, dtype=np.int32).reshape(6, 2))
@@ -135,6 +151,7 @@ class NumpySource(BatchesMixin):
             raise ValueError(f"{lengths}: no rows: a Grain source needs at least one")
         self._identity = self._fingerprint()
         self._lock = threading.Lock()
+        self._checked: dict[str, float] = {}  # when each mapped file was last checked
 
     def _name(self, key: str) -> str:
         return self.paths.get(key) or (f"array {key!r}" if key else "the array")
@@ -157,14 +174,39 @@ class NumpySource(BatchesMixin):
         ]
         return facts_digest(facts)
 
-    def _array(self, key: str) -> np.ndarray:
+    def _array(self, key: str, *, recheck_after: float = 0.0) -> np.ndarray:
+        """Array ``key``; a mapped file is checked again (one ``stat``) if ``recheck_after``
+        seconds passed since its last check: a file rewritten in place shows its new bytes
+        through the existing map, and those are refused too."""
         array = self._arrays.get(key)
         if array is None:
             with self._lock:
                 array = self._arrays.get(key)
                 if array is None:
                     array = self._arrays[key] = self._map_file(key)
+                    self._checked[key] = time.monotonic()
+        elif key in self.paths:
+            now = time.monotonic()
+            if now - self._checked.get(key, 0.0) >= recheck_after:
+                self._recheck(key)
+                self._checked[key] = now
         return array
+
+    def _recheck(self, key: str) -> None:
+        path = self.paths[key]
+        try:
+            changed = file_changed(stat_key(os.stat(path)), self._opened[key])
+        except OSError:
+            changed = True  # gone or replaced: the open map still holds the opened file
+        if changed:
+            try:
+                f = open(path, "rb")
+            except OSError:
+                return  # removed or renamed away: the map serves the bytes it opened
+            with f:
+                self._opened[key] = check_unchanged(
+                    f, path, self._opened[key], self._digests[key], what="this NumpySource"
+                )
 
     def _map_file(self, key: str) -> np.ndarray:
         """Memory-map file ``key`` (lazily, in every process), refusing a file whose content
@@ -197,6 +239,7 @@ class NumpySource(BatchesMixin):
         state = self.__dict__.copy()
         state["_arrays"] = {k: v for k, v in self._arrays.items() if k not in self.paths}
         del state["_lock"]  # memory maps are reopened in each process
+        state["_checked"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -211,9 +254,11 @@ class NumpySource(BatchesMixin):
         return f"NumpySource({parts}, fingerprint={self._identity})"
 
     def _pick(self, rows: Any) -> Any:
+        # a batch checks its files each time (one stat each); a row at most every 0.1 s
+        wait = 0.1 if isinstance(rows, int) else 0.0
         if self._single:
-            return np.asarray(self._array("")[rows])
-        return {k: np.asarray(self._array(k)[rows]) for k in self.shapes}
+            return np.asarray(self._array("", recheck_after=wait)[rows])
+        return {k: np.asarray(self._array(k, recheck_after=wait)[rows]) for k in self.shapes}
 
     def __getitem__(self, index: int) -> Any:
         index = int(index)

@@ -367,3 +367,25 @@ def test_stacking_documents_of_different_lengths_names_the_records(tmp_path):
     assert src.get_batch([0, 1, 3]).shape == (3, 3)
     with pytest.raises(ValueError, match=r"record 0 has 3 tokens but records \[2, 4\] differ"):
         src.get_batch([0, 2, 3, 4])
+
+
+def test_identity_is_content_and_a_rewritten_file_is_refused(tmp_path):
+    import shutil
+
+    rows = np.arange(60, dtype=np.int32).reshape(20, 3)
+    path = write_records(tmp_path / "rows.array_record", rows)
+    src = ArrayRecordSource(path, dtype=np.int32, shape=(3,))
+    (tmp_path / "copy").mkdir()
+    copied = shutil.copy(path, tmp_path / "copy" / "renamed.array_record")
+    assert repr(ArrayRecordSource(str(copied), dtype=np.int32, shape=(3,))) == repr(src)
+    worker = pickle.loads(pickle.dumps(src))  # a Grain worker opens its readers by path
+    assert worker.get_batch([4, 5]).tolist() == rows[4:6].tolist()
+    edited = rows.copy()
+    edited[7, 1] = -1  # the same size, one value changed
+    write_records(path, edited)
+    assert repr(ArrayRecordSource(path, dtype=np.int32, shape=(3,))) != repr(src)
+    message = r"rows.array_record changed after this ArrayRecordSource was made \(\d+ -> \d+ bytes"
+    with pytest.raises(ValueError, match=message):
+        worker.get_batch([7])  # its open reader: checked again at every batch
+    with pytest.raises(ValueError, match=message):
+        pickle.loads(pickle.dumps(src))[7]  # a new reader: checked as it opens

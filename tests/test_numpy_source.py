@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import time
 
 import grain
 import numpy as np
@@ -172,3 +174,68 @@ def test_a_memory_mapped_npy_array_is_served_by_its_path(npy_pair):
     assert np.array_equal(pickle.loads(pickle.dumps(src))[3], data[3])
     part = NumpySource(np.load(xp, mmap_mode="r")[10:20])  # a slice: served as an array
     assert part.paths == {} and np.array_equal(part[0], data[10])
+
+
+def test_identity_is_content_a_copy_restores_a_same_size_edit_does_not(npy_pair, tmp_path):
+    import shutil
+
+    xp, yp, _, _ = npy_pair
+    src = NumpySource({"x": xp, "y": yp})
+    (tmp_path / "copy").mkdir()
+    copies = {
+        k: shutil.copy(p, tmp_path / "copy" / f"renamed_{k}.npy") for k, p in [("x", xp), ("y", yp)]
+    }
+    assert repr(NumpySource({k: str(p) for k, p in copies.items()})) == repr(src)
+    os.utime(xp, ns=(1, 1))  # another mtime, same bytes: the same data
+    assert repr(NumpySource({"x": xp, "y": yp})) == repr(src)
+    labels = np.load(yp)
+    labels[50] += 1  # the same size, one value changed
+    np.save(yp, labels)
+    assert repr(NumpySource({"x": xp, "y": yp})) != repr(src)
+
+
+def test_a_file_replaced_after_opening_is_refused_when_reopened(npy_pair):
+    xp, yp, data, _ = npy_pair
+    src = NumpySource({"x": xp, "y": yp})
+    worker = pickle.loads(pickle.dumps(src))  # a Grain worker reopens by path
+    os.utime(xp, ns=(5, 5))  # touched, not changed: still served
+    assert np.array_equal(worker[3]["x"], data[3])
+    np.save(yp, np.arange(100, dtype=np.int64) + 1)  # rewritten in place: new values
+    with pytest.raises(ValueError, match=r"train_label.npy changed after"):
+        worker.get_batch([0])  # its map shows the new bytes: refused at the next batch
+    time.sleep(0.11)
+    with pytest.raises(
+        ValueError,
+        match=r"train_label.npy changed after this NumpySource was made \(928 -> 928 bytes, new content\).*Restore the original file",
+    ):
+        worker[0]
+    with pytest.raises(ValueError, match=r"train_label.npy changed after"):
+        pickle.loads(pickle.dumps(src)).get_batch([0])
+
+
+def test_a_shrunk_or_removed_file_is_refused_when_reopened(npy_pair):
+    xp, yp, _, _ = npy_pair
+    src = NumpySource({"x": xp, "y": yp})
+    np.save(yp, np.arange(50, dtype=np.int64))  # fewer rows: numpy's raw IndexError before
+    with pytest.raises(
+        ValueError,
+        match=r"train_label.npy changed after this NumpySource was made \(928 -> 528 bytes",
+    ):
+        src[80]
+    os.remove(xp)
+    with pytest.raises(
+        FileNotFoundError, match=r"train_data.npy: cannot be reopened \(No such file"
+    ):
+        pickle.loads(pickle.dumps(src))[1]
+
+
+def test_an_invalid_npy_header_names_the_file(tmp_path):
+    path = tmp_path / "neg.npy"
+    np.save(path, np.zeros(5))
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b"'shape': (5,), ", b"'shape': (-5,),"))
+    with pytest.raises(
+        ValueError,
+        match=r"neg.npy: the .npy header gives the invalid shape \(-5,\) \(a negative size\)",
+    ):
+        NumpySource(str(path))
