@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -149,22 +150,46 @@ class Mixture:
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _SHOWN = 400  # longer descriptions keep their start and a digest of the whole
+_DIGEST_ITEMS = 100_000  # Python containers up to this size are identified by their content
+
+
+def _content_digest(items: Sequence[Any]) -> str:
+    """SHA-1 digest (16 hex digits) of a Python container's elements: arrays by dtype, shape
+    and bytes, mappings key by key, anything else by repr."""
+    h = hashlib.sha1()
+
+    def feed(x: Any) -> None:
+        if isinstance(x, np.ndarray):
+            h.update(f"{x.dtype.str}{x.shape}".encode())
+            h.update(np.ascontiguousarray(x).tobytes())
+        elif isinstance(x, Mapping):
+            for k in sorted(x, key=repr):
+                h.update(repr(k).encode())
+                feed(x[k])
+        else:
+            h.update(repr(x).encode())
+        h.update(b"\x00")
+
+    for item in items:
+        feed(item)
+    return h.hexdigest()[:16]
 
 
 def _source_description(source: Any) -> str:
     """A source's repr when it identifies the content (grain_rox sources hold a content
-    fingerprint); the type and length when the repr is an object address (another process,
-    another address) or a large Python container."""
-    try:
-        size = f"len={len(source)}"
-    except TypeError:
-        size = "unsized"
+    fingerprint); a digest of the elements of a Python list or tuple; else (a repr that is
+    an object address, different in every process) the type and length."""
     name = type(source).__qualname__
-    if isinstance(source, (list, tuple)) and len(source) > 1000:
-        return f"{name}({size})"
+    if isinstance(source, (list, tuple)):
+        if len(source) > _DIGEST_ITEMS:
+            return f"{name}(len={len(source)})"
+        return f"{name}(len={len(source)}, digest={_content_digest(source)})"
     text = repr(source)
     if _ADDRESS.search(text) or text.startswith("<"):
-        return f"{name}({size})"
+        try:
+            return f"{name}(len={len(source)})"
+        except TypeError:
+            return name
     return text
 
 

@@ -198,6 +198,7 @@ class RoxDocumentSource:
             raise IndexError(f"document piece {index} is out of range for {starts.size}")
         a = int(starts[index])
         tokens = self.corpus.tokens(a, a + int(lengths[index])).astype(self.dtype)
+        tokens.flags.writeable = False  # inputs and targets share it: read-only, like batches
         return {"inputs": tokens[:-1], "targets": tokens[1:]}
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:

@@ -23,7 +23,9 @@ class RoxTokenSource:
 
     With an EOS id (argument, else the manifest's) records also carry ``inputs_segmentation``,
     ``inputs_position``, ``targets_segmentation`` and ``targets_position`` from the EOS tokens
-    inside the window. Thread-safe; pickles without open handles; stable repr.
+    inside the window. ``inputs`` and ``targets`` are read-only views of one window (like
+    :class:`~grain_rox.TokenPipeline` batches): a map that edits them copies first. Thread-safe;
+    pickles without open handles; stable repr.
 
     >>> import tempfile, os, numpy as np, grain
     >>> from grain_rox import write_rox
@@ -32,8 +34,8 @@ class RoxTokenSource:
     >>> source = RoxTokenSource(path, seq_len=4)
     >>> len(source), source[1]["inputs"].tolist(), source[1]["targets"].tolist()
     (2, [5, 6, 7, 8], [6, 7, 8, 9])
-    >>> source[1]["inputs_segmentation"].tolist()
-    [1, 1, 1, 1]
+    >>> source[1]["inputs_segmentation"].tolist(), source[1]["inputs"].flags.writeable
+    ([1, 1, 1, 1], False)
     >>> ds = grain.MapDataset.source(source).batch(2)
     >>> ds[0]["inputs"].shape
     (2, 4)
@@ -74,6 +76,7 @@ class RoxTokenSource:
             raise IndexError(f"record {index} is out of range for {self._len} windows")
         start = index * self.seq_len
         window = self.corpus.tokens(start, start + self.seq_len + 1).astype(self.dtype)
+        window.flags.writeable = False  # inputs and targets share it: read-only, like batches
         record = {"inputs": window[:-1], "targets": window[1:]}
         if self.eos_id is not None:
             features = segment_features(window[None, :], int(self.eos_id), None)

@@ -97,3 +97,27 @@ def test_block_source(docs_path):
     ds = grain.MapDataset.source(blocks).batch(2)
     assert ds[0].shape == (2, 64)
     assert isinstance(blocks, grain.sources.RandomAccessDataSource)
+
+
+def test_records_do_not_alias_writably(docs_path):
+    """inputs and targets share one window: they are read-only (like TokenPipeline batches),
+    so a user's map that edits inputs in place cannot change targets; a copying map works."""
+    from grain_rox import RoxDocumentSource
+
+    for source in (RoxTokenSource(docs_path, seq_len=8), RoxDocumentSource(docs_path, seq_len=8)):
+        record = source[3]
+        targets = record["targets"].copy()
+        for key in ("inputs", "targets"):
+            assert not record[key].flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                record[key][0] = 12345
+        np.testing.assert_array_equal(source[3]["targets"], targets)
+
+        def zero_first(r):
+            inputs = r["inputs"].copy()
+            inputs[0] = 0
+            return {**r, "inputs": inputs}
+
+        mapped = grain.MapDataset.source(source).map(zero_first)[3]
+        assert mapped["inputs"][0] == 0
+        np.testing.assert_array_equal(mapped["targets"], targets)
