@@ -94,6 +94,8 @@ class RoxDocumentSource:
     ) -> None:
         seq_len = int_arg(seq_len, "seq_len", where="RoxDocumentSource")
         _check_long_documents(long_documents, "RoxDocumentSource")
+        if eos_id is not None:
+            eos_id = int_arg(eos_id, "eos_id", where="RoxDocumentSource", minimum=0)
         self.corpus = open_rox(paths)
         eos = eos_id if eos_id is not None else self.corpus.eos_id
         if eos is None:

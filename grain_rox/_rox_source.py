@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from grain_rox._order import int_arg
 from grain_rox._paths import PathSpec
 from grain_rox._rox_corpus import RoxCorpus, open_rox
 from grain_rox._windows import segment_features
@@ -49,10 +50,11 @@ class RoxTokenSource:
         eos_id: int | None = None,
         dtype: Any = np.int32,
     ) -> None:
-        if seq_len < 1:
-            raise ValueError(f"seq_len={seq_len} must be >= 1")
+        seq_len = int_arg(seq_len, "seq_len", where="RoxTokenSource")
+        if eos_id is not None:
+            eos_id = int_arg(eos_id, "eos_id", where="RoxTokenSource", minimum=0)
         self.corpus = open_rox(paths)
-        self.seq_len = int(seq_len)
+        self.seq_len = seq_len
         self.eos_id = eos_id if eos_id is not None else self.corpus.eos_id
         self.dtype = np.dtype(dtype)
         self._len = max(0, (self.corpus.num_tokens - 1) // self.seq_len)

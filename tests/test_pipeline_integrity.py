@@ -19,6 +19,7 @@ from grain_rox import (
     MultiHostDataLoadIterator,
     Phase,
     RoxDocumentSource,
+    RoxTokenSource,
     TokenPipeline,
     mix_datasets,
     pack_documents,
@@ -398,6 +399,10 @@ BAD_INPUTS = [
      ValueError, "pack_documents: shard=(2, 2) needs 0 <= index < count"),
     ("rox docs seq_len", lambda p: RoxDocumentSource(p, seq_len="8"), TypeError,
      "RoxDocumentSource: seq_len='8' " + NOT_INT.format(t="str")),
+    ("rox tokens seq_len", lambda p: RoxTokenSource(p, seq_len=2.7), TypeError,
+     "RoxTokenSource: seq_len=2.7 " + NOT_INT.format(t="float")),
+    ("rox docs eos", lambda p: RoxDocumentSource(p, seq_len=8, eos_id="0"), TypeError,
+     "RoxDocumentSource: eos_id='0' " + NOT_INT.format(t="str")),
     ("mix source", lambda p: mix_datasets({"a": [1, 2]}, {"a": 1}), TypeError,
      "mix_datasets: dataset 'a' is a list, not a grain.MapDataset; wrap a data source as "
      "grain.MapDataset.source(source)"),
