@@ -10,12 +10,14 @@ batches handed to the caller, so it restores on any number of processes (for a
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import math
 import queue
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +33,18 @@ from grain_rox._iterator_state import history_problems as _history_problems
 from grain_rox._pipeline import TokenPipeline
 
 _DONE = object()
+_running: weakref.WeakSet[MultiHostDataLoadIterator] = weakref.WeakSet()
+_exit_hook: list[bool] = []
+
+
+def _stop_all_at_exit() -> None:
+    """Stop the prefetch threads of iterators nobody closed before the interpreter exits: a
+    daemon thread still inside JAX or Grain during shutdown aborts the process."""
+    for it in list(_running):
+        try:  # noqa: SIM105 - contextlib may already be gone at exit
+            it.close()
+        except Exception:
+            pass
 
 
 def default_mesh(axis: str = "data") -> Mesh:
@@ -290,6 +304,10 @@ class MultiHostDataLoadIterator:
             daemon=True,
         )
         self._thread.start()
+        _running.add(self)
+        if not _exit_hook:
+            _exit_hook.append(True)
+            atexit.register(_stop_all_at_exit)
 
     def _halt(self) -> None:
         thread, self._thread = self._thread, None

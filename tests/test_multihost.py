@@ -176,3 +176,66 @@ def test_windows_layout_places_fewer_arrays_and_unpacks_to_maxtext(pipe):
         np.testing.assert_array_equal(np.asarray(value), expected[key])
     with pytest.raises(ValueError, match="layout='rows'"):
         dataclasses.replace(pipe, layout="rows")
+
+
+def test_a_batch_size_the_data_axis_cannot_split_is_named_at_construction(corpus):
+    pipe12 = TokenPipeline(corpus, seq_len=32, global_batch_size=12, num_epochs=1)
+    message = (
+        r"global_batch_size=12 cannot be split evenly over the 8 devices of the mesh's 'data' "
+        r"axis: use a global_batch_size that is a multiple of 8 \(e.g. 16\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        MultiHostDataLoadIterator(pipe12)
+    mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("data", "model"))
+    with MultiHostDataLoadIterator(pipe12, mesh=mesh) as it:  # 4 devices on 'data': fine
+        assert next(it)["inputs"].shape == (12, 32)
+
+
+def grain_batches(batch_size, drop_remainder, rows=20):
+    source = grain.MapDataset.range(rows).map(lambda i: np.full(3, i, np.int32))
+    return source.batch(batch_size, drop_remainder=drop_remainder)
+
+
+def test_a_last_partial_grain_batch_is_named_with_the_fix():
+    with MultiHostDataLoadIterator(grain_batches(8, drop_remainder=False)) as it:
+        assert [np.asarray(next(it))[:, 0].tolist()[0] for _ in range(2)] == [0, 8]
+        with pytest.raises(
+            ValueError,
+            match=r"the last batch has 4 rows \(the earlier ones had 8\), which cannot be split "
+            r"evenly over the 8 devices of the mesh's 'data' axis: drop the partial batch \(use "
+            r"drop_remainder=True",
+        ):
+            next(it)
+    with MultiHostDataLoadIterator(grain_batches(8, drop_remainder=True)) as it:
+        assert len(list(it)) == 2
+    with (
+        MultiHostDataLoadIterator(grain_batches(6, drop_remainder=True)) as it,
+        pytest.raises(ValueError, match=r"the batches have 6 rows, .* a multiple of 8"),
+    ):
+        next(it)
+
+
+def test_no_traceback_at_interpreter_exit_and_len_of_a_data_loader_is_explained(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import grain, numpy as np\n"
+        "from grain_rox import MultiHostDataLoadIterator\n"
+        "ds = grain.MapDataset.range(16).map(lambda i: np.full(2, i)).batch(8)\n"
+        "it = MultiHostDataLoadIterator(ds)\n"
+        "open_one = MultiHostDataLoadIterator(ds)\n"
+        "next(open_one)\n"
+        "it.close()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    loader = grain.DataLoader(
+        data_source=[np.zeros(2)] * 16,
+        sampler=grain.samplers.SequentialSampler(16, grain.sharding.NoSharding()),
+        operations=[grain.transforms.Batch(8)],
+    )
+    with pytest.raises(TypeError, match=r"len\(\) is unknown for a DataLoader input"):
+        len(MultiHostDataLoadIterator(loader))
