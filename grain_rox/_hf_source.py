@@ -7,8 +7,12 @@ views of the memory-mapped Arrow chunks (one gather per chunk for a batch, dtype
 images and structs go through ``datasets``' numpy formatter. Pickling carries the dataset's
 Arrow file paths and the transforms applied to them (HF's own mechanism: ``select``,
 ``shuffle``, renames survive), which every Grain worker maps again: no rows are copied. Data
-that lives (partly) in memory is first written to an Arrow cache in a fresh directory
-(under ``cache_dir``, default the system's temporary directory) so that workers can share it.
+that lives (partly) in memory is first written to an Arrow copy (under ``cache_dir``, default
+the system's temporary directory) so that workers can share it. The copy is named by the
+data's HF fingerprint (a hash of in-memory rows), so sources of the same data in one process
+share one copy; it is deleted when the last source using it is garbage-collected (or at
+exit) by the process that made it, never by a worker that unpickled one. A process killed
+with SIGKILL leaves its copies behind (``grain_rox_hf_<host>_<pid>_*``).
 
 :meth:`HFEagerSource.batches` is the fast path: a Grain ``MapDataset`` whose element ``i`` is
 global batch ``i``, in a seeded order that is a new permutation every epoch and does not
@@ -18,8 +22,11 @@ depend on how many processes share it.
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -82,6 +89,45 @@ def _refuse_nulls(dataset: Any, columns: Sequence[str]) -> None:
         )
 
 
+_COPIES: dict[str, int] = {}  # Arrow copy directory -> sources using it (this process)
+_COPIES_LOCK = threading.RLock()  # a finalizer may run inside a locked block
+
+
+def _arrow_copy(dataset: Any, cache_dir: str | None) -> str:
+    """A ``save_to_disk`` copy of ``dataset``, shared by content within this process."""
+    base = cache_dir or tempfile.gettempdir()
+    os.makedirs(base, exist_ok=True)
+    name = f"grain_rox_hf_{socket.gethostname()}_{os.getpid()}_{dataset._fingerprint}"
+    target = os.path.join(base, name)
+    with _COPIES_LOCK:
+        if _COPIES.get(target) and os.path.isdir(target):
+            _COPIES[target] += 1
+            return target
+        partial = tempfile.mkdtemp(prefix=f".{name}.", dir=base)
+        try:
+            dataset.save_to_disk(partial)
+            shutil.rmtree(target, ignore_errors=True)  # a copy whose sources are all gone
+            os.rename(partial, target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        _COPIES[target] = 1
+    return target
+
+
+def _release_copy(target: str, owner: int) -> None:
+    """Drop one use of an Arrow copy; the last use in the process that made it deletes it."""
+    if os.getpid() != owner:  # a forked child holding the parent's objects
+        return
+    with _COPIES_LOCK:
+        left = _COPIES.get(target, 1) - 1
+        if left > 0:
+            _COPIES[target] = left
+            return
+        _COPIES.pop(target, None)
+        shutil.rmtree(target, ignore_errors=True)
+
+
 class HFEagerSource(BatchesMixin):
     """A HuggingFace dataset as a Grain ``RandomAccessDataSource`` of numpy dicts.
 
@@ -136,11 +182,10 @@ class HFEagerSource(BatchesMixin):
             columns=keep, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
         )
         copied = not _memory_mapped(dataset)
-        if copied:  # (partly) in memory: write an Arrow cache that workers can map
-            if cache_dir is not None:
-                os.makedirs(cache_dir, exist_ok=True)
-            target = tempfile.mkdtemp(prefix="grain_rox_hf_", dir=cache_dir)
-            dataset.save_to_disk(target)
+        self._cleanup: Any = None
+        if copied:  # (partly) in memory: an Arrow copy that workers can map
+            target = _arrow_copy(dataset, cache_dir)
+            self._cleanup = weakref.finalize(self, _release_copy, target, os.getpid())
             dataset = datasets.load_from_disk(target)
         self.columns = keep
         self.files = [f["filename"] for f in dataset.cache_files]
@@ -186,6 +231,7 @@ class HFEagerSource(BatchesMixin):
         state = self.__dict__.copy()
         state["_columns"] = None  # numpy views of the maps: rebuilt in each process
         state["_formatted_view"] = None
+        state["_cleanup"] = None  # only the process that made a copy deletes it
         del state["_lock"]
         return state
 

@@ -644,3 +644,49 @@ def test_streaming_hand_edited_states_are_refused(parquet_files, edit, message):
     it = iter(HFStreamingSource(parquet_files, shuffle_buffer=8, seed=1).dataset(num_epochs=1))
     with pytest.raises(ValueError, match=message):
         it.set_state(edit(state))
+
+
+def test_in_memory_copies_are_shared_by_content_and_deleted_with_their_sources(tmp_path):
+    import gc
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    data = {"a": list(range(50)), "t": [f"row {i}" for i in range(50)]}
+    first = HFEagerSource(data=data, cache_dir=str(cache))
+    second = HFEagerSource(data=dict(data), cache_dir=str(cache))
+    copy = os.path.dirname(first.files[0])
+    assert second.files == first.files and os.listdir(cache) == [os.path.basename(copy)]
+    other = HFEagerSource(data={"a": [1, 2]}, cache_dir=str(cache))
+    assert len(os.listdir(cache)) == 2
+
+    # a worker process that unpickles the source reads the copy and, when it lets the
+    # source go, leaves it to the parent
+    code = (
+        "import gc, pickle, sys\n"
+        "s = pickle.loads(sys.stdin.buffer.read())\n"
+        "print([s[i]['a'].item() for i in (0, 49)], s[3]['t'].item())\n"
+        "del s; gc.collect()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], input=pickle.dumps(first), capture_output=True, check=True
+    )
+    assert proc.stdout.decode().strip() == "[0, 49] row 3"
+    pid = os.fork()
+    if pid == 0:  # a forked child (Grain's default start method on Linux) dropping its copy
+        del first, second
+        gc.collect()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert os.path.isdir(copy)
+
+    del first
+    gc.collect()
+    assert os.path.isdir(copy) and second[49]["a"].item() == 49  # still used by `second`
+    del second
+    gc.collect()
+    assert not os.path.exists(copy)
+    assert len(os.listdir(cache)) == 1  # `other`'s copy
+    del other
+    gc.collect()
+    assert os.listdir(cache) == []
