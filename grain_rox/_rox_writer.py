@@ -8,8 +8,11 @@ What differs is everything that can go wrong in roxxel:
 * the dtype is chosen to fit the tokenizer's vocabulary (uint16 up to 65,536 ids, uint32
   above; never roxxel's int16 overflow) and every value is range-checked, never relabelled;
 * the separator (EOS) is exactly one token; a block size that would split tokens is refused;
-* every shard is written under a hidden temporary name, fsynced and renamed only when the
-  whole write succeeded, so a killed writer leaves nothing that opens as valid;
+* every shard is written under a hidden temporary name and fsynced; the whole set is then
+  published as one transaction recorded in the manifest (see :mod:`grain_rox._shard_set`):
+  after a kill at any point the set opens as the complete old data, the complete new data, or
+  refuses naming what to do; old shards are deleted only after the new ones are in place, and
+  the next write to the set removes a killed writer's temporaries;
 * an append never touches existing bytes: a single file is rewritten copy-on-write and a
   sharded set gets new shards after its last one;
 * the index is arithmetic (blocks are uniform), so memory does not grow with the output.
@@ -28,14 +31,13 @@ from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
-from grain_rox._atomic import fsync_dir, temp_path_for
+from grain_rox._atomic import temp_path_for
 from grain_rox._manifest import (
     MANIFEST_SUFFIX,
     Manifest,
     ShardRecord,
     manifest_path_for,
     new_write_id,
-    write_manifest,
 )
 from grain_rox._rox_format import (
     FOOTER,
@@ -47,7 +49,13 @@ from grain_rox._rox_format import (
     encode_dtype,
     read_header,
 )
-from grain_rox._shard_set import clean_leftovers, current_manifest, scan_set, shard_number
+from grain_rox._shard_set import (
+    clean_leftovers,
+    previous_set,
+    publish_set,
+    scan_set,
+    shard_number,
+)
 from grain_rox._tokenizers import Tokenizer, get_tokenizer, smallest_token_dtype
 
 Item = str | bytes | bytearray | memoryview | np.ndarray | list[int] | tuple[int, ...]
@@ -479,9 +487,9 @@ def write_rox(
     mpath = manifest_path_for(path) if max_shard_bytes is None else path[:-4] + MANIFEST_SUFFIX
     clean_leftovers(mpath)  # temporaries of killed writers to this set
     disk = scan_set(mpath)
-    previous = _previous_set(mpath, disk, strict=if_exists == "append")
+    previous = previous_set(mpath, disk, strict=if_exists == "append")
     plan = _Plan(path, target, block_size, max_shard_bytes, if_exists, disk)
-    if if_exists == "append" and previous.write_id is not None:  # a grain_rox manifest
+    if if_exists == "append" and previous.dtype:  # the set has a grain_rox manifest
         _check_append_compatible(previous, mpath, target, block_size, sep, tok)
     if plan.copy_from is not None:
         old = read_header(plan.copy_from)
@@ -570,7 +578,15 @@ def write_rox(
         pad,
         tok,
     )
-    _publish(mpath, disk, previous, final, plan, keep_manifest=manifest)
+    publish_set(
+        mpath,
+        disk,
+        previous,
+        final,
+        [(f.tmp_path, f.final_path) for f in plan.files],
+        discard=plan.discard,
+        keep_manifest=manifest,
+    )
     return WriteResult(
         paths=tuple(f.final_path for f in plan.files),
         manifest_path=mpath if manifest else None,
@@ -580,75 +596,6 @@ def write_rox(
         dtype=target,
         block_size=block_size,
     )
-
-
-def _publish(
-    mpath: str,
-    disk: dict[str, os.stat_result],
-    previous: Manifest,
-    final: Manifest,
-    plan: _Plan,
-    *,
-    keep_manifest: bool,
-) -> None:
-    """Put the new set in place as one transaction (see :mod:`grain_rox._shard_set`).
-
-    1. the manifest names the set on disk now and, as ``pending``, the complete new set (its
-       shards are already fsynced under temporary names); 2. the shards are renamed into place;
-    3. shards of the old set that the new one does not have are deleted; 4. the manifest
-    becomes the new set's (or is removed with ``manifest=False``). A reader that finds the
-    files between 1 and 4 sees exactly the old set, exactly the new one, or a refused mix.
-    """
-    directory = os.path.dirname(mpath)
-    try:
-        write_manifest(mpath, dataclasses.replace(previous, pending=final))
-    except BaseException:
-        plan.discard()
-        raise
-    for f in plan.files:
-        os.replace(f.tmp_path, f.final_path)
-    fsync_dir(directory)
-    stale = [n for n in disk if n not in final.shards]
-    for name in stale:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(directory, name))
-    if stale:
-        fsync_dir(directory)
-    if keep_manifest:
-        write_manifest(mpath, final)
-    else:
-        os.unlink(mpath)  # the set is written without grain_rox's extras
-        fsync_dir(directory)
-
-
-def _previous_set(mpath: str, disk: dict[str, os.stat_result], *, strict: bool) -> Manifest:
-    """The set on disk now, as a manifest with every file's size and mtime_ns.
-
-    ``strict`` (append) requires a consistent set; otherwise (overwrite) a set left mixed by an
-    interrupted write is described file by file, since all of it is replaced.
-    """
-    directory = os.path.dirname(mpath)
-    try:
-        current = current_manifest(mpath)
-    except RoxFormatError:
-        if strict:
-            raise
-        current = None
-    records: dict[str, ShardRecord] = {}
-    for name, st in disk.items():
-        rec = current.shards.get(name) if current is not None else None
-        if rec is None:
-            try:
-                h = read_header(os.path.join(directory, name))
-                rec = ShardRecord(h.file_size, h.num_blocks, h.raw_size, None, h.num_tokens)
-            except RoxFormatError:
-                if strict:
-                    raise
-                rec = ShardRecord(st.st_size, 0, 0, None, 0)
-        records[name] = dataclasses.replace(rec, mtime_ns=st.st_mtime_ns)
-    if current is None:  # no manifest: the records only describe the files (empty dtype)
-        return Manifest(dtype="", block_size=0, shards=records)
-    return dataclasses.replace(current, shards=records, pending=None)
 
 
 def _progress_bar(enabled: bool, path: str) -> Any:

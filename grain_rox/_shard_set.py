@@ -1,4 +1,5 @@
-"""A shard set on disk, checked against its manifest: which write it holds, or why not.
+"""A shard set on disk against its manifest: how a write publishes one (:func:`publish_set`)
+and which write a reader finds (:func:`current_manifest`), or why it refuses.
 
 A write publishes several files (one rename each, never atomic together), so the manifest is
 the commit record. While a write publishes, the manifest holds the previous set (``shards``)
@@ -23,7 +24,9 @@ import contextlib
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 
+from grain_rox._atomic import fsync_dir
 from grain_rox._manifest import (
     MANIFEST_SUFFIX,
     Manifest,
@@ -33,8 +36,9 @@ from grain_rox._manifest import (
     member_pattern,
     set_name,
     sha256_file,
+    write_manifest,
 )
-from grain_rox._rox_format import RoxFormatError, require_regular
+from grain_rox._rox_format import RoxFormatError, read_header, require_regular
 
 _HASHES: dict[tuple[str, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> sha256
 
@@ -243,3 +247,73 @@ def current_manifest(manifest_path: str) -> Manifest | None:
     # Sizes are checked per shard against its footer when it is opened or verified, so one
     # damaged shard does not hide the state of the others from verify.
     return m
+
+
+def publish_set(
+    mpath: str,
+    disk: dict[str, os.stat_result],
+    previous: Manifest,
+    final: Manifest,
+    moves: list[tuple[str, str]],
+    *,
+    discard: Callable[[], None],
+    keep_manifest: bool,
+) -> None:
+    """Put the new set in place as one transaction (see :mod:`grain_rox._shard_set`).
+
+    1. the manifest names the set on disk now and, as ``pending``, the complete new set (its
+       shards are already fsynced under temporary names); 2. the shards are renamed into place;
+    3. shards of the old set that the new one does not have are deleted; 4. the manifest
+    becomes the new set's (or is removed with ``manifest=False``). A reader that finds the
+    files between 1 and 4 sees exactly the old set, exactly the new one, or a refused mix.
+    """
+    directory = os.path.dirname(mpath)
+    try:
+        write_manifest(mpath, dataclasses.replace(previous, pending=final))
+    except BaseException:
+        discard()
+        raise
+    for tmp, final_path in moves:
+        os.replace(tmp, final_path)
+    fsync_dir(directory)
+    stale = [n for n in disk if n not in final.shards]
+    for name in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+    if stale:
+        fsync_dir(directory)
+    if keep_manifest:
+        write_manifest(mpath, final)
+    else:
+        os.unlink(mpath)  # the set is written without grain_rox's extras
+        fsync_dir(directory)
+
+
+def previous_set(mpath: str, disk: dict[str, os.stat_result], *, strict: bool) -> Manifest:
+    """The set on disk now, as a manifest with every file's size and mtime_ns.
+
+    ``strict`` (append) requires a consistent set; otherwise (overwrite) a set left mixed by an
+    interrupted write is described file by file, since all of it is replaced.
+    """
+    directory = os.path.dirname(mpath)
+    try:
+        current = current_manifest(mpath)
+    except RoxFormatError:
+        if strict:
+            raise
+        current = None
+    records: dict[str, ShardRecord] = {}
+    for name, st in disk.items():
+        rec = current.shards.get(name) if current is not None else None
+        if rec is None:
+            try:
+                h = read_header(os.path.join(directory, name))
+                rec = ShardRecord(h.file_size, h.num_blocks, h.raw_size, None, h.num_tokens)
+            except RoxFormatError:
+                if strict:
+                    raise
+                rec = ShardRecord(st.st_size, 0, 0, None, 0)
+        records[name] = dataclasses.replace(rec, mtime_ns=st.st_mtime_ns)
+    if current is None:  # no manifest: the records only describe the files (empty dtype)
+        return Manifest(dtype="", block_size=0, shards=records)
+    return dataclasses.replace(current, shards=records, pending=None)
