@@ -250,7 +250,7 @@ def _write(path, seed: int, n: int, mode: str = "error") -> None:
     write_rox(_docs(seed, n), path, block_size=16, separator=0, max_shard_bytes=100, if_exists=mode)
 
 
-def test_shrink_stopped_before_deleting_old_shards_names_them(tmp_path, monkeypatch):
+def test_shrink_stopped_before_deleting_old_shards_names_them(tmp_path, monkeypatch, capsys):
     path = str(tmp_path / "set.rox")
     _write(path, 1, 10)  # 5 shards
     _stop_at(monkeypatch, "unlink", 1)  # after both renames, before the first old shard goes
@@ -267,6 +267,11 @@ def test_shrink_stopped_before_deleting_old_shards_names_them(tmp_path, monkeypa
         "the new data. Fix: the new data is complete: delete the 3 leftover shard(s) of the old "
         "data (set_0002.rox, set_0003.rox, set_0004.rox), or run the write again."
     )
+    # grain-rox inspect and verify report the refusal (inspect: exit 2; verify: every shard).
+    assert cli_main(["inspect", path]) == 2
+    assert "was interrupted while it published its shards" in capsys.readouterr().err
+    assert cli_main(["verify", path]) == 1
+    assert "0 of 5 shards OK; 5 damaged" in capsys.readouterr().out
     for name in ["set_0002.rox", "set_0003.rox", "set_0004.rox"]:
         os.unlink(tmp_path / name)  # the fix as stated
     with open_rox(path) as corpus:
