@@ -37,7 +37,7 @@ def decode_state(state: bytes | str | dict[str, Any]) -> dict[str, Any]:
         try:
             state = state.decode("utf-8")
         except UnicodeDecodeError:
-            raise ValueError(f"not a MultiHostDataLoadIterator state: {raw[:200]!r}") from None
+            raise ValueError(f"not a MultiHostDataLoadIterator state: {state[:200]!r}") from None
     if isinstance(state, str):
         try:
             state = json.loads(state)
@@ -83,8 +83,9 @@ def decode_state(state: bytes | str | dict[str, Any]) -> dict[str, Any]:
 
 
 def check_step(step: int, length: int | None, *, limit: int, what: str) -> None:
-    """Refuse a step past the end of ``what`` (``length`` batches; ``None``: endless, whose
-    steps stop at ``limit``): restoring there would end the iteration at once.
+    """Refuse a step past the end of ``what`` (``length`` batches; ``None``: endless or of
+    unknown length, which cannot start at ``limit`` or later): restoring there would end the
+    iteration at once, or fail at the next batch.
 
     >>> check_step(80, 79, limit=1 << 62, what="this TokenPipeline")
     Traceback (most recent call last):
@@ -96,10 +97,10 @@ def check_step(step: int, length: int | None, *, limit: int, what: str) -> None:
             f"this data state's step {step} is past the end of {what}, which has {length} "
             "batches; pass a state saved from this pipeline, unchanged"
         )
-    if length is None and step > limit:
+    if length is None and step >= limit:
         raise ValueError(
-            f"this data state's step {step} is beyond {limit}, the most steps {what} (endless "
-            "or of unknown length) can serve; pass a state saved from it, unchanged"
+            f"this data state's step {step} is beyond {limit - 1}, the last step {what} "
+            "(endless or of unknown length) can start at; pass a state saved from it, unchanged"
         )
 
 

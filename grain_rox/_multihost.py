@@ -371,7 +371,11 @@ class MultiHostDataLoadIterator:
         step = decoded["step"]
         if self._pipeline is not None:
             self._check_pipeline_state(decoded)
-            check_step(step, self._input_length(), limit=ENDLESS, what="this TokenPipeline")
+            length = self._input_length()
+            limit = (
+                ENDLESS if length is not None else getattr(self._pipeline, "step_limit", ENDLESS)
+            )
+            check_step(step, length, limit=limit, what="this TokenPipeline")
             grain_state = None
         else:
             grain_state = self._check_grain_state(decoded)
