@@ -38,6 +38,7 @@ from grain_rox._manifest import (
     ShardRecord,
     manifest_path_for,
     new_write_id,
+    set_base,
 )
 from grain_rox._rox_format import (
     FOOTER,
@@ -311,7 +312,10 @@ class _Plan:
         self.base = path[:-4]
         name = os.path.basename(path)
         numbered = [n for n in disk if shard_number(n) >= 0]
-        if disk and if_exists == "error":
+        # A single file named like a shard (x_0003.rox) is one member of the set x: the other
+        # members stay, as when shards of one set are written by separate jobs.
+        self.member = max_shard_bytes is None and shard_number(name) >= 0
+        if if_exists == "error" and (name in disk or (disk and not self.member)):
             if name in disk:
                 raise FileExistsError(
                     f"{path} exists; pass if_exists='append' to add to it (copy-on-write) or "
@@ -319,7 +323,8 @@ class _Plan:
                 )
             first = os.path.join(os.path.dirname(path), next(iter(disk)))
             raise FileExistsError(
-                f"{len(disk)} shard(s) of the set {self.base}.rox / {self.base}_NNNN.rox exist "
+                f"{len(disk)} shard(s) of the set {set_base(path)}.rox / "
+                f"{set_base(path)}_NNNN.rox exist "
                 f"(e.g. {first}); pass if_exists='append' to add to the set or "
                 "if_exists='overwrite' to replace it"
             )
@@ -328,7 +333,7 @@ class _Plan:
         if max_shard_bytes is None:
             self.capacity: int | None = None
             self.single = path
-            if if_exists == "append" and numbered:
+            if if_exists == "append" and numbered and not self.member:
                 raise ValueError(
                     f"cannot append a single file to {path}: the set is sharded "
                     f"({self.base}_NNNN.rox exist); pass max_shard_bytes= to append new shards"
@@ -487,9 +492,10 @@ def write_rox(
     mpath = manifest_path_for(path) if max_shard_bytes is None else path[:-4] + MANIFEST_SUFFIX
     clean_leftovers(mpath)  # temporaries of killed writers to this set
     disk = scan_set(mpath)
-    previous = previous_set(mpath, disk, strict=if_exists == "append")
+    member = max_shard_bytes is None and shard_number(os.path.basename(path)) >= 0
+    previous = previous_set(mpath, disk, strict=if_exists == "append" or member)
     plan = _Plan(path, target, block_size, max_shard_bytes, if_exists, disk)
-    if if_exists == "append" and previous.dtype:  # the set has a grain_rox manifest
+    if (if_exists == "append" or member) and previous.dtype:  # a set with a grain_rox manifest
         _check_append_compatible(previous, mpath, target, block_size, sep, tok)
     if plan.copy_from is not None:
         old = read_header(plan.copy_from)
@@ -563,7 +569,7 @@ def write_rox(
     last = len(plan.files) - 1
     for k in [k for k in docs_per_file if k > last]:  # documents starting in the final padding
         docs_per_file[last] += docs_per_file.pop(k)
-    kept = previous.shards if if_exists == "append" else {}
+    kept = previous.shards if if_exists == "append" or plan.member else {}
     final = _build_manifest(
         previous,
         kept,

@@ -503,3 +503,20 @@ def test_leftover_temporaries_are_reported_by_inspect_and_verify(tmp_path, capsy
     assert "2 of 2 shards OK; 1 leftover temporary file(s)" in out
     _write(path, 2, 2, "overwrite")
     assert not tmp.exists() and unrelated.exists()  # only this set's leftovers are removed
+
+
+def test_single_files_named_like_shards_are_members_of_one_set(tmp_path):
+    """Separate jobs may each write one shard (x_0000.rox, x_0001.rox) of one set."""
+    write_rox([np.arange(4, dtype=np.uint16)], tmp_path / "t_0001.rox", block_size=8)
+    write_rox([np.arange(4, 8, dtype=np.uint16)], tmp_path / "t_0000.rox", block_size=8)
+    manifest = json.loads((tmp_path / "t.manifest.json").read_text())
+    assert list(manifest["shards"]) == ["t_0000.rox", "t_0001.rox"]
+    assert _tokens(str(tmp_path / "t.rox")) == [4, 5, 6, 7, 0, 1, 2, 3]
+    with pytest.raises(FileExistsError, match=r"t_0001\.rox exists; pass if_exists='append'"):
+        write_rox([np.arange(4, dtype=np.uint16)], tmp_path / "t_0001.rox", block_size=8)
+    write_rox(
+        [np.array([9, 9], np.uint16)], tmp_path / "t_0000.rox", block_size=4, if_exists="overwrite"
+    )
+    assert _tokens(str(tmp_path / "t.rox")) == [9, 9, 0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"eos/separator None != 0"):
+        write_rox([np.array([1], np.uint16)], tmp_path / "t_0002.rox", separator=0, block_size=4)
