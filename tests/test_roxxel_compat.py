@@ -970,6 +970,23 @@ def test_grain_rox_sets_order_shards_by_number(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize(("old_docs", "new_docs"), [(10, 3), (3, 10)], ids=["shrink", "grow"])
+def test_roxxel_reads_a_transactional_overwrite_exactly(
+    tmp_path: Path, old_docs: int, new_docs: int
+) -> None:
+    """An overwrite publishes normal names (x_0000.rox ...) and removes the old extras."""
+    path = tmp_path / "x.rox"
+    old = [np.full(7, i, np.uint16) for i in range(old_docs)]
+    new = [np.full(7, 100 + i, np.uint16) for i in range(new_docs)]
+    write_rox(old, path, block_size=16, separator=0, max_shard_bytes=100)
+    write_rox(new, path, block_size=16, separator=0, max_shard_bytes=100, if_exists="overwrite")
+    expected = [f"x_{i:04d}.rox" for i in range((new_docs + 1) // 2)]
+    assert sorted(os.listdir(tmp_path)) == ["x.manifest.json", *expected]
+    ref = assert_grain_reads_like_roxxel(str(path))
+    assert [os.path.basename(p) for p in ref.paths] == expected
+    assert ref.blocks == _pack(new, 16, b"\x00\x00")
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. Error parity where roxxel refuses
 # ---------------------------------------------------------------------------------------------
