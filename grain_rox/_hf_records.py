@@ -418,6 +418,37 @@ def _null_rows(array: Any) -> np.ndarray:
     return np.unique(np.concatenate(parts).astype(np.int64))
 
 
+def _column_nulls(
+    table: Any, column: str, remap: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows with a missing value anywhere, rows whose value is itself None) of one column,
+    sorted, as dataset rows (after ``remap``, an HF indices mapping)."""
+    found, top = [], []
+    start = 0
+    for chunk in table.column(column).chunks:
+        rows = _null_rows(chunk)
+        if rows.size:
+            found.append(rows + start)
+            if chunk.null_count:
+                mask = chunk.is_null().to_numpy(zero_copy_only=False)
+                top.append(np.flatnonzero(mask) + start)
+        start += len(chunk)
+    empty = np.empty(0, np.int64)
+    if not found:
+        return empty, empty
+    rows = np.concatenate(found)
+    tops = np.concatenate(top) if top else empty
+    if remap is not None:
+        rows, tops = np.flatnonzero(np.isin(remap, rows)), np.flatnonzero(np.isin(remap, tops))
+    return rows, tops
+
+
+def rows_with_nulls(table: Any, columns: Sequence[str], remap: np.ndarray | None) -> np.ndarray:
+    """Sorted dataset rows with a missing value in any of ``columns``."""
+    parts = [_column_nulls(table, c, remap)[0] for c in columns]
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+
+
 def find_nulls(
     table: Any, columns: Sequence[str], remap: np.ndarray | None = None
 ) -> tuple[str, int, bool, int, str] | None:
@@ -425,23 +456,7 @@ def find_nulls(
     struct?, rows affected, a filter predicate that drops them)``, rows counted after
     ``remap`` (an HF indices mapping)."""
     for column in columns:
-        found, top = [], []
-        start = 0
-        for chunk in table.column(column).chunks:
-            rows = _null_rows(chunk)
-            if rows.size:
-                found.append(rows + start)
-                if chunk.null_count:
-                    mask = chunk.is_null().to_numpy(zero_copy_only=False)
-                    top.append(np.flatnonzero(mask) + start)
-            start += len(chunk)
-        if not found:
-            continue
-        rows = np.concatenate(found)
-        tops = np.concatenate(top) if top else np.empty(0, np.int64)
-        if remap is not None:
-            selected = np.isin(remap, rows)
-            rows, tops = np.flatnonzero(selected), np.flatnonzero(np.isin(remap, tops))
+        rows, tops = _column_nulls(table, column, remap)
         if rows.size:
             first = int(rows[0])
             keep = [f"r[{column!r}] is not None"] if tops.size else []
@@ -460,6 +475,19 @@ def null_problem(column: str, row: int, inside: bool, count: str) -> str:
         "no stand-in for it (a null text would be tokenized as 'None', a null number read "
         "as NaN)"
     )
+
+
+NULLS = ("error", "skip")
+
+
+def check_nulls_arg(nulls: Any) -> str:
+    """``nulls`` if it is ``"error"`` or ``"skip"``, else an error naming the choices."""
+    if nulls not in NULLS:
+        raise ValueError(
+            f"nulls={nulls!r} is not one of {NULLS}: 'error' (default) stops at a missing "
+            "value, 'skip' leaves its rows out and counts them"
+        )
+    return str(nulls)
 
 
 def python_null(value: Any) -> bool | None:

@@ -21,6 +21,7 @@ depend on how many processes share it.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -30,17 +31,21 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from grain_rox._batches import BatchesMixin
 from grain_rox._digest import facts_digest
 from grain_rox._hf_records import (
     ArrowColumn,
     RecordFormat,
     arrow_numeric,
+    check_nulls_arg,
     find_nulls,
     hf_datasets,
     kept_columns,
     load_files,
     null_problem,
+    rows_with_nulls,
     stack_column,
 )
 
@@ -74,21 +79,46 @@ def _dataset_from(spec: Any) -> Any:
     )
 
 
+def _remap(dataset: Any) -> Any:
+    indices = dataset._indices  # rows remapped by select/shuffle/filter
+    return None if indices is None else indices.column(0).to_numpy()
+
+
 def _refuse_nulls(dataset: Any, columns: Sequence[str]) -> None:
     """An error naming the first kept column and row with a missing value, and the fix."""
-    indices = dataset._indices  # rows remapped by select/shuffle/filter
-    remap = None if indices is None else indices.column(0).to_numpy()
-    found = find_nulls(dataset.data.table, columns, remap)
+    found = find_nulls(dataset.data.table, columns, _remap(dataset))
     if found is not None:
         column, row, inside, count, keep = found
         rows = f"{count} row{'' if count == 1 else 's'} in all"
         raise ValueError(
             f"{null_problem(column, row, inside, rows)}. Drop such rows first, dataset = "
-            f"dataset.filter(lambda r: {keep}), fill them (dataset.map), or leave the column "
-            f"out (exclude_keys=[{column!r}])"
+            f"dataset.filter(lambda r: {keep}), pass nulls='skip' to leave them out (counted), "
+            f"fill them (dataset.map), or leave the column out (exclude_keys=[{column!r}])"
         )
 
 
+def _without_null_rows(dataset: Any, columns: Sequence[str]) -> tuple[Any, int]:
+    """``dataset`` without its rows that have a missing value in ``columns``, and how many."""
+    rows = rows_with_nulls(dataset.data.table, columns, _remap(dataset))
+    if not rows.size:
+        return dataset, 0
+    if rows.size == len(dataset):
+        raise ValueError(
+            f"every row ({rows.size}) has a missing value (None) in {list(columns)}; nothing is "
+            "left with nulls='skip'"
+        )
+    logger.warning(
+        "HFEagerSource(nulls='skip') leaves out %d of %d rows, which have a missing value "
+        "(None) in %s; the first is row %d",
+        rows.size,
+        len(dataset),
+        list(columns),
+        int(rows[0]),
+    )
+    return dataset.select(np.setdiff1d(np.arange(len(dataset)), rows)), int(rows.size)
+
+
+logger = logging.getLogger("grain_rox")
 _COPIES: dict[str, int] = {}  # Arrow copy directory -> sources using it (this process)
 _COPIES_LOCK = threading.RLock()  # a finalizer may run inside a locked block
 
@@ -134,7 +164,9 @@ class HFEagerSource(BatchesMixin):
     ``tokenize`` names text columns to serve as ``int32`` token ids (``tokenizer``: ``"bytes"``,
     ``"cl100k_base"``, a ``tokenizer.json`` path or a :class:`~grain_rox.Tokenizer`; EOS
     appended unless ``append_eos=False``); other text columns stay strings. Images become
-    ``uint8`` arrays and nested features nested dicts.
+    ``uint8`` arrays and nested features nested dicts. A missing value (None) in a kept
+    column, or inside its lists, is an error naming the column and row; ``nulls="skip"``
+    leaves such rows out instead (counted in ``skipped_rows`` and logged).
 
     >>> import datasets
     >>> ds = datasets.Dataset.from_dict({"ids": [[1, 2], [3, 4]], "label": [0, 1], "t": ["a", "b"]})
@@ -143,6 +175,10 @@ class HFEagerSource(BatchesMixin):
     (2, [3, 4], [0, 1])
     >>> HFEagerSource(ds, tokenize=["t"], tokenizer="bytes")[1]["t"].tolist()
     [98, 256]
+    >>> holes = datasets.Dataset.from_dict({"y": [1, None, 3]})
+    >>> skipping = HFEagerSource(holes, nulls="skip")
+    >>> skipping.get_batch([0, 1])["y"].tolist(), skipping.skipped_rows
+    ([1, 3], 1)
     """
 
     def __init__(
@@ -157,6 +193,7 @@ class HFEagerSource(BatchesMixin):
         tokenizer: Any = None,
         append_eos: bool = True,
         cache_dir: str | None = None,
+        nulls: str = "error",
     ) -> None:
         given = [x is not None for x in (dataset, data_files, data)]
         if sum(given) != 1:
@@ -177,7 +214,12 @@ class HFEagerSource(BatchesMixin):
         if len(dataset) == 0:
             raise ValueError("the dataset is empty: a Grain source needs at least one row")
         keep = kept_columns(list(dataset.column_names), include_keys, exclude_keys)
-        _refuse_nulls(dataset, keep)
+        self.nulls = check_nulls_arg(nulls)
+        self.skipped_rows = 0  # rows left out for a missing value (nulls="skip")
+        if self.nulls == "skip":
+            dataset, self.skipped_rows = _without_null_rows(dataset, keep)
+        else:
+            _refuse_nulls(dataset, keep)
         self.format = RecordFormat(
             columns=keep, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
         )
@@ -215,6 +257,8 @@ class HFEagerSource(BatchesMixin):
             self.format.describe(),
             self._transforms,
         ]
+        if self.nulls == "skip":  # (facts of sources that refuse nulls are unchanged)
+            facts.append({"nulls": "skip", "skipped": self.skipped_rows})
         return facts_digest(facts)
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,6 +14,7 @@ import numpy as np
 from grain_rox._hf_records import (
     RecordFormat,
     arrow_dtypes,
+    check_nulls_arg,
     file_kind,
     hf_datasets,
     kept_columns,
@@ -23,6 +25,7 @@ from grain_rox._hf_records import (
 )
 from grain_rox._identity import check_identity, split_state
 
+logger = logging.getLogger("grain_rox")
 _SAMPLE = 1 << 20  # bytes hashed at each end of a data file for its identity
 _WHAT = "HFStreamingSource"
 
@@ -51,8 +54,9 @@ class HFStreamingSource:
     buffered examples). The state also names the data and config it belongs to (each file's
     size and a digest of its first and last MiB, columns, tokenizer, shuffle buffer, seed,
     shard): ``set_state`` refuses a state from other files or another config, naming what
-    changed. A missing value (None) in a kept column is an error naming the column and row;
-    a damaged file is an error naming the file. What it cannot do, unlike the eager source: random access, a global
+    changed. A missing value (None) in a kept column is an error naming the column and row
+    (``nulls="skip"``: such rows are left out, counted in the state and logged per epoch); a
+    damaged file is an error naming the file. What it cannot do, unlike the eager source: random access, a global
     order independent of the number of hosts, and restoring on another host count (its
     position is per host); and its state grows with ``shuffle_buffer``.
 
@@ -76,6 +80,7 @@ class HFStreamingSource:
         tokenize: Sequence[str] | None = None,
         tokenizer: Any = None,
         append_eos: bool = True,
+        nulls: str = "error",
     ) -> None:
         self.files = [data_files] if isinstance(data_files, str) else list(data_files)
         self.kind = file_kind(self.files)
@@ -84,6 +89,7 @@ class HFStreamingSource:
         self.shard = (int(shard[0]), int(shard[1]))
         self.include_keys = list(include_keys) if include_keys is not None else None
         self.exclude_keys = list(exclude_keys or ())
+        self.nulls = check_nulls_arg(nulls)
         self.dtypes: dict[str, np.dtype] = {}
         self.kept = self.columns()
         self.format = RecordFormat(
@@ -114,21 +120,26 @@ class HFStreamingSource:
                 "shuffle_buffer": self.shuffle_buffer,
                 "seed": self.seed,
                 "shard": list(self.shard),
+                "nulls": self.nulls,
             }
         return self._identity
 
-    def check_nulls(self, row: Mapping[str, Any], index: int, epoch: int) -> None:
-        """An error naming the column and row if ``row`` (row ``index`` of this host's
-        stream) holds a missing value (None)."""
+    def has_null(self, row: Mapping[str, Any], index: int, epoch: int) -> bool:
+        """Whether ``row`` (row ``index`` of this host's stream) holds a missing value (None)
+        to skip; with ``nulls="error"`` such a row is an error naming the column and row."""
         for key, value in row.items():
             inside = python_null(value)
             if inside is not None:
+                if self.nulls == "skip":
+                    return True
                 files = self.files[0] if len(self.files) == 1 else self.files
                 where = f"of this host's stream, shard={self.shard}, epoch {epoch}"
                 raise ValueError(
                     f"{files}: {null_problem(key, index, inside, where)}. Drop or fill such "
-                    f"rows in the files, or leave the column out (exclude_keys=[{key!r}])"
+                    "rows in the files, pass nulls='skip' to leave them out (counted), or leave "
+                    f"the column out (exclude_keys=[{key!r}])"
                 )
+        return False
 
     def record(self, row: dict[str, Any]) -> dict[str, Any]:
         """A streamed row as the eager source's record (same keys, dtypes and tokens)."""
@@ -206,6 +217,7 @@ class _StreamIterator(grain.DatasetIterator):
         self._drained = False
         self._served = 0  # rows this epoch: an epoch of none would loop forever
         self._pulled = 0  # rows read from the files this epoch (named by null errors)
+        self._skipped = 0  # of which left out for a missing value (nulls="skip")
         self._loaded: Any = None  # HF state restored but not yet iterated from
 
     def _next_row(self) -> dict[str, Any]:
@@ -227,8 +239,11 @@ class _StreamIterator(grain.DatasetIterator):
             except StopIteration:
                 self._drained = True
                 break
-            self._source.check_nulls(row, self._pulled, self._epoch)
+            null = self._source.has_null(row, self._pulled, self._epoch)
             self._pulled += 1
+            if null:
+                self._skipped += 1
+                continue
             self._buffer.append(self._source.record(row))
 
     def __next__(self) -> dict[str, np.ndarray]:
@@ -246,6 +261,15 @@ class _StreamIterator(grain.DatasetIterator):
                     f"{self._source.files} give this host no rows (shard={self._source.shard}): "
                     "an epoch would be empty; use fewer hosts than files' rows, or more data"
                 )
+            if self._skipped:
+                logger.warning(
+                    "HFStreamingSource(nulls='skip') left out %d of %d rows of epoch %d "
+                    "(shard=%s): they have a missing value (None)",
+                    self._skipped,
+                    self._pulled,
+                    self._epoch,
+                    self._source.shard,
+                )
             self._epoch += 1
             self._restored_mid_epoch = False
             self._start_epoch()
@@ -261,6 +285,7 @@ class _StreamIterator(grain.DatasetIterator):
                 "rng": self._rng.bit_generator.state,
                 "drained": self._drained,
                 "rows": self._pulled,
+                "skipped": self._skipped,
             },
         }
 
@@ -283,6 +308,7 @@ class _StreamIterator(grain.DatasetIterator):
         self._buffer = buffer
         self._drained = inner["drained"]
         self._pulled = inner["rows"]
+        self._skipped = inner["skipped"]
 
 
 def _edited(problem: str) -> str:
@@ -299,6 +325,7 @@ _STATE_TYPES: dict[str, tuple[type, ...]] = {
     "rng": (dict,),
     "drained": (bool,),
     "rows": (int,),
+    "skipped": (int,),
 }
 
 

@@ -258,8 +258,9 @@ NULL_WHY = (
 def _eager_null(column: str, where: str, rows: str, keep: str) -> str:
     return (
         f"column {column!r} has a missing value (None) {where} ({rows}); {NULL_WHY}. Drop such "
-        f"rows first, dataset = dataset.filter(lambda r: {keep}), fill them (dataset.map), or "
-        f"leave the column out (exclude_keys=[{column!r}])"
+        f"rows first, dataset = dataset.filter(lambda r: {keep}), pass nulls='skip' to leave "
+        "them out (counted), fill them (dataset.map), or leave the column out "
+        f"(exclude_keys=[{column!r}])"
     )
 
 
@@ -362,8 +363,9 @@ def test_hf_filtered_files_with_nulls_serve_exact_ints_after_the_suggested_filte
 def _stream_null(path: str, column: str, where: str) -> str:
     return (
         f"{path}: column {column!r} has a missing value (None) {where} (of this host's stream, "
-        f"shard=(0, 1), epoch 0); {NULL_WHY}. Drop or fill such rows in the files, or leave the "
-        f"column out (exclude_keys=[{column!r}])"
+        f"shard=(0, 1), epoch 0); {NULL_WHY}. Drop or fill such rows in the files, pass "
+        f"nulls='skip' to leave them out (counted), or leave the column out "
+        f"(exclude_keys=[{column!r}])"
     )
 
 
@@ -438,3 +440,39 @@ def test_hf_damaged_file_is_an_exact_error_naming_it(tmp_path, streaming, name, 
         assert re.match(expected[3:].replace("{p}", re.escape(str(path))), message), message
     else:
         assert message == expected.format(p=path)
+
+
+def test_hf_nulls_skip_leaves_rows_out_counts_and_logs_them(tmp_path, caplog):
+    datasets = pytest.importorskip("datasets")
+    from grain_rox import HFEagerSource, HFStreamingSource
+
+    rows = [
+        {"ids": [1, 2], "t": "a"},
+        {"ids": [3, None], "t": "b"},
+        {"ids": [5], "t": None},
+        {"ids": [7, 8], "t": "d"},
+    ]
+    path = _jsonl(tmp_path / "n.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        eager = HFEagerSource(
+            datasets.Dataset.from_list(rows), nulls="skip", tokenize=["t"], tokenizer="bytes"
+        )
+        assert eager.skipped_rows == 2 and len(eager) == 2
+        assert [eager[i]["ids"].tolist() for i in range(2)] == [[1, 2], [7, 8]]
+        assert eager[1]["t"].tolist() == [100, 256]
+        stream = HFStreamingSource(path, nulls="skip", include_keys=["ids"])
+        it = iter(stream.dataset(num_epochs=1))
+        assert [next(it)["ids"].tolist() for _ in range(3)] == [[1, 2], [5], [7, 8]]
+        assert it.get_state()["state"]["skipped"] == 1
+        assert list(it) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "HFEagerSource(nulls='skip') leaves out 2 of 4 rows, which have a missing value (None) "
+        "in ['ids', 't']; the first is row 1",
+        "HFStreamingSource(nulls='skip') left out 1 of 4 rows of epoch 0 (shard=(0, 1)): they "
+        "have a missing value (None)",
+    ]
+    with pytest.raises(ValueError, match="nulls='drop' is not one of \\('error', 'skip'\\)"):
+        HFStreamingSource(path, nulls="drop")
+    refused = iter(HFStreamingSource(path, include_keys=["ids"]).dataset(num_epochs=1))
+    with pytest.raises(ValueError, match="nulls: saved 'skip' -> now 'error'"):
+        refused.set_state(it.get_state())

@@ -620,7 +620,8 @@ def test_streaming_state_restores_on_a_byte_identical_copy(parquet_files, tmp_pa
         (lambda s: {**s, "state": {**s["state"], "drained": 1}}, r"'drained' is 1, expected bool"),
         (
             lambda s: {**s, "state": {k: v for k, v in s["state"].items() if k != "rng"}},
-            r"its 'state' has keys \['buffer', 'drained', 'epoch', 'hf', 'rows'\], expected \['buffer', 'drained', 'epoch', 'hf', 'rng', 'rows'\]",
+            r"its 'state' has keys \['buffer', 'drained', 'epoch', 'hf', 'rows', 'skipped'\], "
+            r"expected \['buffer', 'drained', 'epoch', 'hf', 'rng', 'rows', 'skipped'\]",
         ),
         (
             lambda s: {**s, "state": {**s["state"], "buffer": [[1, 2]]}},
