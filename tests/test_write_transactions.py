@@ -208,6 +208,7 @@ def _run(tmp_path: Path, old: dict | None, new: dict, cli: bool) -> None:
     assert outcomes.get(expected_first, 0) >= 1 and outcomes.get("new", 0) >= 1, outcomes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("old", "new"), SCENARIOS.values(), ids=SCENARIOS.keys())
 def test_killed_api_write_leaves_old_new_or_refuses(tmp_path, old, new):
     _run(tmp_path, old, new, cli=False)
@@ -455,6 +456,25 @@ def test_fifo_named_like_a_shard_is_refused_without_hanging(tmp_path, capsys):
         import signal
 
         signal.alarm(0)
+
+
+def test_fifo_named_like_a_manifest_is_refused_without_hanging(tmp_path):
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 2)
+    os.unlink(tmp_path / "set.manifest.json")
+    os.mkfifo(tmp_path / "set.manifest.json")
+    _no_hang()
+    try:
+        with pytest.raises(RoxFormatError) as info:
+            open_rox(path)
+    finally:
+        import signal
+
+        signal.alarm(0)
+    assert str(info.value) == (
+        f"{tmp_path}/set.manifest.json: the manifest is not a regular file (a FIFO, device or "
+        "directory). Fix: remove it or rename it; a manifest is a JSON file written by grain_rox."
+    )
 
 
 @pytest.mark.parametrize("name", ["/etc/hostname", "../x.rox", "sub/set.rox", "other_0000.rox"])
