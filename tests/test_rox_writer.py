@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from grain_rox import ByteTokenizer, RoxFormatError, open_rox, write_rox
+from grain_rox import ByteTokenizer, open_rox, write_rox
 from grain_rox._rox_format import FOOTER
 
 
