@@ -141,6 +141,9 @@ def _hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str
         raise KeyError(
             f"{path} has no column {text_column!r} (it has {ds.column_names}); pass --text-column"
         )
+    kind = ds.features[text_column]
+    if getattr(kind, "dtype", None) not in ("string", "large_string"):
+        raise TypeError(f"{path}: column {text_column!r} holds {kind}, not text")
     for batch in ds.select_columns([text_column]).iter(batch_size=1024):
         for value in batch[text_column]:
             if value is None:

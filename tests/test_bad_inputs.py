@@ -476,3 +476,19 @@ def test_hf_nulls_skip_leaves_rows_out_counts_and_logs_them(tmp_path, caplog):
     refused = iter(HFStreamingSource(path, include_keys=["ids"]).dataset(num_epochs=1))
     with pytest.raises(ValueError, match="nulls: saved 'skip' -> now 'error'"):
         refused.set_state(it.get_state())
+
+
+def test_convert_a_saved_hf_dataset_checks_the_column_type_and_counts_null_texts(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    saved = str(tmp_path / "hf")
+    datasets.Dataset.from_dict({"text": ["ab", None, "c"], "n": [1, 2, 3]}).save_to_disk(saved)
+    out = str(tmp_path / "o.rox")
+    assert main(["convert", saved, "-o", out, "--no-progress"]) == 0
+    assert "; 1 file read, skipped 1 null text; manifest" in capsys.readouterr().out
+    assert tokens_of(out) == [97, 98, 256, 99, 256]
+    assert (
+        main(["convert", saved, "-o", out, "--text-column", "n", "--if-exists", "overwrite"]) == 2
+    )
+    assert capsys.readouterr().err == (
+        f"grain-rox convert: error: {saved}: column 'n' holds Value('int64'), not text\n"
+    )
