@@ -367,3 +367,33 @@ def test_a_step_past_the_end_names_the_length(tmp_path, pipeline):
         it.set_state(edited(grain_state, step=13))
     with device_iter(source) as it, pytest.raises(ValueError, match="holds no Grain position"):
         it.set_state(edited(grain_state, grain=None))
+
+
+@pytest.mark.slow
+def test_grain_worker_processes_carry_and_check_the_identity(tmp_path):
+    from grain_rox._grain_setup import ensure_absl_flags_parsed
+
+    ensure_absl_flags_parsed()
+    source = make_numpy(tmp_path, rows())
+
+    def workers(seed: int = 0):
+        ds = source.batches(4, **{**CONFIG, "seed": seed}).to_iter_dataset(NO_THREADS)
+        return iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2)))
+
+    it = workers()
+    for _ in range(3):
+        next(it)
+    state = it.get_state()
+    expected = [values(next(it)) for _ in range(3)]
+    it.close()
+    again = workers()
+    again.set_state(state)
+    assert [values(next(again)) for _ in range(3)] == expected
+    again.close()
+    in_process = source.batches(4, **CONFIG)
+    assert expected == [values(in_process[i]) for i in range(3, 6)]
+    other = workers(seed=1)
+    with pytest.raises(ValueError, match=r"seed: saved 0 -> now 1"):
+        other.set_state(state)
+        next(other)
+    other.close()
