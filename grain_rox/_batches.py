@@ -257,7 +257,7 @@ def source_identity(source: Any) -> str:
     fingerprint there), else its class name and length (an ``object`` repr names a memory
     address, which differs in every process)."""
     if type(source).__repr__ is object.__repr__:
-        return f"{type(source).__qualname__}(len={len(source)})"
+        return f"{type(source).__name__}(len={len(source)})"
     return repr(source)
 
 

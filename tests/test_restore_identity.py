@@ -397,3 +397,28 @@ def test_grain_worker_processes_carry_and_check_the_identity(tmp_path):
         other.set_state(state)
         next(other)
     other.close()
+
+
+def test_a_source_without_its_own_repr_is_named_by_class_and_length():
+    from grain_rox._batches import shuffled_batches
+
+    class Rows:  # no __repr__: object's names a memory address, different in every process
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def get_batch(self, idx):
+            return np.asarray(idx)
+
+    it = iter(shuffled_batches(Rows(12), 4, seed=1).to_iter_dataset(NO_THREADS))
+    next(it)
+    state = it.get_state()
+    assert state["identity"]["data"] == "Rows(len=12)"
+    again = iter(shuffled_batches(Rows(12), 4, seed=1).to_iter_dataset(NO_THREADS))
+    again.set_state(state)
+    assert values(next(again)) == values(next(it))
+    longer = iter(shuffled_batches(Rows(16), 4, seed=1).to_iter_dataset(NO_THREADS))
+    with pytest.raises(ValueError, match=r"data: saved 'Rows\(len=12\)' -> now 'Rows\(len=16\)'"):
+        longer.set_state(state)
