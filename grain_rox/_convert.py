@@ -15,33 +15,35 @@ shards are deterministic.
 
 from __future__ import annotations
 
-import bz2
 import collections
 import concurrent.futures
 import dataclasses
 import glob
-import gzip
 import json
 import logging
-import lzma
 import os
 import stat
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
+from grain_rox._text_files import (
+    SNIFF,
+    binary_reason,
+    byte_chunks,
+    chain,
+    compression_of,
+    decode,
+    lines,
+)
 from grain_rox._tokenizers import Tokenizer
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf", "array_record")
 ON_BINARY = ("skip", "error")
 ENCODING_ERRORS = ("strict", "replace")
-COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd"}
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
-_SNIFF = 8192  # bytes looked at to tell binary from text
-_TEXT_CONTROLS = frozenset(b"\t\n\r\f\b\x1b")
 
 logger = logging.getLogger("grain_rox")
 
@@ -87,7 +89,7 @@ def require_documents(docs: Iterator[str], stats: ReadStats, what: str) -> Itera
             f"no documents to convert in {what}: {stats.summary()}; the lines logged above "
             "say why each file was skipped"
         )
-    return _chain(first, docs)
+    return chain(first, docs)
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
@@ -152,15 +154,6 @@ def _hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str
                 yield value
 
 
-def compression_of(path: str) -> str | None:
-    """``"gzip"``, ``"bzip2"``, ``"xz"`` or ``"zstd"`` from the name's suffix, else ``None``.
-
-    >>> compression_of("notes.jsonl.gz"), compression_of("a.txt")
-    ('gzip', None)
-    """
-    return COMPRESSIONS.get(os.path.splitext(path)[1].lower())
-
-
 def detect_format(path: str) -> str:
     """Guess a file's format from its name (a compression suffix looked through): jsonl,
     parquet, hf (a saved dataset), array_record (token documents) or text.
@@ -182,80 +175,6 @@ def detect_format(path: str) -> str:
     return "text"
 
 
-def _open(path: str, compression: str | None) -> Any:  # a binary file object
-    if compression is None:
-        return open(path, "rb")
-    if compression == "gzip":
-        return gzip.open(path, "rb")
-    if compression == "bzip2":
-        return bz2.open(path, "rb")
-    if compression == "xz":
-        return lzma.open(path, "rb")
-    try:
-        import zstandard
-    except ImportError:
-        raise ImportError(
-            f"{path} is zstd-compressed: reading it needs the zstandard package "
-            "(pip install zstandard), or decompress it first (zstd -d)"
-        ) from None
-    return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-
-
-def _byte_chunks(path: str, size: int = 1 << 20) -> Iterator[bytes]:
-    """The file's bytes (decompressed), in chunks; a damaged compressed file is an error
-    naming it."""
-    compression = compression_of(path)
-    try:
-        with _open(path, compression) as f:
-            while chunk := f.read(size):
-                yield chunk
-    except (OSError, EOFError, lzma.LZMAError) as e:
-        if compression is None or isinstance(e, FileNotFoundError | PermissionError):
-            raise
-        raise ValueError(
-            f"{path} is not a readable {compression} file ({type(e).__name__}: {e}); it is "
-            "damaged or misnamed: regenerate it, or leave it out of the inputs"
-        ) from None
-
-
-def _binary_reason(head: bytes) -> str | None:
-    """Why ``head`` (a file's first bytes) looks binary, or ``None`` if it looks like text."""
-    nul = head.find(b"\0")
-    if nul >= 0:
-        return f"a NUL byte at offset {nul}"
-    controls = sum(1 for b in head if b < 32 and b not in _TEXT_CONTROLS)
-    if head and controls * 10 > len(head) * 3:
-        return f"{controls} of its first {len(head)} bytes are control bytes"
-    return None
-
-
-def _decode(data: bytes, path: str, errors: str, *, base: int = 0, line: int = 0) -> str:
-    try:
-        return data.decode("utf-8", errors=errors)
-    except UnicodeDecodeError as e:
-        where = f"line {line}, " if line else ""
-        packed = " of the decompressed data" if compression_of(path) else ""
-        raise ValueError(
-            f"{path} is not UTF-8: {where}byte offset {base + e.start}{packed} holds "
-            f"0x{data[e.start]:02x}; convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8), or "
-            "pass --encoding-errors replace (encoding_errors='replace') to read it with "
-            "U+FFFD replacement characters"
-        ) from None
-
-
-def _lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
-    """(byte offset, line without its newline) of each line."""
-    offset, rest = 0, b""
-    for chunk in chunks:
-        parts = (rest + chunk).split(b"\n")
-        rest = parts.pop()
-        for part in parts:
-            yield offset, part
-            offset += len(part) + 1
-    if rest:
-        yield offset, rest
-
-
 def _text_of(record: object, column: str, where: str) -> str | None:
     if not isinstance(record, dict) or column not in record:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
@@ -269,7 +188,7 @@ def _text_of(record: object, column: str, where: str) -> str | None:
 def _not_jsonl(path: str, errors: str) -> str | None:
     """What ``path`` holds if it is one JSON document that is not a list, else ``None``."""
     try:
-        value = json.loads(_decode(b"".join(_byte_chunks(path)), path, errors))
+        value = json.loads(decode(b"".join(byte_chunks(path)), path, errors))
     except json.JSONDecodeError:
         return None
     if isinstance(value, dict):
@@ -283,7 +202,7 @@ def _jsonl_documents(
     """Records of a JSONL file, or of a JSON file that is one list of records."""
     first = next(chunks)
     if first.lstrip()[:1] == b"[":  # one JSON list of records
-        text = _decode(first + b"".join(chunks), path, errors)
+        text = decode(first + b"".join(chunks), path, errors)
         try:
             records = json.loads(text)
         except json.JSONDecodeError as e:
@@ -298,8 +217,8 @@ def _jsonl_documents(
                 yield value
         return
     records_seen = 0
-    for lineno, (offset, raw) in enumerate(_lines(_chain(first, chunks)), 1):
-        line = _decode(raw, path, errors, base=offset, line=lineno)
+    for lineno, (offset, raw) in enumerate(lines(chain(first, chunks)), 1):
+        line = decode(raw, path, errors, base=offset, line=lineno)
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -321,11 +240,6 @@ def _jsonl_documents(
             stats.null_texts += 1
         else:
             yield value
-
-
-def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    yield first
-    yield from rest
 
 
 def _parquet_documents(path: str, column: str, stats: ReadStats) -> Iterator[str]:
@@ -421,12 +335,12 @@ def read_documents(
             stats.files_read += 1
             docs = _parquet_documents(path, text_column, stats)
         else:
-            chunks = _byte_chunks(path)
+            chunks = byte_chunks(path)
             head = next(chunks, b"")
             if not head:
                 stats.skip(path, "empty", "it is empty")
                 continue
-            why = _binary_reason(head[:_SNIFF])
+            why = binary_reason(head[:SNIFF])
             if why is not None:
                 if on_binary == "error":
                     raise ValueError(
@@ -442,11 +356,11 @@ def read_documents(
             stats.files_read += 1
             if kind == "jsonl":
                 docs = _jsonl_documents(
-                    path, _chain(head, chunks), text_column, encoding_errors, stats
+                    path, chain(head, chunks), text_column, encoding_errors, stats
                 )
             else:
                 data = head + b"".join(chunks)
-                docs = iter([_decode(data, path, encoding_errors)])
+                docs = iter([decode(data, path, encoding_errors)])
         for doc in docs:
             stats.documents += 1
             yield doc

@@ -9,12 +9,19 @@ packed).
 
 from __future__ import annotations
 
-import codecs
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from grain_rox._hf_checks import (
+    is_number,
+    null_rows,
+    read_errors,
+    unreadable,
+    without_nulls,
+)
 
 _FORMATS = {".parquet": "parquet", ".pq": "parquet", ".json": "json", ".jsonl": "json",
             ".arrow": "arrow"}  # fmt: skip
@@ -75,75 +82,6 @@ def load_files(files: Sequence[str]) -> Any:
         return dataset
     except read_errors() as e:
         raise unreadable(files, kind, e) from None
-
-
-def read_errors() -> tuple[type[BaseException], ...]:
-    """What pyarrow and ``datasets`` raise, without a file name, on a damaged file."""
-    import pyarrow as pa
-
-    errors: list[type[BaseException]] = [pa.ArrowException, UnicodeDecodeError, StopIteration]
-    try:
-        from datasets.exceptions import DatasetGenerationError
-
-        errors.append(DatasetGenerationError)
-    except ImportError:  # pragma: no cover - older datasets
-        pass
-    return tuple(errors)
-
-
-def _file_problem(path: str, kind: str) -> str | None:
-    """What is wrong with one data file, or ``None`` if nothing is found."""
-    if os.path.getsize(path) == 0:
-        return f"{path} is empty (0 bytes); leave it out of data_files or write its rows again"
-    fix = "regenerate it, or leave it out of data_files"
-    if kind in ("parquet", "arrow"):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            if kind == "parquet":
-                pq.read_metadata(path)
-            else:
-                with pa.memory_map(path) as f:
-                    try:
-                        pa.ipc.open_stream(f).read_all()
-                    except pa.ArrowInvalid:
-                        f.seek(0)
-                        pa.ipc.open_file(f).read_all()
-        except (pa.ArrowException, OSError) as e:
-            name = "Parquet" if kind == "parquet" else "Arrow"
-            return f"{path} is not a readable {name} file ({type(e).__name__}: {e}); {fix}"
-        return None
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset, blank = 0, True
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            try:
-                blank = blank and not decoder.decode(chunk).strip()
-            except UnicodeDecodeError as e:
-                at = offset + e.start
-                return (
-                    f"{path} is not UTF-8: byte offset {at} holds 0x{chunk[e.start]:02x}; "
-                    "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-                )
-            offset += len(chunk)
-    if blank:
-        return f"{path} holds no records (only whitespace); {fix}"
-    return None
-
-
-def unreadable(files: Sequence[str], kind: str, error: BaseException) -> ValueError:
-    """``error`` (a library's, naming no file) as an error naming the damaged file and the
-    fix; every file is looked at only now, on the error path."""
-    for path in files:
-        problem = _file_problem(path, kind)
-        if problem is not None:
-            return ValueError(problem)
-    detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return ValueError(
-        f"cannot read data files {list(files)} as {kind} ({detail}); check that each is a "
-        f"complete {kind} file"
-    )
 
 
 def to_numpy(value: Any) -> Any:
@@ -275,26 +213,16 @@ def _innermost(arrow_type: Any) -> Any:
     return arrow_type
 
 
-def _is_number(arrow_type: Any) -> bool:
-    import pyarrow as pa
-
-    return bool(
-        pa.types.is_integer(arrow_type)
-        or pa.types.is_floating(arrow_type)
-        or pa.types.is_boolean(arrow_type)
-    )
-
-
 def arrow_numeric(arrow_type: Any) -> bool:
     """Whether a column of this Arrow type is numbers or (nested) lists of numbers: such
     columns are read straight from Arrow (dtype kept), not through ``datasets``' formatter."""
-    return _is_number(_innermost(arrow_type))
+    return is_number(_innermost(arrow_type))
 
 
 def _flatten_uniform(array: Any) -> tuple[Any, list[int]] | None:
     """(innermost values, shape after the row axis) if every list level has one length."""
     shape: list[int] = []
-    while not _is_number(array.type):
+    while not is_number(array.type):
         lengths = array.value_lengths().to_numpy(zero_copy_only=False)
         if lengths.size and (lengths != lengths[0]).any():
             return None
@@ -321,8 +249,8 @@ class ArrowColumn:
         self.views: list[np.ndarray | None] = []
         self.ragged: list[tuple[np.ndarray, Any] | None] = []
         for chunk in column.chunks:
-            if _null_rows(chunk).size:  # in rows a filter left out: HFEagerSource checked
-                chunk = _without_nulls(chunk)
+            if null_rows(chunk).size:  # in rows a filter left out: HFEagerSource checked
+                chunk = without_nulls(chunk)
             flat = _flatten_uniform(chunk)
             if flat is not None:
                 values, shape = flat
@@ -331,7 +259,7 @@ class ArrowColumn:
                 self.ragged.append(None)
             else:
                 self.views.append(None)
-                inner = pa.types.is_list(chunk.type) and _is_number(chunk.type.value_type)
+                inner = pa.types.is_list(chunk.type) and is_number(chunk.type.value_type)
                 offsets = chunk.offsets.to_numpy()
                 values = chunk.values.to_numpy(zero_copy_only=False) if inner else chunk
                 self.ragged.append((offsets, values))
@@ -385,141 +313,6 @@ class ArrowColumn:
                     out[where] = self.views[c][local]  # type: ignore[index]
                 return out
         return stack_column(self.key, self.rows(rows), index.tolist())
-
-
-def _is_list(arrow_type: Any) -> bool:
-    import pyarrow as pa
-
-    return bool(
-        pa.types.is_list(arrow_type)
-        or pa.types.is_large_list(arrow_type)
-        or pa.types.is_fixed_size_list(arrow_type)
-    )
-
-
-def _null_rows(array: Any) -> np.ndarray:
-    """Rows of ``array`` (an Arrow array) that are null or hold a null inside their lists or
-    structs (an image's or audio's unset ``bytes``/``path`` field is no missing value)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    parts = []
-    if array.null_count:
-        parts.append(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False)))
-    kind = array.type
-    if _is_list(kind):
-        inner = _null_rows(array.flatten())
-        if inner.size:
-            parts.append(pc.list_parent_indices(array).to_numpy()[inner])
-    elif pa.types.is_struct(kind) and {f.name for f in kind} != {"bytes", "path"}:
-        parts.extend(_null_rows(child) for child in array.flatten())
-    if not parts:
-        return np.empty(0, np.int64)
-    return np.unique(np.concatenate(parts).astype(np.int64))
-
-
-def _column_nulls(
-    table: Any, column: str, remap: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(rows with a missing value anywhere, rows whose value is itself None) of one column,
-    sorted, as dataset rows (after ``remap``, an HF indices mapping)."""
-    found, top = [], []
-    start = 0
-    for chunk in table.column(column).chunks:
-        rows = _null_rows(chunk)
-        if rows.size:
-            found.append(rows + start)
-            if chunk.null_count:
-                mask = chunk.is_null().to_numpy(zero_copy_only=False)
-                top.append(np.flatnonzero(mask) + start)
-        start += len(chunk)
-    empty = np.empty(0, np.int64)
-    if not found:
-        return empty, empty
-    rows = np.concatenate(found)
-    tops = np.concatenate(top) if top else empty
-    if remap is not None:
-        rows, tops = np.flatnonzero(np.isin(remap, rows)), np.flatnonzero(np.isin(remap, tops))
-    return rows, tops
-
-
-def rows_with_nulls(table: Any, columns: Sequence[str], remap: np.ndarray | None) -> np.ndarray:
-    """Sorted dataset rows with a missing value in any of ``columns``."""
-    parts = [_column_nulls(table, c, remap)[0] for c in columns]
-    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
-
-
-def find_nulls(
-    table: Any, columns: Sequence[str], remap: np.ndarray | None = None
-) -> tuple[str, int, bool, int, str] | None:
-    """The first kept column with missing values: ``(column, first row, inside a list or
-    struct?, rows affected, a filter predicate that drops them)``, rows counted after
-    ``remap`` (an HF indices mapping)."""
-    for column in columns:
-        rows, tops = _column_nulls(table, column, remap)
-        if rows.size:
-            first = int(rows[0])
-            keep = [f"r[{column!r}] is not None"] if tops.size else []
-            if rows.size > tops.size:
-                keep.append(f"None not in r[{column!r}]")
-            inside = not bool(np.isin(first, tops))
-            return column, first, inside, int(rows.size), " and ".join(keep)
-    return None
-
-
-def null_problem(column: str, row: int, inside: bool, count: str) -> str:
-    """What both HF sources say of a missing value: where it is and why it is an error."""
-    where = f"inside row {row} (an element of its value)" if inside else f"in row {row}"
-    return (
-        f"column {column!r} has a missing value (None) {where} ({count}); grain_rox serves "
-        "no stand-in for it (a null text would be tokenized as 'None', a null number read "
-        "as NaN)"
-    )
-
-
-NULLS = ("error", "skip")
-
-
-def check_nulls_arg(nulls: Any) -> str:
-    """``nulls`` if it is ``"error"`` or ``"skip"``, else an error naming the choices."""
-    if nulls not in NULLS:
-        raise ValueError(
-            f"nulls={nulls!r} is not one of {NULLS}: 'error' (default) stops at a missing "
-            "value, 'skip' leaves its rows out and counts them"
-        )
-    return str(nulls)
-
-
-def python_null(value: Any) -> bool | None:
-    """``None`` if ``value`` (a streamed row's Python value) holds no ``None``, else whether
-    the ``None`` is inside it (``True``) or is the value itself (``False``)."""
-    if value is None:
-        return False
-    if isinstance(value, dict) and set(value) != {"bytes", "path"}:  # not an image or audio
-        value = list(value.values())
-    if isinstance(value, list | tuple) and any(python_null(v) is not None for v in value):
-        return True
-    return None
-
-
-def _without_nulls(array: Any) -> Any:
-    """``array`` with its nulls (at every list level) as zeros and empty lists, so that its
-    dtype stays; only for tables whose null rows are never served (filtered out)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    kind = array.type
-    if _is_number(kind):
-        return pc.fill_null(array, pa.scalar(0).cast(kind)) if array.null_count else array
-    large = pa.types.is_large_list(kind)
-    if not (pa.types.is_list(kind) or large):
-        return array  # fixed-size lists keep their slots
-    lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
-    offsets = pa.array(
-        np.concatenate([[0], np.cumsum(lengths)]), pa.int64() if large else pa.int32()
-    )
-    cls = pa.LargeListArray if large else pa.ListArray
-    return cls.from_arrays(offsets, _without_nulls(array.flatten()))
 
 
 def arrow_dtypes(schema: Any) -> dict[str, np.dtype]:

@@ -35,17 +35,19 @@ import numpy as np
 
 from grain_rox._batches import BatchesMixin
 from grain_rox._digest import facts_digest
+from grain_rox._hf_checks import (
+    check_nulls_arg,
+    find_nulls,
+    null_problem,
+    rows_with_nulls,
+)
 from grain_rox._hf_records import (
     ArrowColumn,
     RecordFormat,
     arrow_numeric,
-    check_nulls_arg,
-    find_nulls,
     hf_datasets,
     kept_columns,
     load_files,
-    null_problem,
-    rows_with_nulls,
     stack_column,
 )
 

@@ -11,17 +11,19 @@ from typing import Any
 import grain
 import numpy as np
 
-from grain_rox._hf_records import (
-    RecordFormat,
-    arrow_dtypes,
+from grain_rox._hf_checks import (
     check_nulls_arg,
-    file_kind,
-    hf_datasets,
-    kept_columns,
     null_problem,
     python_null,
     read_errors,
     unreadable,
+)
+from grain_rox._hf_records import (
+    RecordFormat,
+    arrow_dtypes,
+    file_kind,
+    hf_datasets,
+    kept_columns,
 )
 from grain_rox._identity import check_identity, split_state
 

@@ -1,0 +1,108 @@
+"""The bytes of an input file for the converter: decompressed by suffix (``.gz``, ``.bz2``,
+``.xz``, ``.zst``), told binary or text by a look at its first 8 KiB, decoded as UTF-8 with
+errors that name the file and the byte offset.
+
+>>> binary_reason(b"PK\\x03\\x04\\x00"), binary_reason("plain text\\n".encode())
+('a NUL byte at offset 4', None)
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd"}
+SNIFF = 8192  # bytes looked at to tell binary from text
+_TEXT_CONTROLS = frozenset(b"\t\n\r\f\b\x1b")
+
+
+def compression_of(path: str) -> str | None:
+    """``"gzip"``, ``"bzip2"``, ``"xz"`` or ``"zstd"`` from the name's suffix, else ``None``.
+
+    >>> compression_of("notes.jsonl.gz"), compression_of("a.txt")
+    ('gzip', None)
+    """
+    return COMPRESSIONS.get(os.path.splitext(path)[1].lower())
+
+
+def open_input(path: str, compression: str | None) -> Any:  # a binary file object
+    if compression is None:
+        return open(path, "rb")
+    if compression == "gzip":
+        return gzip.open(path, "rb")
+    if compression == "bzip2":
+        return bz2.open(path, "rb")
+    if compression == "xz":
+        return lzma.open(path, "rb")
+    try:
+        import zstandard
+    except ImportError:
+        raise ImportError(
+            f"{path} is zstd-compressed: reading it needs the zstandard package "
+            "(pip install zstandard), or decompress it first (zstd -d)"
+        ) from None
+    return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+
+
+def byte_chunks(path: str, size: int = 1 << 20) -> Iterator[bytes]:
+    """The file's bytes (decompressed), in chunks; a damaged compressed file is an error
+    naming it."""
+    compression = compression_of(path)
+    try:
+        with open_input(path, compression) as f:
+            while chunk := f.read(size):
+                yield chunk
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        if compression is None or isinstance(e, FileNotFoundError | PermissionError):
+            raise
+        raise ValueError(
+            f"{path} is not a readable {compression} file ({type(e).__name__}: {e}); it is "
+            "damaged or misnamed: regenerate it, or leave it out of the inputs"
+        ) from None
+
+
+def binary_reason(head: bytes) -> str | None:
+    """Why ``head`` (a file's first bytes) looks binary, or ``None`` if it looks like text."""
+    nul = head.find(b"\0")
+    if nul >= 0:
+        return f"a NUL byte at offset {nul}"
+    controls = sum(1 for b in head if b < 32 and b not in _TEXT_CONTROLS)
+    if head and controls * 10 > len(head) * 3:
+        return f"{controls} of its first {len(head)} bytes are control bytes"
+    return None
+
+
+def decode(data: bytes, path: str, errors: str, *, base: int = 0, line: int = 0) -> str:
+    try:
+        return data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as e:
+        where = f"line {line}, " if line else ""
+        packed = " of the decompressed data" if compression_of(path) else ""
+        raise ValueError(
+            f"{path} is not UTF-8: {where}byte offset {base + e.start}{packed} holds "
+            f"0x{data[e.start]:02x}; convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8), or "
+            "pass --encoding-errors replace (encoding_errors='replace') to read it with "
+            "U+FFFD replacement characters"
+        ) from None
+
+
+def lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, line without its newline) of each line."""
+    offset, rest = 0, b""
+    for chunk in chunks:
+        parts = (rest + chunk).split(b"\n")
+        rest = parts.pop()
+        for part in parts:
+            yield offset, part
+            offset += len(part) + 1
+    if rest:
+        yield offset, rest
+
+
+def chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
