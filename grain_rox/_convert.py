@@ -296,7 +296,8 @@ def read_documents(
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp()
-    >>> for name, data in [("a.txt", b"hi"), ("b.bin", b"\\x00\\x01"), ("c.jsonl", b'{"text": "x"}')]:
+    >>> files = {"a.txt": b"hi", "b.bin": b"\\x00\\x01", "c.jsonl": b'{"text": "x"}'}
+    >>> for name, data in files.items():
     ...     _ = open(os.path.join(d, name), "wb").write(data)
     >>> stats = ReadStats()
     >>> list(read_documents(expand_inputs([d]), stats=stats)), stats.summary()

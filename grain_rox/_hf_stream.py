@@ -58,9 +58,11 @@ class HFStreamingSource:
     shard): ``set_state`` refuses a state from other files or another config, naming what
     changed. A missing value (None) in a kept column is an error naming the column and row
     (``nulls="skip"``: such rows are left out, counted in the state and logged per epoch); a
-    damaged file is an error naming the file. What it cannot do, unlike the eager source: random access, a global
-    order independent of the number of hosts, and restoring on another host count (its
-    position is per host); and its state grows with ``shuffle_buffer``.
+    damaged file is an error naming the file. What it cannot do, unlike the eager source:
+    random access, a global order independent of the number of hosts, and restoring on
+    another host count (its position is per host); and its state grows with
+    ``shuffle_buffer``. The file digest samples each file's ends, so an edit in the middle
+    of a file that keeps its size goes unseen.
 
     >>> import tempfile, os, pyarrow as pa, pyarrow.parquet as pq
     >>> path = os.path.join(tempfile.mkdtemp(), "s.parquet")

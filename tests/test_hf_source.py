@@ -576,7 +576,8 @@ def test_streaming_restore_refuses_other_files_and_config_naming_the_change(
     )
     with pytest.raises(
         ValueError,
-        match=r"records: saved \{'tokenize': \['y'\], 'tokenizer': 'bytes', 'eos': True\} -> now \{.*'eos': False\}",
+        match=r"records: saved \{'tokenize': \['y'\], 'tokenizer': 'bytes', 'eos': True\} "
+        r"-> now \{.*'eos': False\}",
     ):
         it.set_state(tokenized)
 
@@ -603,11 +604,13 @@ def test_streaming_state_restores_on_a_byte_identical_copy(parquet_files, tmp_pa
     [
         (
             lambda s: s["state"],
-            r"not a HFStreamingSource state: \{'epoch': 0, .*Expected the dict get_state\(\) returned, with keys 'identity' and 'state'",
+            r"not a HFStreamingSource state: \{'epoch': 0, .*Expected the dict get_state\(\) "
+            r"returned, with keys 'identity' and 'state'",
         ),
         (
             lambda s: {**s, "state": {**s["state"], "epoch": "0"}},
-            r"not a HFStreamingSource state: 'epoch' is '0', expected an int >= 0; pass the state get_state\(\) returned, unchanged",
+            r"not a HFStreamingSource state: 'epoch' is '0', expected an int >= 0; pass the "
+            r"state get_state\(\) returned, unchanged",
         ),
         (
             lambda s: {**s, "state": {**s["state"], "rows": -1}},
