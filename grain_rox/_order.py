@@ -13,6 +13,7 @@ Measured here (2-core CPU): ~30-60 µs per call whatever the size up to thousand
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 
 import numpy as np
@@ -53,6 +54,55 @@ def int_arg(value: object, name: str, *, where: str, minimum: int | None = 1) ->
         bound = "a positive int" if minimum == 1 else f">= {minimum}"
         raise ValueError(f"{where}: {name}={value!r} must be {bound}")
     return int(value)
+
+
+def seed_arg(value: object, *, where: str, bits: int = 63) -> int:
+    """A seed as an ``int`` in ``[0, 2**bits)``. ``None`` is a ``ValueError``, as in Grain
+    (``MapDataset.shuffle()``, ``IndexSampler``): the order is a function of the seed, so a
+    run must name one to be reproducible and restorable.
+
+    >>> seed_arg(np.uint32(7), where="demo")
+    7
+    >>> seed_arg(None, where="demo")
+    Traceback (most recent call last):
+    ...
+    ValueError: demo: seed=None; the order is a function of the seed, so pass one: seed=0 (or any int from 0 to 2**63 - 1), and the same seed again to reproduce or restore the run
+    """
+    limit = f"2**{bits} - 1"
+    if value is None:
+        raise ValueError(
+            f"{where}: seed=None; the order is a function of the seed, so pass one: seed=0 "
+            f"(or any int from 0 to {limit}), and the same seed again to reproduce or restore "
+            "the run"
+        )
+    seed = int_arg(value, "seed", where=where, minimum=0)
+    if seed >= 1 << bits:
+        raise ValueError(f"{where}: seed={seed} is too large; pass an int from 0 to {limit}")
+    return seed
+
+
+def record_index(index: object, length: int, what: str, whats: str | None = None) -> int:
+    """A source's record number for ``index``, as Python sequences and ``grain.MapDataset``
+    read it: any int-like (numpy ints too), negative counting from the end; out of range is an
+    ``IndexError`` naming ``what`` and the length (as ``grain.sources.RangeDataSource``).
+
+    >>> record_index(np.int64(-1), 5, "record"), record_index(2, 5, "record")
+    (4, 2)
+    >>> record_index(5, 5, "record")
+    Traceback (most recent call last):
+    ...
+    IndexError: record 5 is out of range for 5 records (valid: -5 to 4)
+    """
+    if isinstance(index, (bool, np.bool_)):
+        raise TypeError(f"{what} index {index!r} is a bool; pass an int")
+    i = operator.index(index)  # type: ignore[call-overload]
+    j = i + length if i < 0 else i
+    if not 0 <= j < length:
+        raise IndexError(
+            f"{what} {i} is out of range for {length} {whats or what + 's'} (valid: {-length} "
+            f"to {length - 1})"
+        )
+    return j
 
 
 def derive_key(*parts: int) -> int:

@@ -16,7 +16,9 @@ import dataclasses
 import functools
 import json
 import math
+import operator
 import os
+import sys
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,11 +26,11 @@ from typing import Any
 import grain
 import numpy as np
 
-from grain_rox._curriculum import ENDLESS, SAMPLE_LIMIT, Phase, Schedule
+from grain_rox._curriculum import SAMPLE_LIMIT, Phase, Schedule
 from grain_rox._digest import facts_digest
-from grain_rox._grain_setup import batch_read_options, ensure_absl_flags_parsed
+from grain_rox._grain_setup import batch_read_options, make_grain_workers_usable
 from grain_rox._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
-from grain_rox._order import derive_key, int_arg
+from grain_rox._order import derive_key, int_arg, record_index, seed_arg
 from grain_rox._rox_corpus import RoxCorpus, open_rox
 from grain_rox._windows import WindowReader, segment_features
 
@@ -104,8 +106,9 @@ class TokenPipeline:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", _normalize_sources(self.sources))
         where = "TokenPipeline"
-        for name, minimum in (("seed", 0), ("num_epochs", 1), ("eos_id", 0), ("chunk_tokens", 1),
-                              ("lanes", 1), ("max_seq_len", 1)):  # fmt: skip
+        object.__setattr__(self, "seed", seed_arg(self.seed, where=where))
+        for name, minimum in (("num_epochs", 1), ("eos_id", 0), ("chunk_tokens", 1), ("lanes", 1),
+                              ("max_seq_len", 1)):  # fmt: skip
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, int_arg(value, name, where=where, minimum=minimum))
@@ -137,11 +140,6 @@ class TokenPipeline:
             raise ValueError(
                 "num_epochs applies to one source in one phase; with mixtures or phases "
                 "give each Phase its steps (see estimate_steps)"
-            )
-        if self.seed is None or self.seed >= 2**63:
-            raise ValueError(
-                f"{where}: seed={self.seed!r} must be a non-negative 64-bit int; pass seed=0 "
-                "(or any such int: the batch order is a function of it)"
             )
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
         if self.layout not in ("maxtext", "windows"):
@@ -289,7 +287,6 @@ class TokenPipeline:
             batch_read_options()
         )
         if worker_count > 0:
-            ensure_absl_flags_parsed()
             ds = ds.mp_prefetch(
                 grain.MultiprocessingOptions(
                     num_workers=worker_count, per_worker_buffer_size=worker_buffer_size
@@ -308,8 +305,6 @@ class TokenPipeline:
         """A ``grain.DataLoader`` over the batch source (no shuffling or batching ops needed:
         the order and the batches are the source's)."""
         source = self.batch_source(rows=rows, first_step=first_step)
-        if worker_count > 0:
-            ensure_absl_flags_parsed()
         return grain.DataLoader(
             data_source=source,
             sampler=grain.samplers.IndexSampler(
@@ -417,6 +412,7 @@ class GlobalBatchSource:
     """
 
     def __init__(self, pipeline: TokenPipeline, *, rows: RowSpec, first_step: int) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
         self.pipeline = pipeline
         self.schedule = pipeline.schedule
         self.first_step = int_arg(first_step, "first_step", where="TokenPipeline", minimum=0)
@@ -452,8 +448,8 @@ class GlobalBatchSource:
         self.num_batches: int | None = total
         self.step_limit = self.schedule.step_limit if total is None else total
         _check_step(self.first_step, "first_step", total, self.schedule.step_limit)
-        self._len = (ENDLESS if total is None else max(0, total)) - self.first_step
-        self._len = max(0, self._len)
+        # Grain's "endless" is len == sys.maxsize (as MapDataset.repeat() reports it)
+        self._len = sys.maxsize if total is None else max(0, total - self.first_step)
 
     @property
     def rows(self) -> tuple[int, int]:
@@ -484,21 +480,37 @@ class GlobalBatchSource:
             f"seed={p.seed}, first_step={self.first_step}, config={digest})"
         )
 
+    def _index(self, index: int) -> int:
+        """``index`` as a record number in ``[0, len)``: a negative one counts from the end
+        (as for a list or ``MapDataset``); an endless pipeline serves records below
+        ``step_limit - first_step`` and has no end to count from."""
+        if self.num_batches is not None:
+            return record_index(index, self._len, "batch", "batches")
+        index = operator.index(index)
+        last = self.step_limit - 1 - self.first_step
+        endless = (
+            "Its len is sys.maxsize, Grain's 'endless'. Its batches are already shuffled (by "
+            "the pipeline's seed); to shuffle them again or index from the end, take a finite "
+            "prefix first: ds[:n].shuffle(seed=...), or pass num_epochs= or finite phases"
+        )
+        if index < 0:
+            raise IndexError(
+                f"batch {index}: an endless pipeline has no last batch to count from. {endless}"
+            )
+        if index > last:
+            raise IndexError(
+                f"batch {index} is past the last batch this endless pipeline serves, {last} "
+                f"(step {self.step_limit - 1}: sample numbers stay below 2**61). {endless}"
+            )
+        return index
+
     def sources_of(self, step: int) -> np.ndarray:
         """Which source (index into ``pipeline.names``) serves each row of global ``step``."""
         p = self.schedule.phases[self.schedule.phase_of_step(step)]
         return self.schedule.step_samples(step, 0, p.batch_size)[1]
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        index = int(index)
-        if not 0 <= index < self._len:
-            raise IndexError(f"batch {index} is out of range for {self._len} batches")
-        step = self.first_step + index
-        if step >= self.step_limit:
-            raise IndexError(
-                f"batch {index} is step {step}, past the largest step this endless pipeline "
-                f"supports ({self.step_limit - 1}: sample numbers stay below 2**61)"
-            )
+        step = self.first_step + self._index(index)
         phase = self.schedule.phases[self.schedule.phase_of_step(step)]
         lo, hi = self._rows[phase.batch_size]
         _, sources, own = self.schedule.step_samples(step, lo, hi)
