@@ -31,8 +31,9 @@ import grain
 import numpy as np
 
 from grain_rox._digest import facts_digest
+from grain_rox._grain_setup import make_grain_workers_usable
 from grain_rox._identity import IdentifiedIterDataset, IdentifiedMapDataset, with_identity
-from grain_rox._order import derive_key, int_arg
+from grain_rox._order import derive_key, int_arg, seed_arg
 
 WEIGHT_SCALE = 1 << 30
 
@@ -332,6 +333,7 @@ def mix_datasets(
             f"mix_datasets: datasets={datasets!r} must be a non-empty mapping "
             "{name: grain.MapDataset}"
         )
+    make_grain_workers_usable()
     names = list(datasets)
     for name, ds in datasets.items():
         if not isinstance(ds, grain.MapDataset):
@@ -339,7 +341,7 @@ def mix_datasets(
                 f"mix_datasets: dataset {name!r} is a {type(ds).__name__}, not a "
                 "grain.MapDataset; wrap a data source as grain.MapDataset.source(source)"
             )
-    seed = int_arg(seed, "seed", where="mix_datasets", minimum=0)
+    seed = seed_arg(seed, where="mix_datasets")
     if length is not None:
         length = int_arg(length, "length", where="mix_datasets")
     if (weights is None) == (phases is None) and len(names) > 1:

@@ -30,9 +30,10 @@ from typing import Any, Literal
 import grain
 import numpy as np
 
+from grain_rox._grain_setup import make_grain_workers_usable
 from grain_rox._identity import with_identity
 from grain_rox._mixing import describe_dataset
-from grain_rox._order import int_arg
+from grain_rox._order import int_arg, record_index, seed_arg
 from grain_rox._paths import PathSpec
 from grain_rox._rox_corpus import RoxCorpus, open_rox
 
@@ -92,6 +93,7 @@ class RoxDocumentSource:
         long_documents: LongDocuments = "split",
         dtype: Any = np.int32,
     ) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
         seq_len = int_arg(seq_len, "seq_len", where="RoxDocumentSource")
         _check_long_documents(long_documents, "RoxDocumentSource")
         if eos_id is not None:
@@ -195,9 +197,7 @@ class RoxDocumentSource:
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         starts, lengths = self._pieces()
-        index = int(index)
-        if not 0 <= index < starts.size:
-            raise IndexError(f"document piece {index} is out of range for {starts.size}")
+        index = record_index(index, int(starts.size), "document piece")
         a = int(starts[index])
         tokens = self.corpus.tokens(a, a + int(lengths[index])).astype(self.dtype)
         tokens.flags.writeable = False  # inputs and targets share it: read-only, like batches
@@ -391,9 +391,10 @@ def pack_documents(
     PackingStats(documents_split=1, pieces=3, documents_truncated=0, tokens_dropped=0)
     """
     where = "pack_documents"
+    make_grain_workers_usable()
     seq_len = int_arg(seq_len, "seq_len", where=where)
     batch_size = int_arg(batch_size, "batch_size", where=where)
-    seed = int_arg(seed, "seed", where=where, minimum=0)
+    seed = seed_arg(seed, where=where, bits=32)  # Grain's shuffle and packers take 32 bits
     if num_epochs is not None:
         num_epochs = int_arg(num_epochs, "num_epochs", where=where)
     if num_packing_bins is not None:

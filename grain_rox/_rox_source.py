@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from grain_rox._order import int_arg
+from grain_rox._grain_setup import make_grain_workers_usable
+from grain_rox._order import int_arg, record_index
 from grain_rox._paths import PathSpec
 from grain_rox._rox_corpus import RoxCorpus, open_rox
 from grain_rox._windows import segment_features
@@ -50,6 +51,7 @@ class RoxTokenSource:
         eos_id: int | None = None,
         dtype: Any = np.int32,
     ) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
         seq_len = int_arg(seq_len, "seq_len", where="RoxTokenSource")
         if eos_id is not None:
             eos_id = int_arg(eos_id, "eos_id", where="RoxTokenSource", minimum=0)
@@ -73,10 +75,7 @@ class RoxTokenSource:
         )
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        index = int(index)
-        if not 0 <= index < self._len:
-            raise IndexError(f"record {index} is out of range for {self._len} windows")
-        start = index * self.seq_len
+        start = record_index(index, self._len, "window") * self.seq_len
         window = self.corpus.tokens(start, start + self.seq_len + 1).astype(self.dtype)
         window.flags.writeable = False  # inputs and targets share it: read-only, like batches
         record = {"inputs": window[:-1], "targets": window[1:]}
@@ -104,6 +103,7 @@ class RoxBlockSource:
     """
 
     def __init__(self, paths: PathSpec | RoxCorpus) -> None:
+        make_grain_workers_usable()
         self.corpus = open_rox(paths)
 
     @property
@@ -117,10 +117,7 @@ class RoxBlockSource:
         return f"RoxBlockSource(data={self.corpus.fingerprint}, blocks={len(self.corpus)})"
 
     def __getitem__(self, index: int) -> np.ndarray:
-        index = int(index)
-        if not 0 <= index < len(self.corpus):
-            raise IndexError(f"block {index} is out of range for {len(self.corpus)} blocks")
-        return np.array(self.corpus[index])
+        return np.array(self.corpus[record_index(index, len(self.corpus), "block")])
 
     def _getitems(self, indices: Sequence[int]) -> list[np.ndarray]:
         return [self[i] for i in indices]

@@ -370,7 +370,19 @@ BAD_INPUTS = [
     ("batch float", lambda p: _pipe(p, global_batch_size=4.0), TypeError,
      "TokenPipeline: global_batch_size=4.0 " + NOT_INT.format(t="float")),
     ("seed None", lambda p: _pipe(p, seed=None), ValueError,
-     "TokenPipeline: seed=None must be a non-negative 64-bit int; pass seed=0"),
+     "TokenPipeline: seed=None; the order is a function of the seed, so pass one: seed=0 "
+     "(or any int from 0 to 2**63 - 1), and the same seed again to reproduce or restore the "
+     "run"),
+    ("pack seed None", lambda p: pack_documents([], seq_len=8, batch_size=1, seed=None),
+     ValueError, "pack_documents: seed=None; the order is a function of the seed, so pass one: "
+     "seed=0 (or any int from 0 to 2**32 - 1)"),
+    ("pack seed 2**32", lambda p: pack_documents([], seq_len=8, batch_size=1, seed=2**32),
+     ValueError, "pack_documents: seed=4294967296 is too large; pass an int from 0 to "
+     "2**32 - 1"),
+    ("mix seed None", lambda p: mix_datasets({"a": grain.MapDataset.range(3)}, seed=None),
+     ValueError, "mix_datasets: seed=None; the order is a function of the seed, so pass one"),
+    ("pipe seed 2**63", lambda p: _pipe(p, seed=2**63), ValueError,
+     "TokenPipeline: seed=9223372036854775808 is too large; pass an int from 0 to 2**63 - 1"),
     ("seed float", lambda p: _pipe(p, seed=1.5), TypeError,
      "TokenPipeline: seed=1.5 " + NOT_INT.format(t="float")),
     ("lanes bool", lambda p: _pipe(p, lanes=True), TypeError,
