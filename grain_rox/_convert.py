@@ -134,7 +134,9 @@ def _hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str
         import datasets
     except ImportError:
         raise ImportError("reading a HF dataset needs: pip install 'grain_rox[hf]'") from None
-    ds = datasets.load_from_disk(path)
+    from grain_rox._hf_checks import load_saved
+
+    ds = load_saved(path)
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:
             raise ValueError(f"{path} holds splits {list(ds)} and no 'train'; pass one split")

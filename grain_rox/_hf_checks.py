@@ -11,6 +11,7 @@ null scan, which costs a look at each Arrow chunk's null counts.
 from __future__ import annotations
 
 import codecs
+import glob
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -32,11 +33,13 @@ def read_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _file_problem(path: str, kind: str) -> str | None:
+_FIX = "regenerate it, or leave it out of data_files"
+
+
+def _file_problem(path: str, kind: str, fix: str = _FIX) -> str | None:
     """What is wrong with one data file, or ``None`` if nothing is found."""
     if os.path.getsize(path) == 0:
         return f"{path} is empty (0 bytes); leave it out of data_files or write its rows again"
-    fix = "regenerate it, or leave it out of data_files"
     if kind in ("parquet", "arrow"):
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -73,11 +76,27 @@ def _file_problem(path: str, kind: str) -> str | None:
     return None
 
 
-def unreadable(files: Sequence[str], kind: str, error: BaseException) -> ValueError:
+def load_saved(path: str) -> Any:
+    """``datasets.load_from_disk(path)``; a damaged Arrow file in it is an error naming it."""
+    import datasets
+
+    try:
+        return datasets.load_from_disk(path)
+    except (*read_errors(), OSError) as e:
+        if isinstance(e, FileNotFoundError | PermissionError):
+            raise
+        arrows = sorted(glob.glob(os.path.join(path, "**", "*.arrow"), recursive=True))
+        fix = f"save the dataset again (save_to_disk) and load {path} anew"
+        raise unreadable(arrows or [path], "arrow", e, fix=fix) from None
+
+
+def unreadable(
+    files: Sequence[str], kind: str, error: BaseException, *, fix: str = _FIX
+) -> ValueError:
     """``error`` (a library's, naming no file) as an error naming the damaged file and the
     fix; every file is looked at only now, on the error path."""
     for path in files:
-        problem = _file_problem(path, kind)
+        problem = _file_problem(path, kind, fix)
         if problem is not None:
             return ValueError(problem)
     detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

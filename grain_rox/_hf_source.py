@@ -38,6 +38,7 @@ from grain_rox._digest import facts_digest
 from grain_rox._hf_checks import (
     check_nulls_arg,
     find_nulls,
+    load_saved,
     null_problem,
     rows_with_nulls,
 )
@@ -67,10 +68,10 @@ def _memory_mapped(dataset: Any) -> bool:
 
 def _dataset_from(spec: Any) -> Any:
     """A ``save_to_disk`` directory or a local data file; anything else would need the Hub."""
-    datasets = hf_datasets()
+    hf_datasets()  # an ImportError naming the extra to install
     path = os.fspath(spec)
     if os.path.isdir(path):
-        return datasets.load_from_disk(path)
+        return load_saved(path)
     if os.path.isfile(path):
         return load_files([path])
     raise ValueError(

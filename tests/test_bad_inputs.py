@@ -492,3 +492,25 @@ def test_convert_a_saved_hf_dataset_checks_the_column_type_and_counts_null_texts
     assert capsys.readouterr().err == (
         f"grain-rox convert: error: {saved}: column 'n' holds Value('int64'), not text\n"
     )
+
+
+def test_a_damaged_saved_hf_dataset_names_its_arrow_file(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    from grain_rox import HFEagerSource
+
+    saved = tmp_path / "hf"
+    datasets.Dataset.from_dict({"text": ["x" * 100] * 100}).save_to_disk(str(saved))
+    (arrow,) = saved.glob("*.arrow")
+    arrow.write_bytes(arrow.read_bytes()[:5000])  # cut short, as by a full disk or a kill
+    capsys.readouterr()
+    expected = (
+        f"re:{re.escape(str(arrow))} is not a readable Arrow file \\((OSError|ArrowInvalid): "
+        f".*\\); save the dataset again \\(save_to_disk\\) and load {re.escape(str(saved))} "
+        "anew$"
+    )
+    with pytest.raises(ValueError) as info:
+        HFEagerSource(str(saved))
+    assert re.match(expected[3:], str(info.value)), str(info.value)
+    assert main(["convert", str(saved), "-o", str(tmp_path / "o.rox")]) == 2
+    err = capsys.readouterr().err
+    assert re.match(expected[3:], err.removeprefix("grain-rox convert: error: ").strip()), err
