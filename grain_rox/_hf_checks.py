@@ -80,9 +80,10 @@ def load_saved(path: str) -> Any:
     """``datasets.load_from_disk(path)``; a damaged Arrow file in it is an error naming it."""
     import datasets
 
+    errors: tuple[type[BaseException], ...] = (*read_errors(), OSError)
     try:
         return datasets.load_from_disk(path)
-    except (*read_errors(), OSError) as e:
+    except errors as e:
         if isinstance(e, FileNotFoundError | PermissionError):
             raise
         arrows = sorted(glob.glob(os.path.join(path, "**", "*.arrow"), recursive=True))
