@@ -5,7 +5,9 @@ args for :class:`~grain_rox.MultiHostDataLoadIterator` (and any iterator with JS
 ``get_state``/``set_state``). A :class:`~grain_rox.TokenPipeline` iterator's state is global
 (the step and the pipeline's identity), so one file, ``data_state.json``, is written by the
 primary process and read by every process on restore — whatever their number. Other
-iterators' states are per process and are kept as ``process_<i>-of-<n>.json``, like Grain's.
+iterators' states are per process and are kept as ``process_<i>-of-<n>.json``, like Grain's;
+they restore on the same number of processes, and on any number when every process saved the
+same ``.batches()`` state (its position is a global batch index, its identity has no shard).
 
 Grain's own ``grain.checkpoint.CheckpointSave`` also works on our iterator (its state is JSON
 bytes), but ties the files to the process count.
@@ -45,6 +47,29 @@ def _is_global(state: dict[str, Any]) -> bool:
     return "pipeline" in state
 
 
+def _shared_batches_state(directory: epath.Path) -> str | None:
+    """The state every process of a complete per-process save holds, if they all hold the
+    same ``.batches()`` state (then it is valid on any number of processes); else None."""
+    saved: dict[int, set[int]] = {}
+    for p in directory.glob("process_*-of-*.json"):
+        index, _, count = p.stem.removeprefix("process_").partition("-of-")
+        if index.isdigit() and count.isdigit():
+            saved.setdefault(int(count), set()).add(int(index))
+    complete = [n for n, done in saved.items() if done == set(range(n))]
+    if len(complete) != 1:
+        return None
+    n = complete[0]
+    texts = {(directory / f"process_{i}-of-{n}.json").read_text() for i in range(n)}
+    if len(texts) != 1:
+        return None
+    text = texts.pop()
+    grain_state = json.loads(text).get("grain")
+    identity = grain_state.get("identity") if isinstance(grain_state, dict) else None
+    if not (isinstance(identity, dict) and {"data", "batch_size", "seed"} <= set(identity)):
+        return None
+    return text
+
+
 class RoxCheckpointHandler(ocp.CheckpointHandler):
     """Orbax handler for data iterators; see the module doc (registered for the args below).
 
@@ -69,11 +94,16 @@ class RoxCheckpointHandler(ocp.CheckpointHandler):
         if not path.exists():
             path = directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
         if not path.exists():
+            elastic = _shared_batches_state(directory)
+            if elastic is not None:
+                args.item.set_state(elastic)
+                return args.item
             found = sorted(p.name for p in directory.iterdir())
             raise FileNotFoundError(
                 f"no data state for process {jax.process_index()} of {jax.process_count()} in "
                 f"{directory} (it holds {found}); per-process states restore only on the same "
-                "number of processes — use a TokenPipeline for elastic restores"
+                "number of processes — use a TokenPipeline or a sharded .batches() dataset "
+                "for elastic restores"
             )
         args.item.set_state(path.read_text())
         return args.item

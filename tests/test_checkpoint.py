@@ -21,6 +21,7 @@ from grain_rox import (
     TokenPipeline,
     write_rox,
 )
+from grain_rox._checkpoint import RoxCheckpointHandler
 
 RESTORE_SCRIPT = textwrap.dedent(
     """
@@ -144,3 +145,34 @@ def test_data_loader_checkpoint_through_the_iterator(corpus, tmp_path):
     it.close()
     fresh.close()
     manager.close()
+
+
+def test_a_batches_state_restores_on_another_process_count(tmp_path):
+    """Per-process states of a sharded ``.batches()`` input are all the same global position:
+    files saved by 2 processes restore on 1 (the 2 files are those 2 processes would write)."""
+    from grain_rox import NumpySource
+
+    np.save(tmp_path / "rows.npy", np.arange(96, dtype=np.int32).reshape(48, 2))
+    source = NumpySource(str(tmp_path / "rows.npy"))
+
+    def device_iter():
+        ds = source.batches(8, seed=2, num_epochs=1).to_iter_dataset(
+            grain.ReadOptions(num_threads=0)
+        )
+        return MultiHostDataLoadIterator(ds)
+
+    with device_iter() as it:
+        next(it), next(it)
+        state = json.loads(it.get_state())
+        expected = [np.asarray(next(it)).tolist() for _ in range(2)]
+    saved = tmp_path / "ckpt" / "2" / "data"
+    saved.mkdir(parents=True)
+    for i in range(2):
+        (saved / f"process_{i}-of-2.json").write_text(json.dumps(state))
+    handler = RoxCheckpointHandler()
+    with device_iter() as again:
+        handler.restore(saved, RoxCheckpointRestore(again))
+        assert again.step == 2 and [np.asarray(next(again)).tolist() for _ in range(2)] == expected
+    (saved / "process_1-of-2.json").write_text(json.dumps({**state, "step": 1}))
+    with device_iter() as again, pytest.raises(FileNotFoundError, match="no data state for"):
+        handler.restore(saved, RoxCheckpointRestore(again))  # states differ: not elastic
