@@ -162,7 +162,7 @@ class NumpySource(BatchesMixin):
         with open(path, "rb") as f:
             header = _read_header(f, path)
             self._opened[key] = stat_key(os.fstat(f.fileno()))
-            self._digests[key] = content_digest(f, path)
+            self._digests[key] = content_digest(f, path, share=len(self.paths))
         return header.shape, header.dtype
 
     def _fingerprint(self) -> str:
@@ -205,7 +205,12 @@ class NumpySource(BatchesMixin):
                 return  # removed or renamed away: the map serves the bytes it opened
             with f:
                 self._opened[key] = check_unchanged(
-                    f, path, self._opened[key], self._digests[key], what="this NumpySource"
+                    f,
+                    path,
+                    self._opened[key],
+                    self._digests[key],
+                    what="this NumpySource",
+                    share=len(self.paths),
                 )
 
     def _map_file(self, key: str) -> np.ndarray:
@@ -221,7 +226,12 @@ class NumpySource(BatchesMixin):
             ) from None
         with f:
             self._opened[key] = check_unchanged(
-                f, path, self._opened[key], self._digests[key], what="this NumpySource"
+                f,
+                path,
+                self._opened[key],
+                self._digests[key],
+                what="this NumpySource",
+                share=len(self.paths),
             )
             f.seek(0)
             header = _read_header(f, path)

@@ -239,3 +239,28 @@ def test_an_invalid_npy_header_names_the_file(tmp_path):
         match=r"neg.npy: the .npy header gives the invalid shape \(-5,\) \(a negative size\)",
     ):
         NumpySource(str(path))
+
+
+def test_large_files_are_identified_by_evenly_spaced_samples(tmp_path):
+    import hashlib
+
+    from grain_rox._digest import BLOCK, content_digest
+
+    path = tmp_path / "big.bin"
+    data = bytearray(np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8))
+    path.write_bytes(bytes(data))
+
+    def digest(share):
+        with open(path, "rb") as f:
+            return content_digest(f, str(path), share=share)
+
+    whole = digest(1)
+    assert whole == hashlib.sha1(data).hexdigest()  # small enough: hashed whole
+    sampled = digest(1 << 20)  # a budget of 2 blocks per file: its first and last
+    assert sampled != whole
+    data[BLOCK + 5] ^= 1  # between the samples: the documented blind spot of sampling
+    path.write_bytes(bytes(data))
+    assert digest(1 << 20) == sampled and digest(1) != whole
+    data[-1] ^= 1  # inside the last sample
+    path.write_bytes(bytes(data))
+    assert digest(1 << 20) != sampled
