@@ -6,6 +6,11 @@ batches on the devices ahead of the training step; an error there is re-raised i
 after the good batches before it, never a hang. The iterator's state is the number of global
 batches handed to the caller, so it restores on any number of processes (for a
 :class:`~grain_rox.TokenPipeline`), or Grain's own state (for a user's Grain loader).
+``set_state`` refuses a state from other data or config (the pipeline's identity; for Grain
+inputs the identity a ``.batches()`` state or a ``grain.DataLoader`` carries), from the other
+kind of input, or edited by hand (see ``grain_rox._iterator_state``), naming the problem. A
+batch whose rows the mesh's data axis cannot split evenly is an error naming the batch size,
+the number of devices on that axis and the fix.
 """
 
 from __future__ import annotations
