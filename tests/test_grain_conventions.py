@@ -1,0 +1,295 @@
+"""Grain's conventions, as a Grain user meets them: endless means ``len == sys.maxsize``;
+sources index like Grain's (numpy ints, negative from the end, IndexError past the end);
+a missing seed is a clear error; a packed stream does not depend on the worker count; and
+Grain's worker processes start without the user parsing absl flags (issue #12 items 2, 4, 6,
+7 on the pipeline side)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import grain
+import numpy as np
+import pytest
+
+from grain_rox import (
+    NumpySource,
+    Phase,
+    RoxBlockSource,
+    RoxDocumentSource,
+    RoxTokenSource,
+    TokenPipeline,
+    mix_datasets,
+    pack_documents,
+    write_rox,
+)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("conventions")
+    out = {}
+    for name, first in (("a", 1), ("b", 20_000)):
+        out[name] = str(d / f"{name}.rox")
+        docs = [first + np.arange(n, dtype=np.uint16) for n in (700, 1300, 900, 2100)]
+        write_rox(docs, out[name], separator=0, block_size=512)
+    return out
+
+
+def inputs(batch):
+    return batch["inputs"].tolist()
+
+
+# ---- item 2: endless is len == sys.maxsize, and every step up to the limit reads -------------
+def test_an_endless_pipeline_has_grains_infinite_length(paths):
+    pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1)
+    endless_numpy = NumpySource(np.arange(40).reshape(10, 4)).batches(2, num_epochs=None)
+    assert len(pipe.map_dataset()) == len(endless_numpy) == sys.maxsize  # before: 2**62
+    assert len(pipe.batch_source(first_step=10**6)) == sys.maxsize  # still endless
+    finite = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, num_epochs=1)
+    assert len(finite.batch_source(first_step=3)) == finite.num_batches - 3
+    # Grain's own answer to repeating an endless dataset (before: OverflowError)
+    with pytest.raises(ValueError, match="Repeating already infinite dataset"):
+        pipe.map_dataset().repeat(2)
+
+
+@pytest.mark.parametrize("two_sources", [False, True])
+def test_every_step_up_to_the_limit_reads_and_past_it_is_explained(paths, two_sources):
+    sources = {"a": paths["a"], "b": paths["b"]} if two_sources else paths["a"]
+    weights = {"a": 0.5, "b": 0.5} if two_sources else None
+    pipe = TokenPipeline(sources, seq_len=16, global_batch_size=1, seed=3, weights=weights)
+    md = pipe.map_dataset()
+    last = pipe.step_limit - 1
+    assert last == 2**61 - 1
+    for step in (0, 2**40, 2**60, last):  # before: 2**60 overflowed, 2**61 - 1 a cast error
+        batch = md[step]
+        assert batch["inputs"].shape == (1, 16)
+        assert np.array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+    assert inputs(pipe.map_dataset(first_step=last)[0]) == inputs(md[last])
+    with pytest.raises(IndexError) as info:
+        md[last + 1]
+    assert str(info.value).startswith(
+        f"batch {last + 1} is past the last batch this endless pipeline serves, {last} "
+        f"(step {last}: sample numbers stay below 2**61). Its len is sys.maxsize, Grain's "
+        "'endless'. Its batches are already shuffled (by the pipeline's seed); to shuffle them "
+        "again or index from the end, take a finite prefix first: ds[:n].shuffle(seed=...)"
+    )
+
+
+def test_a_shuffle_of_an_endless_pipeline_is_explained_and_of_a_prefix_works(paths):
+    pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1)
+    md = pipe.map_dataset()
+    with pytest.raises(IndexError, match=r"take a finite prefix first: ds\[:n\]\.shuffle"):
+        md.shuffle(seed=1)[0]  # an index anywhere below sys.maxsize
+    with pytest.raises(IndexError, match="an endless pipeline has no last batch to count from"):
+        pipe.batch_source()[-1]
+    shuffled = md[:8].shuffle(seed=1)
+    assert sorted(inputs(shuffled[i]) for i in range(8)) == sorted(inputs(md[i]) for i in range(8))
+
+
+def test_a_data_loader_over_an_endless_pipeline_restores_in_a_new_loader(paths):
+    def loader():
+        return TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=2).data_loader()
+
+    it = iter(loader())
+    for _ in range(3):
+        next(it)
+    state = it.get_state()
+    assert f"IndexSampler(num_records={sys.maxsize}," in json.loads(state)["sampler"]
+    expected = [inputs(next(it)) for _ in range(3)]
+    again = iter(loader())  # new pipeline, source and sampler objects: their reprs match
+    again.set_state(state)
+    assert [inputs(next(again)) for _ in range(3)] == expected
+
+
+# ---- item 6: indices, numpy integers, seeds --------------------------------------------------
+def per_record_sources(paths):
+    finite = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, num_epochs=1)
+    return {
+        "RoxTokenSource": (RoxTokenSource(paths["a"], seq_len=16), "window", "windows"),
+        "RoxDocumentSource": (RoxDocumentSource(paths["a"], seq_len=64), "document piece", None),
+        "RoxBlockSource": (RoxBlockSource(paths["a"]), "block", "blocks"),
+        "GlobalBatchSource": (finite.batch_source(), "batch", "batches"),
+    }
+
+
+def as_list(record):
+    if isinstance(record, dict):
+        return {k: v.tolist() for k, v in record.items()}
+    return record.tolist()
+
+
+@pytest.mark.parametrize(
+    "name", ["RoxTokenSource", "RoxDocumentSource", "RoxBlockSource", "GlobalBatchSource"]
+)
+def test_sources_index_like_grain_sources_and_lists(paths, name):
+    source, what, whats = per_record_sources(paths)[name]
+    n = len(source)
+    last = as_list(source[n - 1])
+    for index in (-1, np.int64(-1), np.int32(n - 1), np.uint64(n - 1)):
+        assert as_list(source[index]) == last  # before: -1 was an IndexError
+    assert as_list(source[-n]) == as_list(source[0])
+    assert as_list(grain.MapDataset.source(source)[-1]) == last  # as Grain's MapDataset reads it
+    for index in (n, -n - 1):  # Grain's sources refuse these with IndexError too
+        with pytest.raises(IndexError) as info:
+            source[index]
+        assert str(info.value) == (
+            f"{what} {index} is out of range for {n} {whats or what + 's'} (valid: {-n} to {n - 1})"
+        )
+    with pytest.raises(IndexError):
+        grain.sources.RangeDataSource(0, n, 1)[n]
+    with pytest.raises(TypeError):
+        source[1.0]  # as a list: not an index
+
+
+def test_numpy_integers_are_accepted_by_every_argument(paths):
+    i64, i32 = np.int64, np.int32
+    assert Phase(steps=i64(10), batch_size=i32(4), seq_len=i64(16)) == Phase(10, 4, 16)
+    for cls in (RoxTokenSource, RoxDocumentSource):
+        plain, numpy = cls(paths["a"], seq_len=16, eos_id=0), cls(paths["a"], seq_len=i64(16),
+                                                                  eos_id=i32(0))  # fmt: skip
+        assert repr(plain) == repr(numpy) and as_list(plain[3]) == as_list(numpy[3])
+    pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, chunk_tokens=i64(256),
+                         lanes=i32(2), max_seq_len=i64(32), eos_id=i64(0))  # fmt: skip
+    same = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, chunk_tokens=256, lanes=2,
+                         max_seq_len=32, eos_id=0)  # fmt: skip
+    assert pipe.describe() == same.describe()
+    assert as_list(pipe.batch_source(rows=(i64(1), i32(3)))[i64(2)]) == as_list(
+        same.batch_source(rows=(1, 3))[2]
+    )
+    parts = {"a": grain.MapDataset.range(50), "b": grain.MapDataset.range(100, 120)}
+    mixed = mix_datasets(parts, phases=[(i64(6), {"a": 1}), (None, {"a": 1, "b": i32(1)})],
+                         seed=i64(4), length=i64(12))  # fmt: skip
+    plain = mix_datasets(parts, phases=[(6, {"a": 1}), (None, {"a": 1, "b": 1})], seed=4,
+                         length=12)  # fmt: skip
+    assert list(mixed) == list(plain)
+    docs = [np.arange(1, n) for n in (5, 9, 3, 12)]
+    packed = pack_documents(docs, seq_len=i64(8), batch_size=i32(2), seed=np.uint32(3),
+                            num_epochs=i64(1), num_packing_bins=i64(2), shard=(i64(0), i64(1)))  # fmt: skip
+    plain_packed = pack_documents(docs, seq_len=8, batch_size=2, seed=3, num_epochs=1,
+                                  num_packing_bins=2)  # fmt: skip
+    assert [as_list(b) for b in packed] == [as_list(b) for b in plain_packed]
+
+
+# ---- item 4: a packed stream does not depend on the number of Grain workers ------------------
+def packed_docs(workers: int = 0, shard=(0, 1)):
+    rng = np.random.default_rng(0)
+    docs = [1000 * (i + 1) + np.arange(n) for i, n in enumerate(rng.integers(2, 30, 60))]
+    ds = pack_documents(docs, seq_len=16, batch_size=2, num_epochs=1, shard=shard)
+    if workers:
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    return ds
+
+
+def test_packing_in_process_keeps_its_state_shape_and_checkpoints():
+    grain.experimental.assert_equal_output_after_checkpoint(packed_docs())
+    ds = packed_docs()
+    share = ds.parents[0]
+    for sl, sequential in ((slice(0, 4, 1), False), (slice(0, None, 2), True)):
+        with pytest.raises(ValueError, match=r"pack_documents: cannot take the slice"):
+            share.set_slice(sl, sequential)
+    it = iter(ds)
+    with pytest.raises(ValueError, match="not a pack_documents state"):
+        it.set_state({**it.get_state(), "state": {"parent": None, "skip": -1}})
+
+
+@pytest.mark.slow
+def test_packed_stream_with_grain_workers_equals_in_process_and_restores():
+    expected = [as_list(b) for b in packed_docs()]
+    it = iter(packed_docs(workers=2))  # before: each worker packed its half of the documents
+    head = [as_list(next(it)) for _ in range(5)]
+    state = it.get_state()
+    tail = [as_list(b) for b in it]
+    it.close()
+    assert head + tail == expected
+    again = iter(packed_docs(workers=2))
+    again.set_state(state)
+    assert [as_list(b) for b in again] == tail
+    again.close()
+
+
+# ---- item 7: Grain workers without absl parsing, and the user's flags left alone -------------
+def run_user_script(tmp_path, code: str, *args: str) -> str:
+    script = tmp_path / "user_script.py"
+    script.write_text(textwrap.dedent(code))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_a_users_own_data_loader_with_workers_starts_without_parsing_flags(paths, tmp_path):
+    code = f"""
+        import json
+        import grain
+        import grain_rox
+        from absl import flags
+
+        def loader(source, workers):
+            sampler = grain.samplers.IndexSampler(
+                num_records=len(source), shard_options=grain.sharding.NoSharding(),
+                shuffle=False, num_epochs=1)
+            return grain.DataLoader(data_source=source, sampler=sampler, worker_count=workers,
+                                    operations=[grain.transforms.Batch(4)])
+
+        if __name__ == "__main__":
+            source = grain_rox.RoxTokenSource({paths["a"]!r}, seq_len=8)
+            it = iter(loader(source, 2))  # before: UnparsedFlagAccessError
+            firsts = [next(it)["inputs"][:, 0].tolist() for _ in range(3)]
+            # Grain batches within a worker: worker 0 gives records 0, 2, 4, 6 first
+            assert firsts[0] == [source[i]["inputs"][0] for i in (0, 2, 4, 6)], firsts
+            state = it.get_state()
+            pipe = grain_rox.TokenPipeline({paths["a"]!r}, seq_len=16, global_batch_size=4)
+            endless = iter(loader(pipe.batch_source(), 2))
+            for _ in range(2):
+                next(endless)
+            saved = endless.get_state()
+            nxt = next(endless)["inputs"].tolist()
+            again = iter(loader(pipe.batch_source(), 2))
+            again.set_state(saved)
+            assert again.__next__()["inputs"].tolist() == nxt
+            assert not flags.FLAGS.is_parsed()  # the user's choice, left alone
+            print("ok")
+    """
+    assert run_user_script(tmp_path, code).split() == ["ok"]
+
+
+def test_a_users_own_flags_still_parse_and_fail_as_absl_says(paths, tmp_path):
+    code = f"""
+        import sys
+        import grain_rox
+        from absl import app, flags
+
+        source = grain_rox.RoxTokenSource({paths["a"]!r}, seq_len=8)
+        grain_rox.pack_documents([[1, 2, 3]], seq_len=4, batch_size=1)
+        pipe = grain_rox.TokenPipeline({paths["a"]!r}, seq_len=16, global_batch_size=4)
+        pipe.data_loader(worker_count=2)  # before: marked every flag parsed
+        pipe.iter_dataset(worker_count=2)
+        STEPS = flags.DEFINE_integer("user_steps", 1, "defined after grain_rox ran")
+        try:
+            STEPS.value
+        except flags.UnparsedFlagAccessError:
+            print("unparsed")
+
+        def main(argv):
+            print(STEPS.value, flags.FLAGS.grain_enable_multiprocess_worker_profiling)
+
+        if __name__ == "__main__":
+            app.run(main)
+    """
+    out = run_user_script(
+        tmp_path, code, "--user_steps=7", "--grain_enable_multiprocess_worker_profiling"
+    )
+    assert out.split() == ["unparsed", "7", "True"]
