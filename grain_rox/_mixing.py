@@ -23,6 +23,7 @@ import bisect
 import dataclasses
 import hashlib
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
@@ -310,7 +311,9 @@ def mix_datasets(
     Element ``i`` comes from the source that the Sainte-Laguë sequence (see the module doc)
     assigns to sample ``i``; each source is shuffled with a new permutation every epoch and
     repeats, so the mixture never ends early (``length`` defaults to the largest source's
-    length divided by its weight share).
+    length divided by its weight share). An endless source (``len == sys.maxsize``, Grain's
+    convention, e.g. ``ds.repeat()`` or an endless :class:`~grain_rox.TokenPipeline`'s
+    ``map_dataset()``) is read in its own order, and makes the default length endless too.
 
     A curriculum: ``phases=[(num_samples, weights), ..., (None, weights)]`` instead of
     ``weights`` changes the proportions after each phase's samples (the last phase may run to
@@ -368,7 +371,7 @@ def mix_datasets(
             tail = max(
                 int(len(datasets[n]) * total / w) for n, w in zip(names, last, strict=True) if w
             )
-            length = fixed + tail
+            length = min(sys.maxsize, fixed + tail)  # an endless input: an endless mixture
         if length <= fixed:
             raise ValueError(f"length={length} ends before the last phase starts (sample {fixed})")
         counts[-1] = length - fixed
@@ -376,7 +379,9 @@ def mix_datasets(
         raise ValueError(f"length={length} differs from the phases' {fixed + counts[-1]} samples")
     mixtures = [Mixture.from_weights(w) for w in shares]
     parts = [
-        datasets[n].shuffle(seed=derive_key(seed, i) % (1 << 31)).repeat()
+        datasets[n]  # endless (Grain's len == sys.maxsize): taken in its own order
+        if len(datasets[n]) >= sys.maxsize
+        else datasets[n].shuffle(seed=derive_key(seed, i) % (1 << 31)).repeat()
         for i, n in enumerate(names)
     ]
     if len(mixtures) == 1:

@@ -95,7 +95,7 @@ def record_index(index: object, length: int, what: str, whats: str | None = None
     """
     if isinstance(index, (bool, np.bool_)):
         raise TypeError(f"{what} index {index!r} is a bool; pass an int")
-    i = operator.index(index)  # type: ignore[call-overload]
+    i = operator.index(index)  # type: ignore[arg-type]
     j = i + length if i < 0 else i
     if not 0 <= j < length:
         raise IndexError(

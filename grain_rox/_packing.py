@@ -12,7 +12,8 @@ and pads the rest. Here:
 * :func:`pack_documents` shuffles the documents per epoch (Grain's Feistel ``shuffle``),
   packs them with ``grain.experimental.BestFitPackIterDataset`` (or first-fit), renames the
   features to MaxText's names and batches. The result is a Grain ``IterDataset`` whose
-  iterator state checkpoints and restores exactly.
+  iterator state checkpoints and restores exactly, and whose stream under ``mp_prefetch`` is
+  the in-process one whatever the worker count (each worker keeps every n-th packed batch).
 
 Any Grain source of ``{"inputs", "targets"}`` token records (for example HF records) packs the
 same way through :func:`pack_documents`, with the same ``long_documents=`` choice: nothing is
@@ -23,6 +24,7 @@ config, and a state from other data or another config is refused (``_identity``)
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -440,6 +442,12 @@ def pack_documents(
     slice of the documents; the packed stream then depends on ``count``. The iterator's state
     names the input data and this config; a state from others is refused.
 
+    ``.mp_prefetch(...)`` on the result (or on a ``.map``/``.batch`` of it) yields the same
+    stream as in-process, for any number of Grain workers: each worker packs the whole stream
+    and keeps every n-th batch, so packing runs beside the training loop but is not split
+    between workers (to split the reading, give each process its ``shard=``). An endless
+    source (``len == sys.maxsize``) is packed once through (``num_epochs`` must be None).
+
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import write_rox
     >>> path = os.path.join(tempfile.mkdtemp(), "p.rox")
@@ -495,7 +503,13 @@ def pack_documents(
         ds = ds[index::count]
     if shuffle:
         ds = ds.shuffle(seed=seed)
-    ds = ds.repeat(num_epochs)  # reshuffled every epoch (Grain seeds each epoch anew)
+    if len(ds) < sys.maxsize:
+        ds = ds.repeat(num_epochs)  # reshuffled every epoch (Grain seeds each epoch anew)
+    elif num_epochs is not None:
+        raise ValueError(
+            f"{where}: num_epochs={num_epochs} for an endless source (len == sys.maxsize); "
+            "pass num_epochs=None, or a finite source"
+        )
     it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=64))
     it_ds = grain.experimental.FlatMapIterDataset(it_ds, _Unlist())
     packer = (

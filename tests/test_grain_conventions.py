@@ -91,6 +91,22 @@ def test_a_shuffle_of_an_endless_pipeline_is_explained_and_of_a_prefix_works(pat
     assert sorted(inputs(shuffled[i]) for i in range(8)) == sorted(inputs(md[i]) for i in range(8))
 
 
+def test_mix_and_pack_take_endless_inputs():
+    endless, finite = grain.MapDataset.range(10).repeat(), grain.MapDataset.range(100, 105)
+    mixed = mix_datasets({"a": endless, "b": finite}, {"a": 0.5, "b": 0.5})
+    assert len(mixed) == sys.maxsize  # before: "Repeating already infinite dataset" ValueError
+    assert [mixed[i] for i in range(8)] == [0, 100, 1, 103, 2, 102, 3, 101]
+    assert mixed[2**62] == 2**61 % 10  # sample 2**61 of the endless input, in its own order
+    docs = [np.arange(1, n) for n in (5, 9, 3, 12)]
+    looped = pack_documents(grain.MapDataset.source(docs).repeat(), seq_len=8, batch_size=2,
+                            shuffle=False)  # fmt: skip
+    repeated = pack_documents(docs, seq_len=8, batch_size=2, shuffle=False)
+    a, b = iter(looped), iter(repeated)
+    assert [as_list(next(a)) for _ in range(6)] == [as_list(next(b)) for _ in range(6)]
+    with pytest.raises(ValueError, match=r"num_epochs=1 for an endless source .*num_epochs=None"):
+        pack_documents(grain.MapDataset.range(3).repeat(), seq_len=8, batch_size=1, num_epochs=1)
+
+
 def test_a_data_loader_over_an_endless_pipeline_restores_in_a_new_loader(paths):
     def loader():
         return TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=2).data_loader()
