@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable
 
 from grain_rox._atomic import fsync_dir
+from grain_rox._hash_cache import cached_sha256
 from grain_rox._manifest import (
     MANIFEST_SUFFIX,
     Manifest,
@@ -35,12 +36,9 @@ from grain_rox._manifest import (
     manifest_path_for,
     member_pattern,
     set_name,
-    sha256_file,
     write_manifest,
 )
 from grain_rox._rox_format import RoxFormatError, read_header, require_regular
-
-_HASHES: dict[tuple[str, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> sha256
 
 
 def shard_number(name: str) -> int:
@@ -127,12 +125,9 @@ def clean_leftovers(manifest_path: str) -> list[str]:
 
 
 def file_sha256(path: str, st: os.stat_result) -> str:
-    """sha256 of a file, cached per process by (path, size, mtime_ns, inode)."""
-    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino)
-    digest = _HASHES.get(key)
-    if digest is None:
-        digest = _HASHES[key] = sha256_file(path)
-    return digest
+    """sha256 of a file, hashed at most once per file version on this host (see
+    :mod:`grain_rox._hash_cache`)."""
+    return cached_sha256(path, st)
 
 
 def stat_matches(st: os.stat_result, rec: ShardRecord | None) -> bool:

@@ -347,19 +347,25 @@ def test_extra_and_missing_shards_of_a_committed_set_are_refused(tmp_path):
 def test_same_size_in_place_change_fails_the_fingerprint_copies_do_not(tmp_path, monkeypatch):
     import shutil
 
-    import grain_rox._shard_set as shard_set
+    import grain_rox._hash_cache as hash_cache
 
     path = str(tmp_path / "a" / "set.rox")
     _write(path, 1, 6)
     with open_rox(path) as corpus:
         fingerprint = corpus.fingerprint
     # Unchanged files are never hashed on open or fingerprint: O(1) per shard.
-    monkeypatch.setattr(shard_set, "sha256_file", lambda p: pytest.fail(f"hashed {p}"))
+    monkeypatch.setattr(hash_cache, "sha256_file", lambda p: pytest.fail(f"hashed {p}"))
     assert open_rox(path).fingerprint == fingerprint
     monkeypatch.undo()
     shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copy)  # new mtimes
     os.rename(tmp_path / "b", tmp_path / "moved")
     assert open_rox(str(tmp_path / "moved" / "set.rox")).fingerprint == fingerprint
+    # The copy was hashed once: another process on this host (a fresh memory) reads the
+    # remembered digests instead of the whole corpus again.
+    hash_cache._MEMORY.clear()
+    monkeypatch.setattr(hash_cache, "sha256_file", lambda p: pytest.fail(f"hashed {p}"))
+    assert open_rox(str(tmp_path / "moved" / "set.rox")).fingerprint == fingerprint
+    monkeypatch.undo()
     os.utime(tmp_path / "a" / "set_0001.rox", ns=(1, 1))  # touched, same bytes
     assert open_rox(path).fingerprint == fingerprint
     shard = tmp_path / "a" / "set_0001.rox"
