@@ -204,14 +204,19 @@ class NumpySource(BatchesMixin):
             except OSError:
                 return  # removed or renamed away: the map serves the bytes it opened
             with f:
-                self._opened[key] = check_unchanged(
-                    f,
-                    path,
-                    self._opened[key],
-                    self._digests[key],
-                    what="this NumpySource",
-                    share=len(self.paths),
-                )
+                self._check_open_file(key, f)
+
+    def _check_open_file(self, key: str, f: Any) -> None:
+        """Refuse the opened file ``key`` if its content is not the one this source was made
+        on; remember its new stat when only its mtime moved (a copy, a touch)."""
+        self._opened[key] = check_unchanged(
+            f,
+            self.paths[key],
+            self._opened[key],
+            self._digests[key],
+            what="this NumpySource",
+            share=len(self.paths),
+        )
 
     def _map_file(self, key: str) -> np.ndarray:
         """Memory-map file ``key`` (lazily, in every process), refusing a file whose content
@@ -225,14 +230,7 @@ class NumpySource(BatchesMixin):
                 "when it was made: restore the file, or make a new NumpySource"
             ) from None
         with f:
-            self._opened[key] = check_unchanged(
-                f,
-                path,
-                self._opened[key],
-                self._digests[key],
-                what="this NumpySource",
-                share=len(self.paths),
-            )
+            self._check_open_file(key, f)
             f.seek(0)
             header = _read_header(f, path)
             mapped = np.memmap(
