@@ -54,10 +54,6 @@ def test_data_loader_shuffle_and_batch(docs_path, worker_count):
         num_epochs=1,
         shard_options=grain.sharding.NoSharding(),
     )
-    if worker_count:
-        from grain_rox._grain_setup import ensure_absl_flags_parsed
-
-        ensure_absl_flags_parsed()
     loader = grain.DataLoader(
         data_source=source,
         sampler=sampler,
