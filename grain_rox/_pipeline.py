@@ -73,7 +73,9 @@ class TokenPipeline:
     Sources whose manifests record different tokenizers or EOS ids (their token ids mean
     different things) are refused unless ``allow_mixed_tokenizers=True``; sources that record
     no tokenizer (roxxel's own files) are not checked. An endless pipeline serves steps below
-    :attr:`step_limit` (about ``2**61 / batch_size``); a finite one ``num_batches`` steps.
+    :attr:`step_limit` (about ``2**61 / batch_size``), and its datasets have Grain's endless
+    length, ``sys.maxsize`` (so Grain's ``.repeat()`` refuses them, and a ``.shuffle()`` needs
+    a finite prefix, ``ds[:n]``); a finite one serves ``num_batches`` steps.
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import write_rox
@@ -409,6 +411,8 @@ class GlobalBatchSource:
     >>> source = TokenPipeline(path, seq_len=16, global_batch_size=4).batch_source(rows=(2, 4))
     >>> source[0]["inputs"].shape, repr(source).startswith("GlobalBatchSource(data=")
     ((2, 16), True)
+    >>> import sys; len(source) == sys.maxsize  # endless, as Grain's MapDataset.repeat()
+    True
     """
 
     def __init__(self, pipeline: TokenPipeline, *, rows: RowSpec, first_step: int) -> None:
