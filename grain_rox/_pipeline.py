@@ -285,6 +285,7 @@ class TokenPipeline:
         worker_buffer_size: int = 2,
     ) -> grain.IterDataset:
         """``map_dataset(...).to_iter_dataset()``, with Grain worker processes if asked."""
+        worker_count, worker_buffer_size = _worker_args(worker_count, worker_buffer_size)
         ds = self.map_dataset(rows=rows, first_step=first_step).to_iter_dataset(
             batch_read_options()
         )
@@ -306,6 +307,7 @@ class TokenPipeline:
     ) -> grain.DataLoader:
         """A ``grain.DataLoader`` over the batch source (no shuffling or batching ops needed:
         the order and the batches are the source's)."""
+        worker_count, worker_buffer_size = _worker_args(worker_count, worker_buffer_size)
         source = self.batch_source(rows=rows, first_step=first_step)
         return grain.DataLoader(
             data_source=source,
@@ -338,6 +340,13 @@ def unpack_windows(batch: Mapping[str, Any]) -> dict[str, Any]:
         out["targets_segmentation"] = seg[:, 2]
         out["targets_position"] = seg[:, 1]
     return out
+
+
+def _worker_args(worker_count: Any, worker_buffer_size: Any) -> tuple[int, int]:
+    return (
+        int_arg(worker_count, "worker_count", where="TokenPipeline", minimum=0),
+        int_arg(worker_buffer_size, "worker_buffer_size", where="TokenPipeline"),
+    )
 
 
 def _check_step(step: Any, argument: str, total: int | None, limit: int) -> int:

@@ -224,7 +224,9 @@ class WindowReader:
 def segment_features(
     windows: np.ndarray, eos_id: int, joins: np.ndarray | None
 ) -> dict[str, np.ndarray]:
-    """MaxText packing features for (n, seq_len + 1) windows (see the module doc).
+    """MaxText packing features for (n, seq_len + 1) windows (see the module doc), as
+    read-only arrays: ``targets_position`` is ``inputs_position``, and without chunk joins
+    ``targets_segmentation`` is ``inputs_segmentation``.
 
     >>> w = np.array([[5, 6, 0, 7, 8, 0, 9]])
     >>> f = segment_features(w, eos_id=0, joins=None)
@@ -251,6 +253,8 @@ def segment_features(
     target_segmentation = segmentation
     if joins is not None and joins[:, 1:].any():
         target_segmentation = np.where(joins[:, 1:], 0, segmentation).astype(np.int32)
+    for array in (segmentation, position, target_segmentation):
+        array.flags.writeable = False  # shared between features (and records): read-only
     return {
         "inputs_segmentation": segmentation,
         "inputs_position": position,

@@ -177,6 +177,13 @@ def test_numpy_integers_are_accepted_by_every_argument(paths):
     assert as_list(pipe.batch_source(rows=(i64(1), i32(3)))[i64(2)]) == as_list(
         same.batch_source(rows=(1, 3))[2]
     )
+    loader = pipe.data_loader(worker_count=i64(0), worker_buffer_size=i32(3))
+    assert as_list(next(iter(loader))) == as_list(same.map_dataset()[0])
+    assert as_list(next(iter(pipe.iter_dataset(worker_count=i32(0))))) == as_list(
+        same.map_dataset()[0]
+    )
+    with pytest.raises(TypeError, match=r"TokenPipeline: worker_count=2\.0 is a float, not an int"):
+        pipe.iter_dataset(worker_count=2.0)
     parts = {"a": grain.MapDataset.range(50), "b": grain.MapDataset.range(100, 120)}
     mixed = mix_datasets(parts, phases=[(i64(6), {"a": 1}), (None, {"a": 1, "b": i32(1)})],
                          seed=i64(4), length=i64(12))  # fmt: skip

@@ -117,3 +117,15 @@ def test_records_do_not_alias_writably(docs_path):
         mapped = grain.MapDataset.source(source).map(zero_first)[3]
         assert mapped["inputs"][0] == 0
         np.testing.assert_array_equal(mapped["targets"], targets)
+
+
+def test_segmentation_features_do_not_alias_writably(docs_path):
+    """targets_position is inputs_position (and, without chunk joins, targets_segmentation is
+    inputs_segmentation): the features are read-only, in records and in pipeline batches."""
+    from grain_rox import TokenPipeline
+
+    pipe = TokenPipeline(docs_path, seq_len=8, global_batch_size=2, num_epochs=1)
+    for record in (RoxTokenSource(docs_path, seq_len=8)[3], pipe.map_dataset()[0]):
+        for key in ("inputs_segmentation", "inputs_position", "targets_segmentation"):
+            with pytest.raises(ValueError, match="read-only"):
+                record[key][0] = 12345  # before: changed the targets_* feature too
