@@ -35,6 +35,7 @@ import numpy as np
 
 from grain_rox._batches import BatchesMixin
 from grain_rox._digest import facts_digest
+from grain_rox._grain_setup import make_grain_workers_usable
 from grain_rox._hf_checks import (
     check_nulls_arg,
     find_nulls,
@@ -198,6 +199,7 @@ class HFEagerSource(BatchesMixin):
         cache_dir: str | None = None,
         nulls: str = "error",
     ) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
         given = [x is not None for x in (dataset, data_files, data)]
         if sum(given) != 1:
             raise ValueError("give exactly one of dataset=, data_files= or data=")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from grain_rox._grain_setup import make_grain_workers_usable
 from grain_rox._hf_checks import (
     check_nulls_arg,
     null_problem,
@@ -49,20 +51,31 @@ class HFStreamingSource:
     """Local files streamed with HF ``IterableDataset`` as a Grain ``IterDataset``, resumable.
 
     For data larger than the disk cache. Per-host sharding (``shard=(index, count)``, HF's
-    ``split_dataset_by_node``), a seeded shuffle buffer reshuffled every epoch, key filtering,
-    and the same numpy records as :class:`HFEagerSource`. The iterator's ``get_state`` /
-    ``set_state`` carry the ``IterableDataset``'s own ``state_dict``, so it resumes mid-epoch
-    exactly (the shuffle buffer is grain_rox's own and is saved with it: HF's would lose the
-    buffered examples). The state also names the data and config it belongs to (each file's
-    size and a digest of its first and last MiB, columns, tokenizer, shuffle buffer, seed,
-    shard): ``set_state`` refuses a state from other files or another config, naming what
-    changed. A missing value (None) in a kept column is an error naming the column and row
-    (``nulls="skip"``: such rows are left out, counted in the state and logged per epoch); a
-    damaged file is an error naming the file. What it cannot do, unlike the eager source:
+    ``split_dataset_by_node``), key filtering, the same numpy records as
+    :class:`HFEagerSource`, and a seeded shuffle: ``shuffle_buffer=B`` serves each window of
+    ``B`` consecutive rows of this host's stream in a permutation of its own, new every epoch
+    (like Grain's ``WindowShuffleIterDataset``; a row never leaves its window).
+    The iterator's state is a position: the ``IterableDataset``'s ``state_dict`` at the
+    window's start (as a JSON string) and the outputs of the window already passed, so it
+    resumes mid-epoch exactly by re-reading at most one window; its shape never changes, so
+    Grain's ``assert_equal_output_after_checkpoint`` holds. The state also names the data and
+    config it belongs to (each file's size and a digest of its first and last MiB, columns,
+    tokenizer, shuffle buffer, seed, shard, worker slice): ``set_state`` refuses a state from
+    other files or another config, naming what changed. A missing value (None) in a kept
+    column is an error naming the column and row (``nulls="skip"``: such rows are left out,
+    counted in the state and logged per epoch); a damaged file is an error naming the file.
+
+    Under Grain workers (``.dataset().mp_prefetch(...)``) worker ``i`` of ``W`` serves output
+    rows ``i, i + W, ...``, and Grain interleaves the workers in turn, so the stream is the
+    same row for row as in one process, shuffled or not, for any ``W``; each worker's state
+    is in ``mp_prefetch``'s and restores exactly with the same ``W``. Each worker reads every
+    row but converts and tokenizes only its own: workers split the per-row work, not the
+    file reading. ``mp_prefetch(sequential_slice=True)`` is refused (a stream's length is
+    unknown). Stateful steps after the source (packing, filters) see each worker's rows
+    separately, as Grain warns for any source. What it cannot do, unlike the eager source:
     random access, a global order independent of the number of hosts, and restoring on
-    another host count (its position is per host); and its state grows with
-    ``shuffle_buffer``. The file digest samples each file's ends, so an edit in the middle
-    of a file that keeps its size goes unseen.
+    another host count (its position is per host). The file digest samples each file's
+    ends, so an edit in the middle of a file that keeps its size goes unseen.
 
     >>> import tempfile, os, pyarrow as pa, pyarrow.parquet as pq
     >>> path = os.path.join(tempfile.mkdtemp(), "s.parquet")
@@ -89,6 +102,11 @@ class HFStreamingSource:
         self.files = [data_files] if isinstance(data_files, str) else list(data_files)
         self.kind = file_kind(self.files)
         self.shuffle_buffer = int(shuffle_buffer)
+        if self.shuffle_buffer < 0:
+            raise ValueError(
+                f"shuffle_buffer={shuffle_buffer!r} must be >= 0 (0: the files' order; B: each "
+                "window of B rows shuffled)"
+            )
         self.seed = int(seed)
         self.shard = (int(shard[0]), int(shard[1]))
         self.include_keys = list(include_keys) if include_keys is not None else None
@@ -100,6 +118,7 @@ class HFStreamingSource:
             columns=self.kept, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
         )
         self._identity: dict[str, Any] | None = None
+        make_grain_workers_usable()  # a user's own mp_prefetch workers start
 
     def columns(self) -> list[str]:
         """The kept columns, from the files' schema (an error names unknown keys)."""
@@ -170,59 +189,91 @@ class HFStreamingSource:
         return ds  # shuffled by the iterator's own (checkpointed) buffer
 
     def dataset(self, *, num_epochs: int | None = 1) -> Any:
-        """A ``grain.IterDataset`` over the stream (``num_epochs=None``: endless)."""
-        source = self
-
-        class _Stream(grain.IterDataset):
-            def __iter__(self) -> Any:
-                return _StreamIterator(source, num_epochs)
-
-            def __str__(self) -> str:
-                return f"HFStreamingSource({len(source.files)} files, shard={source.shard})"
-
-        return _Stream()
+        """A ``grain.IterDataset`` over the stream (``num_epochs=None``: endless); under
+        ``.mp_prefetch(...)`` each Grain worker serves its own rows (see the class doc)."""
+        return _Stream(self, num_epochs)
 
 
-def _to_json(value: Any) -> Any:
-    """A record (nested dicts of arrays) as JSON: each array as [dtype, shape, values]."""
-    if isinstance(value, dict):
-        return {k: _to_json(v) for k, v in value.items()}
-    return [value.dtype.str, list(value.shape), value.tolist()]
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _from_json(v) for k, v in value.items()}
-    dtype, shape, values = value
-    return np.asarray(values, dtype=np.dtype(dtype)).reshape(shape)
-
-
-class _StreamIterator(grain.DatasetIterator):
-    """Grain iterator over an HF stream, with its own seeded shuffle buffer.
-
-    HF's own shuffle buffer is not part of its ``state_dict``: the buffered examples would be
-    lost on a restore. Here the stream is read in order (HF's state is then exact) and the
-    buffer, with its RNG state, is part of the iterator state, so a restore continues exactly.
-    """
+class _Stream(grain.IterDataset):
+    """The stream as a Grain ``IterDataset``; Grain's worker slicing hook (``set_slice``, the
+    ``SupportsInPlaceSlicing`` protocol ``mp_prefetch`` uses) picks the rows one worker serves:
+    rows ``start, start + step, ...`` of this host's output stream."""
 
     def __init__(self, source: HFStreamingSource, num_epochs: int | None) -> None:
         super().__init__()
+        self.source = source
+        self.num_epochs = num_epochs
+        self.worker_slice = (0, 1)  # (start, step) over the output positions
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Serve only the output positions ``sl`` selects (Grain calls this in each worker
+        with ``slice(i, None, num_workers)``); slices of slices compose."""
+        if sequential_slice:
+            raise ValueError(
+                f"{_WHAT} cannot take mp_prefetch(sequential_slice=True): a worker's contiguous "
+                "part needs the stream's length, which a stream only knows once read; use "
+                "mp_prefetch(sequential_slice=False) (the default: worker i serves rows i, "
+                "i + num_workers, ..., in the same order as one process)"
+            )
+        first = 0 if sl.start is None else sl.start
+        every = 1 if sl.step is None else sl.step
+        if sl.stop is not None or first < 0 or every < 1:
+            raise ValueError(
+                f"{_WHAT} streams can be sliced as slice(start, None, step) with start >= 0 and "
+                f"step >= 1 (Grain's worker slices), not {sl!r}"
+            )
+        start, step = self.worker_slice
+        self.worker_slice = (start + first * step, step * every)
+
+    def __iter__(self) -> Any:
+        return _StreamIterator(self.source, self.num_epochs, self.worker_slice)
+
+    def __str__(self) -> str:
+        files, (start, step) = len(self.source.files), self.worker_slice
+        return f"HFStreamingSource({files} files, shard={self.source.shard}, rows {start}::{step})"
+
+
+class _StreamIterator(grain.DatasetIterator):
+    """Grain iterator over an HF stream, shuffled in windows of ``shuffle_buffer`` rows.
+
+    The stream is read in order (HF's ``state_dict`` is then exact) in windows; each window's
+    rows are served in a permutation seeded by (seed, epoch, window), so output position ``g``
+    of the stream is a pure function of the data and config. A worker serving the positions of
+    its slice reads every row but converts (tokenizes) only its own. The state is the HF
+    position at the window's start and the number of its outputs passed: a restore re-reads
+    at most one window, and the state's shape never changes.
+    """
+
+    def __init__(
+        self, source: HFStreamingSource, num_epochs: int | None, worker_slice: tuple[int, int]
+    ) -> None:
+        super().__init__()
         self._source = source
         self._num_epochs = num_epochs
+        self._start, self._step = worker_slice
+        self._identity = {**source.identity(), "worker_slice": [self._start, self._step]}
+        self._size = max(1, source.shuffle_buffer)
         self._epoch = 0
-        self._restored_mid_epoch = False
+        self._kept_at = 0  # output positions (kept rows, all epochs) before the window
         self._start_epoch()
 
     def _start_epoch(self) -> None:
         self._ds = self._source.build()
         self._it: Any = None
-        self._buffer: list[dict[str, np.ndarray]] = []
-        self._rng = np.random.default_rng([self._source.seed, self._epoch])
-        self._drained = False
-        self._served = 0  # rows this epoch: an epoch of none would loop forever
         self._pulled = 0  # rows read from the files this epoch (named by null errors)
         self._skipped = 0  # of which left out for a missing value (nulls="skip")
-        self._loaded: Any = None  # HF state restored but not yet iterated from
+        self._begin_window(0)
+
+    def _begin_window(self, index: int) -> None:
+        self._window_index = index
+        self._window: list[tuple[int, dict[str, Any]]] | None = None  # read on demand
+        self._order: Any = None
+        self._offset = 0  # outputs of this window passed (served, or another worker's)
+        self._rows_at, self._skipped_at = self._pulled, self._skipped
+        self._window_hf = self._ds.state_dict()
+
+    def _mine(self, position: int) -> bool:
+        return position >= self._start and (position - self._start) % self._step == 0
 
     def _next_row(self) -> dict[str, Any]:
         try:
@@ -232,87 +283,117 @@ class _StreamIterator(grain.DatasetIterator):
         except read_errors() as e:
             raise unreadable(self._source.files, self._source.kind, e) from None
 
-    def _fill(self) -> None:
+    def _read_window(self) -> None:
         if self._it is None:
             self._it = iter(self._ds)
-            self._loaded = None
-        size = max(1, self._source.shuffle_buffer)
-        while not self._drained and len(self._buffer) < size:
+        skip = self._source.nulls == "skip"  # a left-out row moves every later row's position
+        rows: list[tuple[int, dict[str, Any]]] = []
+        while len(rows) < self._size:
             try:
                 row = self._next_row()
             except StopIteration:
-                self._drained = True
                 break
-            null = self._source.has_null(row, self._pulled, self._epoch)
+            index = self._pulled
             self._pulled += 1
-            if null:
+            if skip and self._source.has_null(row, index, self._epoch):
                 self._skipped += 1
                 continue
-            self._buffer.append(self._source.record(row))
+            rows.append((index, row))
+        self._window = rows
+        if len(rows) > 1:
+            seed = [self._source.seed, self._epoch, self._window_index]
+            self._order = np.random.default_rng(seed).permutation(len(rows))
+        else:
+            self._order = range(len(rows))
+        if self._offset > len(rows):
+            raise ValueError(
+                _edited(f"'offset' is {self._offset}, past its window's {len(rows)} rows")
+            )
+
+    def _pass_others(self) -> None:
+        """Step over the window's outputs that other workers serve; at its end, start the next
+        window (so a state taken here restores without re-reading this one)."""
+        assert self._window is not None
+        while self._offset < len(self._window) and not self._mine(self._kept_at + self._offset):
+            self._offset += 1
+        if self._offset == len(self._window) and self._window:
+            self._kept_at += len(self._window)
+            self._begin_window(self._window_index + 1)
 
     def __next__(self) -> dict[str, np.ndarray]:
         while True:
             if self._num_epochs is not None and self._epoch >= self._num_epochs:
                 raise StopIteration
-            self._fill()
-            if self._buffer:
-                pick = int(self._rng.integers(len(self._buffer))) if len(self._buffer) > 1 else 0
-                self._buffer[pick], self._buffer[-1] = self._buffer[-1], self._buffer[pick]
-                self._served += 1
-                return self._buffer.pop()
-            if self._served == 0 and not self._restored_mid_epoch:
-                raise ValueError(
-                    f"{self._source.files} give this host no rows (shard={self._source.shard}): "
-                    "an epoch would be empty; use fewer hosts than files' rows, or more data"
-                )
-            if self._skipped:
-                logger.warning(
-                    "HFStreamingSource(nulls='skip') left out %d of %d rows of epoch %d "
-                    "(shard=%s): they have a missing value (None)",
-                    self._skipped,
-                    self._pulled,
-                    self._epoch,
-                    self._source.shard,
-                )
-            self._epoch += 1
-            self._restored_mid_epoch = False
-            self._start_epoch()
+            if self._window is None:
+                self._read_window()
+                self._pass_others()
+            if self._window:
+                index, row = self._window[self._order[self._offset]]
+                self._offset += 1
+                self._pass_others()
+                if self._source.nulls == "error":  # "skip" left such rows out when read
+                    self._source.has_null(row, index, self._epoch)  # raises on a None
+                return self._source.record(row)
+            if self._window is not None:  # an empty window: the epoch is over
+                self._end_epoch()
+
+    def _end_epoch(self) -> None:
+        if self._pulled == self._skipped:
+            left_out = f" (all {self._pulled} left out: nulls='skip')" if self._skipped else ""
+            raise ValueError(
+                f"{self._source.files} give this host no rows{left_out} "
+                f"(shard={self._source.shard}): an epoch would be empty; use fewer hosts than "
+                "files' rows, or more data"
+            )
+        if self._skipped and self._start == 0:  # every worker counts them: one logs
+            logger.warning(
+                "HFStreamingSource(nulls='skip') left out %d of %d rows of epoch %d "
+                "(shard=%s): they have a missing value (None)",
+                self._skipped,
+                self._pulled,
+                self._epoch,
+                self._source.shard,
+            )
+        self._epoch += 1
+        self._start_epoch()
 
     def get_state(self) -> dict[str, Any]:
         return {
-            "identity": self._source.identity(),
+            "identity": self._identity,
             "state": {
                 "epoch": self._epoch,
-                # right after set_state HF reports its epoch start until it is iterated again
-                "hf": self._loaded if self._loaded is not None else self._ds.state_dict(),
-                "buffer": [_to_json(r) for r in self._buffer],
-                "rng": self._rng.bit_generator.state,
-                "drained": self._drained,
-                "rows": self._pulled,
-                "skipped": self._skipped,
+                "window": self._window_index,
+                "offset": self._offset,
+                "hf": json.dumps(self._window_hf),  # a string: HF's dict changes shape
+                "rows": self._rows_at,
+                "skipped": self._skipped_at,
+                "kept": self._kept_at,
             },
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         saved, inner = split_state(state, what=_WHAT)
-        check_identity(saved, self._source.identity(), what=_WHAT)
+        check_identity(saved, self._identity, what=_WHAT)
         _check_inner(inner)
+        if inner["offset"] >= self._size or inner["skipped"] > inner["rows"]:
+            raise ValueError(
+                _edited(
+                    f"'offset' {inner['offset']} must be below the window size {self._size} "
+                    f"and 'skipped' {inner['skipped']} at most 'rows' {inner['rows']}"
+                )
+            )
         self._epoch = inner["epoch"]
         self._start_epoch()
         try:
-            buffer = [_from_json(r) for r in inner["buffer"]]
-            self._rng.bit_generator.state = inner["rng"]
-            self._ds.load_state_dict(inner["hf"])
-        except (TypeError, ValueError, KeyError) as e:
-            raise ValueError(
-                _edited(f"its buffer, rng or hf position does not load ({e})")
-            ) from None
-        self._loaded = inner["hf"]
-        self._restored_mid_epoch = True  # rows of this epoch may all have been served already
-        self._buffer = buffer
-        self._drained = inner["drained"]
-        self._pulled = inner["rows"]
-        self._skipped = inner["skipped"]
+            hf = json.loads(inner["hf"])
+            self._ds.load_state_dict(hf)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ValueError(_edited(f"its hf position does not load ({e!r})")) from None
+        self._pulled, self._skipped = inner["rows"], inner["skipped"]
+        self._kept_at = inner["kept"]
+        self._begin_window(inner["window"])
+        self._window_hf = hf
+        self._offset = inner["offset"]
 
 
 def _edited(problem: str) -> str:
@@ -324,12 +405,12 @@ def _edited(problem: str) -> str:
 
 _STATE_TYPES: dict[str, tuple[type, ...]] = {
     "epoch": (int,),
-    "hf": (dict,),
-    "buffer": (list,),
-    "rng": (dict,),
-    "drained": (bool,),
+    "window": (int,),
+    "offset": (int,),
+    "hf": (str,),
     "rows": (int,),
     "skipped": (int,),
+    "kept": (int,),
 }
 
 

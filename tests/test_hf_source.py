@@ -535,7 +535,16 @@ def test_streaming_restore_refuses_other_files_and_config_naming_the_change(
     parquet_files, tmp_path
 ):
     state = _streamed_state(parquet_files)
-    assert set(state) == {"identity", "state"} and state["state"]["rows"] == 37
+    assert set(state) == {"identity", "state"} and state["identity"]["worker_slice"] == [0, 1]
+    # 30 rows served: windows of 8, so window 3 is 6 rows in; its start is stored, not rows
+    assert {k: v for k, v in state["state"].items() if k != "hf"} == {
+        "epoch": 0,
+        "window": 3,
+        "offset": 6,
+        "rows": 24,
+        "skipped": 0,
+        "kept": 24,
+    }
     other = str(tmp_path / "other.parquet")
     pq.write_table(pa.table({"x": list(range(500, 600)), "y": ["t"] * 100}), other)
 
@@ -620,27 +629,37 @@ def test_streaming_state_restores_on_a_byte_identical_copy(parquet_files, tmp_pa
             lambda s: {**s, "state": {**s["state"], "epoch": True}},
             r"'epoch' is True, expected an int >= 0",
         ),
-        (lambda s: {**s, "state": {**s["state"], "drained": 1}}, r"'drained' is 1, expected bool"),
+        (lambda s: {**s, "state": {**s["state"], "hf": {}}}, r"'hf' is \{\}, expected str"),
         (
-            lambda s: {**s, "state": {k: v for k, v in s["state"].items() if k != "rng"}},
-            r"its 'state' has keys \['buffer', 'drained', 'epoch', 'hf', 'rows', 'skipped'\], "
-            r"expected \['buffer', 'drained', 'epoch', 'hf', 'rng', 'rows', 'skipped'\]",
+            lambda s: {**s, "state": {k: v for k, v in s["state"].items() if k != "kept"}},
+            r"its 'state' has keys \['epoch', 'hf', 'offset', 'rows', 'skipped', 'window'\], "
+            r"expected \['epoch', 'hf', 'kept', 'offset', 'rows', 'skipped', 'window'\]",
         ),
         (
-            lambda s: {**s, "state": {**s["state"], "buffer": [[1, 2]]}},
-            r"its buffer, rng or hf position does not load",
+            lambda s: {**s, "state": {**s["state"], "hf": "[1, 2"}},
+            r"its hf position does not load \(JSONDecodeError",
+        ),
+        (
+            lambda s: {**s, "state": {**s["state"], "offset": 8}},
+            r"'offset' 8 must be below the window size 8 and 'skipped' 0 at most 'rows' 24",
         ),
         (lambda s: {**s, "identity": "abc"}, r"its identity is 'abc', not a dict"),
+        (
+            lambda s: {**s, "identity": {**s["identity"], "worker_slice": [1, 2]}},
+            r"its data or config changed \(worker_slice: saved \[1, 2\] -> now \[0, 1\]\)",
+        ),
     ],
     ids=[
         "inner-only",
         "epoch-str",
         "rows-negative",
         "epoch-bool",
-        "drained-int",
+        "hf-dict",
         "missing-key",
-        "buffer",
+        "hf-not-json",
+        "offset-past-window",
         "identity",
+        "other-worker",
     ],
 )
 def test_streaming_hand_edited_states_are_refused(parquet_files, edit, message):
