@@ -36,6 +36,8 @@ from grain_rox._digest import (
     file_changed,
     stat_key,
 )
+from grain_rox._grain_setup import make_grain_workers_usable
+from grain_rox._order import record_index
 
 READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 PathsSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -147,6 +149,7 @@ class ArrayRecordSource(BatchesMixin):
         shape: Sequence[int] | None = None,
         encoding: Literal["raw", "npy"] = "raw",
     ) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch / DataLoader workers start
         if encoding not in ("raw", "npy"):
             raise ValueError(f"encoding={encoding!r}; use 'raw' (array bytes) or 'npy'")
         if encoding == "raw" and dtype is None:
@@ -330,7 +333,9 @@ class ArrayRecordSource(BatchesMixin):
         return f"{self.files[where[0]]}: record {where[1]}"
 
     def __getitem__(self, index: int) -> np.ndarray:
-        ((record, where),) = self._read([int(index)], recheck_after=0.1)
+        ((record, where),) = self._read(
+            [record_index(index, len(self), "record")], recheck_after=0.1
+        )
         return self._decode(record, where)
 
     def _getitems(self, indices: Sequence[int]) -> list[np.ndarray]:

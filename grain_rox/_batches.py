@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import grain
 import numpy as np
 
+from grain_rox._grain_setup import make_grain_workers_usable
 from grain_rox._identity import (
     IdentifiedIterDataset,
     IdentifiedMapDataset,
@@ -29,7 +30,7 @@ from grain_rox._identity import (
     check_identity,
     split_state,
 )
-from grain_rox._order import FeistelPermutation, derive_key
+from grain_rox._order import FeistelPermutation, derive_key, seed_arg
 
 
 class BatchReadable(Protocol):
@@ -62,6 +63,7 @@ class BatchSource:
         num_epochs: int | None,
         shard: tuple[int, int],
     ) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch / DataLoader workers start
         index, count = int(shard[0]), int(shard[1])
         if batch_size < 1 or batch_size > len(source):
             raise ValueError(
@@ -78,7 +80,7 @@ class BatchSource:
             raise ValueError(f"num_epochs={num_epochs} must be >= 1, or None / -1 for endless")
         self.source = source
         self.batch_size = int(batch_size)
-        self.seed = int(seed)
+        self.seed = seed_arg(seed, where="batches()")
         self.shuffle = bool(shuffle)
         self.num_epochs = num_epochs
         self.shard = (index, count)

@@ -27,6 +27,8 @@ from grain_rox._digest import (
     file_changed,
     stat_key,
 )
+from grain_rox._grain_setup import make_grain_workers_usable
+from grain_rox._order import record_index
 
 ArraySpec = str | os.PathLike[str] | np.ndarray
 
@@ -118,6 +120,7 @@ class NumpySource(BatchesMixin):
     """
 
     def __init__(self, arrays: ArraySpec | Mapping[str, ArraySpec]) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch / DataLoader workers start
         self._single = not isinstance(arrays, Mapping)
         specs: dict[str, ArraySpec] = dict(arrays) if isinstance(arrays, Mapping) else {"": arrays}
         if not specs:
@@ -269,10 +272,7 @@ class NumpySource(BatchesMixin):
         return {k: np.asarray(self._array(k, recheck_after=wait)[rows]) for k in self.shapes}
 
     def __getitem__(self, index: int) -> Any:
-        index = int(index)
-        if not 0 <= index < self._num_rows:
-            raise IndexError(f"row {index} is out of range for {self._num_rows} rows")
-        return self._pick(index)
+        return self._pick(record_index(index, self._num_rows, "row"))
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> Any:
         """Rows ``indices`` stacked: one gather per array."""

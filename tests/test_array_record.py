@@ -56,8 +56,10 @@ def test_token_documents_across_files_globs_and_lists(tmp_path, options):
     assert len(pickle.dumps(src)) < 2_000 and repr(clone) == repr(src)
     assert np.array_equal(clone[77], docs[77])
     assert "2 files, 150 records, uint16, documents" in repr(src)
-    with pytest.raises(IndexError, match=r"records \[150\] are out of range for 150 records"):
+    with pytest.raises(IndexError, match=r"^record 150 is out of range for 150 records"):
         src[150]
+    with pytest.raises(IndexError, match=r"records \[150\] are out of range for 150 records"):
+        src._getitems([0, 150])
 
 
 def test_fixed_shape_rows_as_loaderx_writes_them(tmp_path):
@@ -65,6 +67,9 @@ def test_fixed_shape_rows_as_loaderx_writes_them(tmp_path):
     path = write_records(tmp_path / "train_data.ar", rows, "group_size:1,zstd")
     src = ArrayRecordSource(path, dtype=np.int32, shape=(3, 4))
     assert np.array_equal(src[5], rows[5])
+    assert np.array_equal(src[-1], rows[63]) and np.array_equal(src[np.int32(-64)], rows[0])
+    with pytest.raises(IndexError, match=r"^record 64 is out of range for 64 records"):
+        src[64]
     assert np.array_equal(src.get_batch([7, 0, 63]), rows[[7, 0, 63]])
     ds = src.batches(16, seed=2, num_epochs=-1)
     epoch = np.concatenate([ds[i] for i in range(4)])

@@ -41,6 +41,27 @@ def test_rows_and_batches_are_the_files_rows(npy_pair):
         src.get_batch([1, 100])
 
 
+def test_indices_follow_python_and_grain_map_datasets(npy_pair):
+    xp, _, data, _ = npy_pair
+    src = NumpySource(xp)
+    assert np.array_equal(src[-1], data[99]) and np.array_equal(src[np.int64(-100)], data[0])
+    with pytest.raises(
+        IndexError, match=r"^row 100 is out of range for 100 rows \(valid: -100 to 99\)$"
+    ):
+        src[100]
+    with pytest.raises(IndexError, match=r"^row -101 is out of range"):
+        src[-101]
+    with pytest.raises(TypeError, match="row index True is a bool; pass an int"):
+        src[True]
+
+
+def test_batches_need_a_seed(npy_pair):
+    with pytest.raises(
+        ValueError, match=r"^batches\(\): seed=None; the order is a function of the seed"
+    ):
+        NumpySource(npy_pair[0]).batches(10, seed=None)
+
+
 def test_pickles_paths_not_data_and_has_a_content_repr(npy_pair):
     xp, yp, _, _ = npy_pair
     src = NumpySource({"x": xp, "y": yp})
