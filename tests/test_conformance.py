@@ -1,0 +1,432 @@
+"""Every source and iterator grain_rox offers, through the same Grain conformance checks
+(``grain_rox.testing``). A new source is one line in ``SOURCES``, a new dataset or iterator
+one line in ``DATASETS``; it then gets every check. A known defect is an entry in ``KNOWN``
+(a strict xfail naming it: the fix turns it into a failure until the entry goes).
+
+Factories are module-level functions of the data directory (``functools.partial`` of them in
+the tables), so a fresh interpreter can rebuild the same object. The checks that need other
+processes (fresh interpreters, Grain workers) are marked slow; they share one fresh
+interpreter (two for the repr) for the whole module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import grain
+import numpy as np
+import pytest
+from array_record.python.array_record_module import ArrayRecordWriter
+
+from grain_rox import (
+    ArrayRecordSource,
+    HFEagerSource,
+    HFStreamingSource,
+    MultiHostDataLoadIterator,
+    NumpySource,
+    RoxBlockSource,
+    RoxDocumentSource,
+    RoxTokenSource,
+    TokenPipeline,
+    mix_datasets,
+    pack_documents,
+    testing,
+    write_rox,
+)
+
+datasets = pytest.importorskip("datasets")
+pq = pytest.importorskip("pyarrow.parquet")
+pa = pytest.importorskip("pyarrow")
+
+
+# ---- the data, one sub-directory per kind (copied whole by the repr check) ------------------
+def build_data(root: str) -> None:
+    rng = np.random.default_rng(12)
+    os.makedirs(f"{root}/rox")
+    for name, first in (("a", 1), ("b", 3000)):
+        docs = [first + rng.integers(0, 500, n).astype(np.uint16) for n in (90, 130, 40, 210, 75)]
+        write_rox(docs, f"{root}/rox/{name}.rox", separator=0, block_size=64)
+    os.makedirs(f"{root}/npy")
+    np.save(f"{root}/npy/x.npy", np.arange(120, dtype=np.int32).reshape(40, 3))
+    np.save(f"{root}/npy/y.npy", np.arange(40, dtype=np.int64) % 7)
+    os.makedirs(f"{root}/ar")
+    writer = ArrayRecordWriter(f"{root}/ar/docs.array_record", "group_size:1")
+    for n in (5, 9, 3, 12, 7, 1, 8, 4, 6, 10, 2, 11):
+        writer.write(rng.integers(1, 900, n).astype(np.uint16).tobytes())
+    writer.close()
+    writer = ArrayRecordWriter(f"{root}/ar/rows.array_record", "group_size:1")
+    for i in range(24):
+        writer.write((np.arange(3, dtype=np.int32) + 10 * i).tobytes())
+    writer.close()
+    table = {"ids": [[i, i + 1, i + 2] for i in range(20)], "label": list(range(20))}
+    os.makedirs(f"{root}/hf")
+    with open(f"{root}/hf/table.json", "w") as f:
+        json.dump(table, f)
+    datasets.Dataset.from_dict(table).save_to_disk(f"{root}/hf/saved")
+    os.makedirs(f"{root}/stream")
+    for i in range(2):
+        rows = {"x": list(range(i * 10, i * 10 + 10)), "ids": [[j, j] for j in range(10)]}
+        pq.write_table(pa.table(rows), f"{root}/stream/part{i}.parquet")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("conformance"))
+    build_data(path)
+    return path
+
+
+# ---- sources: directory -> source ----------------------------------------------------------
+def rox_tokens(d: str) -> Any:
+    return RoxTokenSource(f"{d}/a.rox", seq_len=16)
+
+
+def rox_blocks(d: str) -> Any:
+    return RoxBlockSource([f"{d}/a.rox", f"{d}/b.rox"])
+
+
+def rox_documents(d: str) -> Any:
+    return RoxDocumentSource(f"{d}/a.rox", seq_len=64)
+
+
+def pipeline(d: str, **kwargs: Any) -> TokenPipeline:
+    sources = {"a": f"{d}/a.rox", "b": f"{d}/b.rox"}
+    config = {"seq_len": 16, "global_batch_size": 4, "seed": 1, "weights": {"a": 0.7, "b": 0.3}}
+    return TokenPipeline(sources, **(config | kwargs))
+
+
+def batch_source(d: str, endless: bool = False) -> Any:
+    if endless:  # a mixture of two sources
+        return pipeline(d).batch_source()
+    return TokenPipeline(f"{d}/a.rox", seq_len=16, global_batch_size=4, num_epochs=1).batch_source()
+
+
+def npy_dict(d: str) -> Any:
+    return NumpySource({"x": f"{d}/x.npy", "y": f"{d}/y.npy"})
+
+
+def npy_array(d: str) -> Any:
+    return NumpySource(np.load(f"{d}/x.npy"))
+
+
+def ar_docs(d: str) -> Any:
+    return ArrayRecordSource(f"{d}/docs.array_record", dtype=np.uint16)
+
+
+def ar_rows(d: str) -> Any:
+    return ArrayRecordSource(f"{d}/rows.array_record", dtype=np.int32, shape=(3,))
+
+
+def hf_saved(d: str) -> Any:
+    return HFEagerSource(f"{d}/saved")
+
+
+def hf_in_memory(d: str) -> Any:
+    with open(f"{d}/table.json") as f:
+        return HFEagerSource(data=json.load(f))
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    make: Callable[[str], Any]
+    data: str  # its sub-directory of the data
+    batch_size: int | None = 2  # DataLoader batches (None: ragged records, unbatched)
+
+
+SOURCES = {
+    "RoxTokenSource": Source(rox_tokens, "rox"),
+    "RoxBlockSource": Source(rox_blocks, "rox"),
+    "RoxDocumentSource": Source(rox_documents, "rox", batch_size=None),
+    "GlobalBatchSource": Source(batch_source, "rox", batch_size=None),
+    "GlobalBatchSource(endless)": Source(
+        functools.partial(batch_source, endless=True), "rox", batch_size=None
+    ),
+    "NumpySource(files)": Source(npy_dict, "npy"),
+    "NumpySource(array)": Source(npy_array, "npy"),
+    "ArrayRecordSource(documents)": Source(ar_docs, "ar", batch_size=None),
+    "ArrayRecordSource(rows)": Source(ar_rows, "ar"),
+    "HFEagerSource(saved)": Source(hf_saved, "hf"),
+    "HFEagerSource(in memory)": Source(hf_in_memory, "hf"),
+}
+
+
+# ---- datasets and iterators: data root -> iterable --------------------------------------------
+def pipeline_map(r: str) -> Any:
+    return pipeline(f"{r}/rox").map_dataset()
+
+
+def pipeline_iter(r: str) -> Any:
+    return pipeline(f"{r}/rox").iter_dataset()
+
+
+def npy_batches(r: str) -> Any:
+    return npy_dict(f"{r}/npy").batches(8, seed=2, num_epochs=2)
+
+
+def ar_batches(r: str) -> Any:
+    return ar_rows(f"{r}/ar").batches(4, seed=3)
+
+
+def hf_batches(r: str) -> Any:
+    return hf_saved(f"{r}/hf").batches(4, seed=4, num_epochs=2)
+
+
+def mixture(r: str) -> Any:
+    parts = {
+        "a": grain.MapDataset.source(rox_tokens(f"{r}/rox")),
+        "b": grain.MapDataset.source(RoxTokenSource(f"{r}/rox/b.rox", seq_len=16)),
+    }
+    return mix_datasets(parts, {"a": 0.7, "b": 0.3}, seed=5, length=12)
+
+
+def packed(r: str) -> Any:
+    return pack_documents(rox_documents(f"{r}/rox"), seq_len=32, batch_size=2, num_epochs=1)
+
+
+def packed_ar(r: str) -> Any:
+    return pack_documents(ar_docs(f"{r}/ar"), seq_len=8, batch_size=2, num_epochs=1, seed=6)
+
+
+def stream(r: str, shuffle_buffer: int = 4) -> Any:
+    files = [f"{r}/stream/part{i}.parquet" for i in range(2)]
+    return HFStreamingSource(files, shuffle_buffer=shuffle_buffer, seed=7).dataset()
+
+
+def device_pipeline(r: str) -> Any:
+    pipe = pipeline(f"{r}/rox", global_batch_size=8)  # one row per device
+    return testing.iterators(lambda: MultiHostDataLoadIterator(pipe))
+
+
+def device_batches(r: str) -> Any:
+    def make() -> Any:
+        ds = npy_dict(f"{r}/npy").batches(8, seed=2).to_iter_dataset(grain.ReadOptions())
+        return MultiHostDataLoadIterator(ds)
+
+    return testing.iterators(make)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    make: Callable[[str], Any]
+    max_elements: int | None = None  # a bound for endless (or long) ones
+    workers: bool = True  # a Grain dataset that mp_prefetch applies to
+    random_access: bool = False  # a MapDataset: its elements are read by index too
+
+
+DATASETS = {
+    "TokenPipeline.map_dataset": Dataset(pipeline_map, max_elements=5, random_access=True),
+    "TokenPipeline.iter_dataset": Dataset(pipeline_iter, max_elements=5),
+    "NumpySource.batches": Dataset(npy_batches, random_access=True),
+    "ArrayRecordSource.batches": Dataset(ar_batches, random_access=True),
+    "HFEagerSource.batches": Dataset(hf_batches, random_access=True),
+    "mix_datasets": Dataset(mixture, random_access=True),
+    "pack_documents(RoxDocumentSource)": Dataset(packed, max_elements=8),
+    "pack_documents(ArrayRecordSource)": Dataset(packed_ar),
+    "HFStreamingSource.dataset": Dataset(stream),
+    "HFStreamingSource.dataset(no shuffle)": Dataset(functools.partial(stream, shuffle_buffer=0)),
+    "MultiHostDataLoadIterator(TokenPipeline)": Dataset(
+        device_pipeline, max_elements=4, workers=False
+    ),
+    "MultiHostDataLoadIterator(.batches())": Dataset(device_batches, workers=False),
+}
+
+# (row, check) -> the defect that makes it fail today: a strict xfail until fixed.
+_INDEX = (
+    "{0}[-1] is an IndexError ('{1} -1 is out of range') where the Rox sources and Grain's "
+    "MapDataset count from the end, and {0}[1.0] returns record 1 (a float is not an index)"
+)
+KNOWN: dict[tuple[str, str], str] = {
+    ("NumpySource(files)", "protocol"): _INDEX.format("NumpySource", "row"),
+    ("NumpySource(array)", "protocol"): _INDEX.format("NumpySource", "row"),
+    ("ArrayRecordSource(documents)", "protocol"): _INDEX.format("ArrayRecordSource", "records"),
+    ("ArrayRecordSource(rows)", "protocol"): _INDEX.format("ArrayRecordSource", "records"),
+    ("HFEagerSource(saved)", "protocol"): _INDEX.format("HFEagerSource", "rows"),
+    ("HFEagerSource(in memory)", "protocol"): _INDEX.format("HFEagerSource", "rows"),
+    ("NumpySource(array)", "read_only"): (
+        "NumpySource(an in-memory array) returns writable views of the user's array: editing "
+        "a record in place changes the array and every later read"
+    ),
+}
+
+
+def cases(table: dict[str, Any], check: str, only: Callable[[Any], bool] = bool) -> list[Any]:
+    return [
+        pytest.param(name, id=name, marks=[pytest.mark.xfail(strict=True, reason=KNOWN[key])])
+        if (key := (name, check)) in KNOWN
+        else pytest.param(name, id=name)
+        for name, row in table.items()
+        if only(row)
+    ]
+
+
+def source_of(root: str, name: str) -> tuple[Source, str]:
+    row = SOURCES[name]
+    return row, f"{root}/{row.data}"
+
+
+# ---- fast checks -----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", cases(SOURCES, "protocol"))
+def test_random_access_protocol(root, name):
+    row, d = source_of(root, name)
+    testing.check_random_access_source(row.make(d))
+
+
+@pytest.mark.parametrize("name", cases(SOURCES, "pickle"))
+def test_pickles_small_without_handles(root, name):
+    row, d = source_of(root, name)
+    testing.check_pickle(row.make(d), max_bytes=16 * 1024)
+
+
+@pytest.mark.parametrize("name", cases(SOURCES, "read_only"))
+def test_source_records_are_read_only_or_independent(root, name):
+    row, d = source_of(root, name)
+    testing.check_read_only_records(row.make(d))
+
+
+@pytest.mark.parametrize("name", cases(DATASETS, "read_only", lambda row: row.random_access))
+def test_dataset_elements_are_read_only_or_independent(root, name):
+    testing.check_read_only_records(DATASETS[name].make(root))
+
+
+@pytest.mark.parametrize("name", cases(SOURCES, "checkpoint"))
+def test_source_through_grain_restores_at_every_step(root, name):
+    row, d = source_of(root, name)
+    ds = grain.MapDataset.source(row.make(d)).to_iter_dataset(grain.ReadOptions(num_threads=0))
+    testing.check_checkpoint_every_step(ds, max_elements=6)
+
+
+@pytest.mark.parametrize("name", cases(DATASETS, "checkpoint"))
+def test_dataset_restores_at_every_step(root, name):
+    row = DATASETS[name]
+    testing.check_checkpoint_every_step(row.make(root), max_elements=row.max_elements)
+
+
+# ---- slow checks: other interpreters and Grain worker processes ----------------------------
+@pytest.fixture(scope="module")
+def fresh():
+    with testing.FreshProcess() as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def another(fresh):
+    with testing.FreshProcess() as process:
+        yield process
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", cases(SOURCES, "repr"))
+def test_repr_is_stable_across_processes_and_data_copies(root, name, fresh, another):
+    row, d = source_of(root, name)
+    testing.check_stable_repr(row.make, data_dir=d, fresh=(fresh, another))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", cases(SOURCES, "data_loader"))
+def test_data_loader_with_workers_restores_in_a_fresh_process(root, name, fresh):
+    row, d = source_of(root, name)
+    testing.check_dataloader_restore_in_fresh_process(
+        functools.partial(row.make, d), batch_size=row.batch_size, fresh=fresh
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", cases(DATASETS, "orbax"))
+def test_orbax_roundtrip_in_a_fresh_process(root, name, fresh):
+    make = functools.partial(DATASETS[name].make, root)
+    testing.check_orbax_roundtrip(make, steps=2, read=2, fresh=fresh)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", cases(DATASETS, "mp_prefetch", lambda row: row.workers))
+def test_grain_workers_give_the_in_process_stream(root, name):
+    row = DATASETS[name]
+    testing.check_mp_prefetch_equal(row.make(root), workers=2, max_elements=row.max_elements)
+
+
+# ---- the checks catch what they are for ------------------------------------------------------
+class Flawed:
+    """A list-backed source with one switchable flaw."""
+
+    def __init__(self, flaw: str = "", path: str = "") -> None:
+        self.flaw, self.rows = flaw, [np.arange(3) + 10 * i for i in range(6)]
+        self.file = open(path, "rb") if flaw == "handle" else None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __repr__(self) -> str:
+        return f"Flawed({self.flaw!r}, pid={os.getpid()})" if self.flaw == "pid" else "Flawed()"
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if self.flaw == "wraps":
+            index %= len(self.rows)
+        elif not -len(self.rows) <= index < len(self.rows):
+            raise IndexError(f"row {index} is out of range")
+        row = self.rows[index]
+        return row if self.flaw == "shared" else row.copy()
+
+    def _getitems(self, indices: list[int]) -> list[np.ndarray]:
+        got = [self[i] for i in indices]
+        return got[::-1] if self.flaw == "getitems" else got
+
+
+def test_the_checks_fail_on_flawed_sources(tmp_path):
+    testing.check_random_access_source(Flawed())
+    testing.check_pickle(Flawed())
+    testing.check_read_only_records(Flawed())
+    with pytest.raises(AssertionError, match=r"^Flawed\[6\] \(len 6\) returned a record, not"):
+        testing.check_random_access_source(Flawed("wraps"))
+    with pytest.raises(AssertionError, match=r"^Flawed\._getitems\(\.\.\.\)\[5\]: values differ"):
+        testing.check_random_access_source(Flawed("getitems"))
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(AssertionError, match=r"^Flawed \(unread\) pickles open handles \['Buf"):
+        testing.check_pickle(Flawed("handle", str(tmp_path / "f")))
+    with pytest.raises(AssertionError, match="editing \\[\\] in place changed a new read"):
+        testing.check_read_only_records(Flawed("shared"))
+    mapped = np.lib.format.open_memmap(str(tmp_path / "m.npy"), "w+", np.int32, (4, 2))
+    with pytest.raises(AssertionError, match=r"pickles open handles \['memmap'\]"):
+        testing.check_pickle([mapped])
+
+
+class Forgetful:
+    """An iterable whose iterators restore the position but not the running sum."""
+
+    def __iter__(self) -> Any:
+        return ForgetfulIterator()
+
+
+class ForgetfulIterator:
+    def __init__(self) -> None:
+        self.i, self.total = 0, 0
+
+    def __next__(self) -> int:
+        if self.i == 4:
+            raise StopIteration
+        self.i, self.total = self.i + 1, self.total + self.i
+        return self.total
+
+    def get_state(self) -> dict[str, int]:
+        return {"i": self.i}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        self.i = state["i"]
+
+
+def test_the_checkpoint_check_fails_on_a_lost_state():
+    with pytest.raises(AssertionError, match="Restored values mismatch at step 2"):
+        testing.check_checkpoint_every_step(Forgetful())
+    testing.check_checkpoint_every_step(
+        testing.iterators(lambda: iter(grain.MapDataset.range(3).to_iter_dataset()))
+    )
+
+
+@pytest.mark.slow
+def test_the_repr_check_fails_on_a_process_dependent_repr():
+    with pytest.raises(AssertionError, match=r"^repr differs in fresh process 0 \(data None\)"):
+        testing.check_stable_repr(functools.partial(Flawed, "pid"), processes=1)
