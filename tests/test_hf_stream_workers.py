@@ -64,6 +64,20 @@ def test_grains_checkpoint_helper_holds_with_rows_left_out(tmp_path):
     served = [int(r["ids"][0]) for r in ds]
     kept = [i for i in range(13) if i % 4 != 1]
     assert sorted(served[:10]) == sorted(served[10:]) == kept
+    halves = []
+    for start in (0, 1):  # every worker reads every row: a left-out row shifts all the same
+        half = HFStreamingSource(str(path), nulls="skip", shuffle_buffer=3, seed=2)
+        half_ds = half.dataset(num_epochs=2)
+        half_ds.set_slice(slice(start, None, 2))
+        halves.append([int(r["ids"][0]) for r in half_ds])
+    assert [halves[g % 2][g // 2] for g in range(20)] == served
+    # nulls="error": the worker whose row it is stops, naming the row (rows 1, 5, 9: odd)
+    strict = [HFStreamingSource(str(path), include_keys=["ids"]).dataset() for _ in range(2)]
+    for start, one in enumerate(strict):
+        one.set_slice(slice(start, None, 2))
+    assert [int(r["ids"][0]) for r in strict[0]] == [0, 2, 4, 6, 8, 10, 12]
+    with pytest.raises(ValueError, match=r"column 'ids' has a missing value \(None\) in row 1 "):
+        next(iter(strict[1]))
 
 
 def sliced(files, start: int, step: int, **kwargs):
@@ -86,6 +100,10 @@ def test_worker_slices_interleaved_in_turn_are_the_one_process_stream(files, wor
     nested = sliced(files, 1, 2, **kwargs)
     nested.set_slice(slice(1, None, 2))  # rows 3, 7, ...: slices of slices compose
     assert rows(nested) == expected[3::4]
+    # a host's shard (HF's split_dataset_by_node, by rows for 3 files on 2 hosts) too
+    host = HFStreamingSource(files, shard=(1, 2), **kwargs).dataset(num_epochs=2)
+    grain.experimental.assert_equal_output_after_checkpoint(host)
+    assert sorted(rows(host)) == sorted(ALL[1::2] * 2)
 
 
 def test_slices_a_stream_cannot_take_are_refused(files):
