@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from grain_rox._batches import BatchesMixin
-from grain_rox._digest import facts_digest
+from grain_rox._digest import content_digest, facts_digest
 from grain_rox._grain_setup import make_grain_workers_usable
 from grain_rox._hf_checks import (
     check_nulls_arg,
@@ -65,6 +65,20 @@ def _memory_mapped(dataset: Any) -> bool:
         return isinstance(table, MemoryMappedTable)
 
     return mapped(dataset.data) and (dataset._indices is None or mapped(dataset._indices))
+
+
+def _chunk_layout(table: Any) -> list[list[int]] | None:
+    """(offset, length) of each Arrow chunk of ``table``'s first column: how a contiguous
+    ``select`` slices the mapped files (their content is digested separately)."""
+    if table is None or not table.num_columns:
+        return None
+    return [[chunk.offset, len(chunk)] for chunk in table.table.column(0).chunks]
+
+
+def _file_digest(path: str, *, share: int) -> str:
+    """Content digest of one Arrow file of a source (whole up to a budget, sampled beyond)."""
+    with open(path, "rb") as f:
+        return content_digest(f, path, share=share)
 
 
 def _dataset_from(spec: Any) -> Any:
@@ -238,9 +252,10 @@ class HFEagerSource(BatchesMixin):
         self.files = [f["filename"] for f in dataset.cache_files]
         self.features = {c: str(dataset.features[c]) for c in keep}
         self._num_rows = len(dataset)
-        # HF's own fingerprint follows the transforms (select, shuffle, ...) of a dataset on
-        # disk; a copy made here gets a fresh one each run, so it is left out for copies.
-        self._transforms = None if copied else dataset._fingerprint
+        # Which rows of the Arrow files are served (select/shuffle write an indices file,
+        # a contiguous select slices the table): content and layout, never paths, so a copy
+        # of the data in another directory is the same source and other data is not.
+        self._layout = [_chunk_layout(dataset.data), _chunk_layout(dataset._indices)]
         self._identity = self._fingerprint()
         self._lock = threading.Lock()
         self._dataset: Any = dataset.select_columns(keep).with_format("numpy")
@@ -255,12 +270,12 @@ class HFEagerSource(BatchesMixin):
         self._formatted_view: Any = None
 
     def _fingerprint(self) -> str:
-        facts = [[os.path.basename(f), os.path.getsize(f)] for f in self.files] + [
+        facts = [_file_digest(f, share=len(self.files)) for f in self.files] + [
             self._num_rows,
             self.columns,
             self.features,
             self.format.describe(),
-            self._transforms,
+            self._layout,
         ]
         if self.nulls == "skip":  # (facts of sources that refuse nulls are unchanged)
             facts.append({"nulls": "skip", "skipped": self.skipped_rows})
