@@ -688,6 +688,9 @@ def check_mp_prefetch_equal(ds: Any, *, workers: int = 2, max_elements: int | No
     """
     import grain
 
+    from grain_rox._grain_setup import make_grain_workers_usable
+
+    make_grain_workers_usable()  # Grain 0.2.18's absl trap, for datasets built without us
     ds = _iter_dataset(ds)
     expected = _take(iter(ds), max_elements)
     options = grain.MultiprocessingOptions(num_workers=workers)
@@ -716,6 +719,9 @@ def data_loader(
     """
     import grain
 
+    from grain_rox._grain_setup import make_grain_workers_usable
+
+    make_grain_workers_usable()  # Grain 0.2.18's absl trap, for sources built without us
     source = make_source()
     finite = len(source) < ENDLESS
     sampler = grain.samplers.IndexSampler(

@@ -136,6 +136,7 @@ class Source:
     make: Callable[[str], Any]
     data: str  # its sub-directory of the data
     batch_size: int | None = 2  # DataLoader batches (None: ragged records, unbatched)
+    workers: bool = True  # also through a DataLoader with 2 workers (~20 s: once per kind)
 
 
 SOURCES = {
@@ -144,11 +145,11 @@ SOURCES = {
     "RoxDocumentSource": Source(rox_documents, "rox", batch_size=None),
     "GlobalBatchSource": Source(batch_source, "rox", batch_size=None),
     "GlobalBatchSource(endless)": Source(
-        functools.partial(batch_source, endless=True), "rox", batch_size=None
+        functools.partial(batch_source, endless=True), "rox", batch_size=None, workers=False
     ),
     "NumpySource(files)": Source(npy_dict, "npy"),
     "NumpySource(array)": Source(npy_array, "npy"),
-    "ArrayRecordSource(documents)": Source(ar_docs, "ar", batch_size=None),
+    "ArrayRecordSource(documents)": Source(ar_docs, "ar", batch_size=None, workers=False),
     "ArrayRecordSource(rows)": Source(ar_rows, "ar"),
     "HFEagerSource(saved)": Source(hf_saved, "hf"),
     "HFEagerSource(in memory)": Source(hf_in_memory, "hf"),
@@ -236,17 +237,14 @@ DATASETS = {
 }
 
 # (row, check) -> the defect that makes it fail today: a strict xfail until fixed.
-_INDEX = (
-    "{0}[-1] is an IndexError ('{1} -1 is out of range') where the Rox sources and Grain's "
-    "MapDataset count from the end, and {0}[1.0] returns record 1 (a float is not an index)"
+_HF_INDEX = (
+    "HFEagerSource[-1] is an IndexError ('rows [-1] are out of range for 20 rows') where the "
+    "Rox, NumPy and ArrayRecord sources and Grain's MapDataset count from the end, and "
+    "HFEagerSource[1.0] returns record 1 (a float is not an index)"
 )
 KNOWN: dict[tuple[str, str], str] = {
-    ("NumpySource(files)", "protocol"): _INDEX.format("NumpySource", "row"),
-    ("NumpySource(array)", "protocol"): _INDEX.format("NumpySource", "row"),
-    ("ArrayRecordSource(documents)", "protocol"): _INDEX.format("ArrayRecordSource", "records"),
-    ("ArrayRecordSource(rows)", "protocol"): _INDEX.format("ArrayRecordSource", "records"),
-    ("HFEagerSource(saved)", "protocol"): _INDEX.format("HFEagerSource", "rows"),
-    ("HFEagerSource(in memory)", "protocol"): _INDEX.format("HFEagerSource", "rows"),
+    ("HFEagerSource(saved)", "protocol"): _HF_INDEX,
+    ("HFEagerSource(in memory)", "protocol"): _HF_INDEX,
     ("NumpySource(array)", "read_only"): (
         "NumpySource(an in-memory array) returns writable views of the user's array: editing "
         "a record in place changes the array and every later read"
@@ -327,7 +325,7 @@ def test_repr_is_stable_across_processes_and_data_copies(root, name, fresh, anot
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", cases(SOURCES, "data_loader"))
+@pytest.mark.parametrize("name", cases(SOURCES, "data_loader", lambda row: row.workers))
 def test_data_loader_with_workers_restores_in_a_fresh_process(root, name, fresh):
     row, d = source_of(root, name)
     testing.check_dataloader_restore_in_fresh_process(
@@ -430,3 +428,20 @@ def test_the_checkpoint_check_fails_on_a_lost_state():
 def test_the_repr_check_fails_on_a_process_dependent_repr():
     with pytest.raises(AssertionError, match=r"^repr differs in fresh process 0 \(data None\)"):
         testing.check_stable_repr(functools.partial(Flawed, "pid"), processes=1)
+
+
+def pid_seeded() -> Any:
+    return grain.MapDataset.range(1000).shuffle(seed=os.getpid()).to_iter_dataset()
+
+
+@pytest.mark.slow
+def test_the_orbax_check_fails_when_a_fresh_process_reads_other_data(fresh):
+    with pytest.raises(AssertionError, match=r"^element 2 after the Orbax restore: "):
+        testing.check_orbax_roundtrip(pid_seeded, fresh=fresh)
+
+
+@pytest.mark.slow
+def test_the_worker_check_fails_when_workers_batch_their_own_slices():
+    batched_first = grain.MapDataset.range(8).to_iter_dataset().batch(2)  # each worker batches
+    with pytest.raises(AssertionError, match=r"^element 0 with 2 Grain workers: values differ"):
+        testing.check_mp_prefetch_equal(batched_first)
