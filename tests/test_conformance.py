@@ -347,6 +347,30 @@ def test_grain_workers_give_the_in_process_stream(root, name):
     testing.check_mp_prefetch_equal(row.make(root), workers=2, max_elements=row.max_elements)
 
 
+def device_shards(r: str) -> Any:
+    """``.batches()`` sharded by JAX process, as global arrays (built in each process)."""
+    import jax
+
+    shard = (jax.process_index(), jax.process_count())
+    ds = npy_dict(f"{r}/npy").batches(8, seed=2, shard=shard).to_iter_dataset(grain.ReadOptions())
+    return MultiHostDataLoadIterator(ds)
+
+
+# Iterators of global jax.Arrays whose contract is: N processes build what 1 process does.
+DISTRIBUTED = {
+    "MultiHostDataLoadIterator(TokenPipeline)": lambda r: MultiHostDataLoadIterator(
+        pipeline(f"{r}/rox", global_batch_size=8)
+    ),
+    "MultiHostDataLoadIterator(.batches(shard=process))": device_shards,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", cases(DISTRIBUTED, "processes"))
+def test_two_jax_processes_build_what_one_does(root, name):
+    testing.check_processes_equal(functools.partial(DISTRIBUTED[name], root), processes=2)
+
+
 # ---- the checks catch what they are for ------------------------------------------------------
 class Flawed:
     """A list-backed source with one switchable flaw."""
@@ -445,3 +469,17 @@ def test_the_worker_check_fails_when_workers_batch_their_own_slices():
     batched_first = grain.MapDataset.range(8).to_iter_dataset().batch(2)  # each worker batches
     with pytest.raises(AssertionError, match=r"^element 0 with 2 Grain workers: values differ"):
         testing.check_mp_prefetch_equal(batched_first)
+
+
+def device_unsharded(r: str) -> Any:
+    """Every process reads the whole batch: the 2-process run is not the 1-process one."""
+    ds = npy_dict(f"{r}/npy").batches(8, seed=2).to_iter_dataset(grain.ReadOptions())
+    return MultiHostDataLoadIterator(ds)
+
+
+@pytest.mark.slow
+def test_the_process_check_fails_when_every_process_reads_everything(root):
+    with pytest.raises(
+        AssertionError, match=r"^element 0 in process 0 of 2\['x'\]: shape \(16, 3\)"
+    ):
+        testing.check_processes_equal(functools.partial(device_unsharded, root), read=1)
