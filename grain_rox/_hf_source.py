@@ -22,6 +22,7 @@ depend on how many processes share it.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import shutil
 import socket
@@ -52,6 +53,7 @@ from grain_rox._hf_records import (
     load_files,
     stack_column,
 )
+from grain_rox._order import record_index
 
 
 def _memory_mapped(dataset: Any) -> bool:
@@ -313,7 +315,7 @@ class HFEagerSource(BatchesMixin):
         )
 
     def _check(self, indices: Sequence[int]) -> list[int]:
-        rows = [int(i) for i in indices]
+        rows = [operator.index(i) for i in indices]  # numpy ints too; a float is a TypeError
         bad = [i for i in rows if not 0 <= i < self._num_rows]
         if bad:
             raise IndexError(f"rows {bad[:5]} are out of range for {self._num_rows} rows")
@@ -348,7 +350,7 @@ class HFEagerSource(BatchesMixin):
         return view[rows]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return self._getitems([index])[0]
+        return self._getitems([record_index(index, self._num_rows, "row")])[0]
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Many rows with one Arrow ``take``."""

@@ -95,6 +95,14 @@ def _as_path(spec: Any) -> Any:
     return spec
 
 
+def _read_only(rows: Any) -> np.ndarray:
+    """``rows`` as a read-only array: a row of an in-memory array is a view of the user's
+    array, and an in-place edit of a record must not change it or later reads."""
+    view = np.asarray(rows).view()
+    view.flags.writeable = False
+    return view
+
+
 class NumpySource(BatchesMixin):
     """Rows of ``.npy`` files (or arrays) as a Grain ``RandomAccessDataSource``.
 
@@ -268,8 +276,8 @@ class NumpySource(BatchesMixin):
         # a batch checks its files each time (one stat each); a row at most every 0.1 s
         wait = 0.1 if isinstance(rows, int) else 0.0
         if self._single:
-            return np.asarray(self._array("", recheck_after=wait)[rows])
-        return {k: np.asarray(self._array(k, recheck_after=wait)[rows]) for k in self.shapes}
+            return _read_only(self._array("", recheck_after=wait)[rows])
+        return {k: _read_only(self._array(k, recheck_after=wait)[rows]) for k in self.shapes}
 
     def __getitem__(self, index: int) -> Any:
         return self._pick(record_index(index, self._num_rows, "row"))

@@ -44,6 +44,19 @@ def test_records_are_numpy_dicts_and_batches_are_one_take(table):
         source.get_batch([0, 1, 2])
 
 
+def test_indices_follow_python_and_grain_map_datasets(table):
+    source = HFEagerSource(data=table, include_keys=["label"])
+    assert int(source[-1]["label"]) == 19 and int(source[np.int64(-20)]["label"]) == 0
+    with pytest.raises(
+        IndexError, match=r"^row 20 is out of range for 20 rows \(valid: -20 to 19\)$"
+    ):
+        source[20]
+    with pytest.raises(TypeError):
+        source[1.0]  # a float is not an index (it read row 1)
+    with pytest.raises(TypeError):
+        source._getitems([1.0])
+
+
 def test_in_memory_data_is_cached_to_arrow_and_workers_get_paths_not_data(table, tmp_path):
     source = HFEagerSource(data=table, cache_dir=str(tmp_path / "cache"))
     assert source.files and all(f.startswith(str(tmp_path)) for f in source.files)

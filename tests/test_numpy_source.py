@@ -55,6 +55,15 @@ def test_indices_follow_python_and_grain_map_datasets(npy_pair):
         src[True]
 
 
+def test_records_of_an_in_memory_array_are_read_only():
+    array = np.arange(12).reshape(4, 3)
+    src = NumpySource(array)
+    with pytest.raises(ValueError, match="read-only"):
+        src[1][0] = 99  # would have changed the user's array and every later read
+    assert array[1, 0] == 3 and src[1].tolist() == [3, 4, 5]
+    assert src.get_batch([1, 2]).tolist() == [[3, 4, 5], [6, 7, 8]]
+
+
 def test_batches_need_a_seed(npy_pair):
     with pytest.raises(
         ValueError, match=r"^batches\(\): seed=None; the order is a function of the seed"
