@@ -78,3 +78,55 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
     with atomic_create(path) as f:
         f.write(data)
+
+
+class ShardSetBusyError(OSError):
+    """Another process is writing the same shard set right now."""
+
+
+@contextlib.contextmanager
+def set_write_lock(manifest_path: str, set_label: str) -> Iterator[None]:
+    """Hold an exclusive advisory lock on one shard set for the length of a write, so two
+    writers of one set (two ``convert`` jobs, two member shards written in parallel) cannot
+    interleave their renames and manifests; a second writer fails at once, naming the set.
+    The lock file (``.<set>.write-lock``, empty, hidden) exists only during the write.
+
+    >>> import tempfile, os
+    >>> mpath = os.path.join(tempfile.mkdtemp(), "t.manifest.json")
+    >>> with set_write_lock(mpath, "t.rox"):  # doctest: +ELLIPSIS
+    ...     with set_write_lock(mpath, "t.rox"):
+    ...         pass
+    Traceback (most recent call last):
+    ...
+    grain_rox._atomic.ShardSetBusyError: another process is writing the shard set t.rox now (it holds the lock ...); wait for that write to finish, or write to another name
+    """
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here (Windows): writers are not serialised
+        yield
+        return
+    directory, name = os.path.split(manifest_path)
+    base = name[: -len(".manifest.json")] if name.endswith(".manifest.json") else name
+    lock_path = os.path.join(directory, f".{base}.write-lock")
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ShardSetBusyError(
+                f"another process is writing the shard set {set_label} now (it holds the lock "
+                f"{lock_path}); wait for that write to finish, or write to another name"
+            ) from None
+        try:  # the holder before us may have removed the file we opened: lock the new one
+            if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)  # while still holding it: nothing is left after a write
+        os.close(fd)  # releases the lock

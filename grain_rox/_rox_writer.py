@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
-from grain_rox._atomic import temp_path_for
+from grain_rox._atomic import set_write_lock, temp_path_for
 from grain_rox._manifest import (
     MANIFEST_SUFFIX,
     Manifest,
@@ -490,118 +490,119 @@ def write_rox(
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
     mpath = manifest_path_for(path) if max_shard_bytes is None else path[:-4] + MANIFEST_SUFFIX
-    clean_leftovers(mpath)  # temporaries of killed writers to this set
-    disk = scan_set(mpath)
-    member = max_shard_bytes is None and shard_number(os.path.basename(path)) >= 0
-    previous = previous_set(mpath, disk, strict=if_exists == "append" or member)
-    plan = _Plan(path, target, block_size, max_shard_bytes, if_exists, disk)
-    if (if_exists == "append" or member) and previous.dtype:  # a set with a grain_rox manifest
-        _check_append_compatible(previous, mpath, target, block_size, sep, tok)
-    if plan.copy_from is not None:
-        old = read_header(plan.copy_from)
-        if old.dtype != target:
-            raise ValueError(
-                f"cannot append {target} tokens to {plan.copy_from}, which holds {old.dtype}; "
-                f"pass dtype={old.dtype}"
-            )
+    with set_write_lock(mpath, path):  # one writer per set at a time
+        clean_leftovers(mpath)  # temporaries of killed writers to this set
+        disk = scan_set(mpath)
+        member = max_shard_bytes is None and shard_number(os.path.basename(path)) >= 0
+        previous = previous_set(mpath, disk, strict=if_exists == "append" or member)
+        plan = _Plan(path, target, block_size, max_shard_bytes, if_exists, disk)
+        if (if_exists == "append" or member) and previous.dtype:  # a set with a grain_rox manifest
+            _check_append_compatible(previous, mpath, target, block_size, sep, tok)
+        if plan.copy_from is not None:
+            old = read_header(plan.copy_from)
+            if old.dtype != target:
+                raise ValueError(
+                    f"cannot append {target} tokens to {plan.copy_from}, which holds {old.dtype}; "
+                    f"pass dtype={old.dtype}"
+                )
 
-    encode = _ItemEncoder(target, tok)
-    per_block = block_size // itemsize
-    flush_tokens = max(per_block, (_FLUSH_BYTES // block_size) * per_block)
-    sep_arr = None if sep is None else np.asarray([sep], dtype=target)
-    pending: list[np.ndarray] = []
-    pending_tokens = 0
-    num_tokens = num_docs = 0
-    # A document counts in the shard its first token lands in; shards have a fixed capacity.
-    cap_tokens = None if plan.capacity is None else plan.capacity * per_block
-    docs_per_file: collections.Counter[int] = collections.Counter()
-    bar = _progress_bar(progress, path)
-    try:
-        for index, item in enumerate(item_iter):
-            arr = encode(item, index)
-            docs_per_file[0 if cap_tokens is None else num_tokens // cap_tokens] += 1
-            num_docs += 1
-            pending.append(arr)
-            pending_tokens += arr.size
-            num_tokens += arr.size
-            if sep_arr is not None:
-                pending.append(sep_arr)
-                pending_tokens += 1
-                num_tokens += 1
-            if pending_tokens >= flush_tokens:
-                buf = np.concatenate(pending).astype(target, copy=False)  # keeps >u2 order
-                whole = (buf.size // per_block) * per_block
-                plan.write(buf[:whole])
-                pending = [buf[whole:]]
-                pending_tokens = buf.size - whole
-                if bar is not None:
-                    bar.update(whole)
-        buf = (
-            np.concatenate(pending).astype(target, copy=False)
-            if pending
-            else np.empty((0,), target)
+        encode = _ItemEncoder(target, tok)
+        per_block = block_size // itemsize
+        flush_tokens = max(per_block, (_FLUSH_BYTES // block_size) * per_block)
+        sep_arr = None if sep is None else np.asarray([sep], dtype=target)
+        pending: list[np.ndarray] = []
+        pending_tokens = 0
+        num_tokens = num_docs = 0
+        # A document counts in the shard its first token lands in; shards have a fixed capacity.
+        cap_tokens = None if plan.capacity is None else plan.capacity * per_block
+        docs_per_file: collections.Counter[int] = collections.Counter()
+        bar = _progress_bar(progress, path)
+        try:
+            for index, item in enumerate(item_iter):
+                arr = encode(item, index)
+                docs_per_file[0 if cap_tokens is None else num_tokens // cap_tokens] += 1
+                num_docs += 1
+                pending.append(arr)
+                pending_tokens += arr.size
+                num_tokens += arr.size
+                if sep_arr is not None:
+                    pending.append(sep_arr)
+                    pending_tokens += 1
+                    num_tokens += 1
+                if pending_tokens >= flush_tokens:
+                    buf = np.concatenate(pending).astype(target, copy=False)  # keeps >u2 order
+                    whole = (buf.size // per_block) * per_block
+                    plan.write(buf[:whole])
+                    pending = [buf[whole:]]
+                    pending_tokens = buf.size - whole
+                    if bar is not None:
+                        bar.update(whole)
+            buf = (
+                np.concatenate(pending).astype(target, copy=False)
+                if pending
+                else np.empty((0,), target)
+            )
+            num_pad = (-buf.size) % per_block
+            if num_pad:
+                buf = np.concatenate([buf, np.full(num_pad, pad, dtype=target)]).astype(
+                    target, copy=False
+                )
+            if buf.size:
+                plan.write(buf)
+            if bar is not None:
+                bar.update(buf.size)
+            if not plan.files:
+                if plan.copy_from is not None or if_exists == "append":
+                    return WriteResult((), None, 0, 0, 0, target, block_size)
+                raise ValueError(
+                    f"nothing to write to {path}: the items hold no tokens (roxxel would leave an "
+                    "unreadable 0-byte file here)"
+                )
+            results = [f.finish() for f in plan.files]
+            mtimes = [os.stat(f.tmp_path).st_mtime_ns for f in plan.files]
+        except BaseException:
+            plan.discard()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+
+        last = len(plan.files) - 1
+        for k in [k for k in docs_per_file if k > last]:  # documents starting in the final padding
+            docs_per_file[last] += docs_per_file.pop(k)
+        kept = previous.shards if if_exists == "append" or plan.member else {}
+        final = _build_manifest(
+            previous,
+            kept,
+            plan,
+            results,
+            mtimes,
+            docs_per_file,
+            num_pad,
+            target,
+            block_size,
+            sep,
+            pad,
+            tok,
         )
-        num_pad = (-buf.size) % per_block
-        if num_pad:
-            buf = np.concatenate([buf, np.full(num_pad, pad, dtype=target)]).astype(
-                target, copy=False
-            )
-        if buf.size:
-            plan.write(buf)
-        if bar is not None:
-            bar.update(buf.size)
-        if not plan.files:
-            if plan.copy_from is not None or if_exists == "append":
-                return WriteResult((), None, 0, 0, 0, target, block_size)
-            raise ValueError(
-                f"nothing to write to {path}: the items hold no tokens (roxxel would leave an "
-                "unreadable 0-byte file here)"
-            )
-        results = [f.finish() for f in plan.files]
-        mtimes = [os.stat(f.tmp_path).st_mtime_ns for f in plan.files]
-    except BaseException:
-        plan.discard()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-
-    last = len(plan.files) - 1
-    for k in [k for k in docs_per_file if k > last]:  # documents starting in the final padding
-        docs_per_file[last] += docs_per_file.pop(k)
-    kept = previous.shards if if_exists == "append" or plan.member else {}
-    final = _build_manifest(
-        previous,
-        kept,
-        plan,
-        results,
-        mtimes,
-        docs_per_file,
-        num_pad,
-        target,
-        block_size,
-        sep,
-        pad,
-        tok,
-    )
-    publish_set(
-        mpath,
-        disk,
-        previous,
-        final,
-        [(f.tmp_path, f.final_path) for f in plan.files],
-        discard=plan.discard,
-        keep_manifest=manifest,
-    )
-    return WriteResult(
-        paths=tuple(f.final_path for f in plan.files),
-        manifest_path=mpath if manifest else None,
-        num_tokens=num_tokens,
-        num_padding_tokens=num_pad,
-        num_documents=num_docs,
-        dtype=target,
-        block_size=block_size,
-    )
+        publish_set(
+            mpath,
+            disk,
+            previous,
+            final,
+            [(f.tmp_path, f.final_path) for f in plan.files],
+            discard=plan.discard,
+            keep_manifest=manifest,
+        )
+        return WriteResult(
+            paths=tuple(f.final_path for f in plan.files),
+            manifest_path=mpath if manifest else None,
+            num_tokens=num_tokens,
+            num_padding_tokens=num_pad,
+            num_documents=num_docs,
+            dtype=target,
+            block_size=block_size,
+        )
 
 
 def _progress_bar(enabled: bool, path: str) -> Any:

@@ -546,3 +546,33 @@ def test_single_files_named_like_shards_are_members_of_one_set(tmp_path):
     assert _tokens(str(tmp_path / "t.rox")) == [9, 9, 0, 1, 2, 3]
     with pytest.raises(ValueError, match=r"eos/separator None != 0"):
         write_rox([np.array([1], np.uint16)], tmp_path / "t_0002.rox", separator=0, block_size=4)
+
+
+def test_a_second_writer_of_the_same_set_is_refused_while_the_first_runs(tmp_path):
+    from grain_rox._atomic import ShardSetBusyError
+
+    path = str(tmp_path / "set.rox")
+    seen: list[str] = []
+
+    def documents():
+        yield np.arange(1, 6, dtype=np.uint16)
+        try:  # the first write is running: a second one of this set must not interleave
+            write_rox([np.arange(3, dtype=np.uint16)], path, if_exists="overwrite")
+        except ShardSetBusyError as e:
+            seen.append(str(e))
+        write_rox([np.arange(3, dtype=np.uint16)], str(tmp_path / "other.rox"))  # another set
+        yield np.arange(6, 9, dtype=np.uint16)
+
+    write_rox(documents(), path, separator=0)
+    assert seen == [
+        f"another process is writing the shard set {path} now (it holds the lock "
+        f"{tmp_path}/.set.write-lock); wait for that write to finish, or write to another name"
+    ]
+    with open_rox(path) as corpus:
+        assert corpus.tokens(0, 8).tolist() == [1, 2, 3, 4, 5, 0, 6, 7]
+    assert sorted(os.listdir(tmp_path)) == [
+        "other.manifest.json",
+        "other.rox",
+        "set.manifest.json",
+        "set.rox",
+    ]
