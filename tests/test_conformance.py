@@ -237,19 +237,7 @@ DATASETS = {
 }
 
 # (row, check) -> the defect that makes it fail today: a strict xfail until fixed.
-_HF_INDEX = (
-    "HFEagerSource[-1] is an IndexError ('rows [-1] are out of range for 20 rows') where the "
-    "Rox, NumPy and ArrayRecord sources and Grain's MapDataset count from the end, and "
-    "HFEagerSource[1.0] returns record 1 (a float is not an index)"
-)
-KNOWN: dict[tuple[str, str], str] = {
-    ("HFEagerSource(saved)", "protocol"): _HF_INDEX,
-    ("HFEagerSource(in memory)", "protocol"): _HF_INDEX,
-    ("NumpySource(array)", "read_only"): (
-        "NumpySource(an in-memory array) returns writable views of the user's array: editing "
-        "a record in place changes the array and every later read"
-    ),
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def cases(table: dict[str, Any], check: str, only: Callable[[Any], bool] = bool) -> list[Any]:
