@@ -4,11 +4,8 @@ written with array_record's own writer; conversion both ways through the CLI."""
 from __future__ import annotations
 
 import collections
-import json
 import os
 import pickle
-import subprocess
-import sys
 
 import grain
 import numpy as np
@@ -179,45 +176,6 @@ def test_bad_input_names_the_file_and_record(tmp_path):
         "flip.array_record: record" in m and "damaged" in m for _, m in failures
     )
     assert 0 < len(failures) < 100 and failures[0][0] > 0  # records before the damage read
-
-
-_RESTORE = """
-import json, sys
-import grain, orbax.checkpoint as ocp
-from grain_rox import ArrayRecordSource
-path, ckpt, out = sys.argv[1:]
-it = iter(ArrayRecordSource(path, dtype="int32", shape=(8,)).batches(4, seed=7, num_epochs=-1)
-          .to_iter_dataset(grain.ReadOptions(num_threads=0)))
-ocp.CheckpointManager(ckpt).restore(
-    9, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(it)))
-json.dump([next(it).tolist() for _ in range(3)], open(out, "w"))
-"""
-
-
-def test_orbax_restores_array_record_batches_in_a_fresh_process(tmp_path):
-    import orbax.checkpoint as ocp
-
-    rows = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
-    path = write_records(tmp_path / "rows.array_record", rows)
-    it = iter(
-        ArrayRecordSource(path, dtype="int32", shape=(8,))
-        .batches(4, seed=7, num_epochs=-1)
-        .to_iter_dataset(grain.ReadOptions(num_threads=0))
-    )
-    for _ in range(9):
-        next(it)
-    manager = ocp.CheckpointManager(str(tmp_path / "ckpt"))
-    manager.save(9, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
-    manager.wait_until_finished()
-    expected = [next(it).tolist() for _ in range(3)]
-    out = tmp_path / "next.json"
-    subprocess.run(
-        [sys.executable, "-c", _RESTORE, path, str(tmp_path / "ckpt"), str(out)],
-        check=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        timeout=120,
-    )
-    assert json.loads(out.read_text()) == expected
 
 
 def test_convert_both_ways_through_the_cli(tmp_path, capsys):
