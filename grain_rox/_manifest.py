@@ -157,6 +157,10 @@ class Manifest:
     write_id: str | None = None
     pending: Manifest | None = None
     version: int = MANIFEST_VERSION
+    # Set on the previous-set side of an overwrite's pending manifest when the set it replaces
+    # was refused (a mix, an invalid manifest): the reason, so a kill before the renames
+    # refuses again rather than opening those files.
+    refused: str | None = None
 
     def matches(self, name: str, header: ShardHeader) -> bool:
         """Whether shard ``name`` on disk is the one this manifest records."""
@@ -180,6 +184,7 @@ class Manifest:
             "num_documents": self.num_documents,
             "shards": {name: dataclasses.asdict(rec) for name, rec in self.shards.items()},
             "pending": None if self.pending is None else self.pending._data(),
+            **({"refused": self.refused} if self.refused is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -207,8 +212,8 @@ class Manifest:
                 path,
                 "it was left by a write of an older grain_rox that was interrupted (its "
                 "'pending' entries are set)",
-                "run the write again with if_exists='overwrite' (or delete this manifest to read "
-                "the shards without its extras)",
+                "run the write again with if_exists='overwrite' (the files may mix the old and "
+                "the new data)",
             )
         pending = None
         if version >= 2 and pending_data is not None:
@@ -235,6 +240,7 @@ class Manifest:
             write_id=data.get("write_id"),
             pending=pending,
             version=version,
+            refused=data.get("refused"),
         )
 
     @classmethod

@@ -54,6 +54,7 @@ from grain_rox._shard_set import (
     clean_leftovers,
     previous_set,
     publish_set,
+    roll_back_interrupted,
     scan_set,
     shard_number,
 )
@@ -492,6 +493,7 @@ def write_rox(
     mpath = manifest_path_for(path) if max_shard_bytes is None else path[:-4] + MANIFEST_SUFFIX
     with set_write_lock(mpath, path):  # one writer per set at a time
         clean_leftovers(mpath)  # temporaries of killed writers to this set
+        roll_back_interrupted(mpath)  # their uncommitted shards beside an intact previous set
         disk = scan_set(mpath)
         member = max_shard_bytes is None and shard_number(os.path.basename(path)) >= 0
         previous = previous_set(mpath, disk, strict=if_exists == "append" or member)

@@ -170,37 +170,94 @@ def _listing(names: list[str], limit: int = 8) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+def _shared(m: Manifest) -> set[str]:
+    """Shards an append keeps: recorded alike in the previous set and the pending one."""
+    assert m.pending is not None
+    new, old = m.pending.shards, m.shards
+
+    def key(r: ShardRecord) -> tuple[object, ...]:
+        return (r.file_size, r.sha256, r.mtime_ns)
+
+    return {n for n in new if n in old and key(new[n]) == key(old[n])}
+
+
+def _old_intact(disk: dict[str, os.stat_result], m: Manifest, c: _Classified) -> bool:
+    return m.refused is None and all(n in disk and c.old[n] for n in m.shards)
+
+
 def _mix_error(
     manifest_path: str, m: Manifest, disk: dict[str, os.stat_result], c: _Classified
 ) -> RoxFormatError:
     assert m.pending is not None
     new, old = m.pending.shards, m.shards
-    published = [n for n in disk if c.new[n] and not c.old[n]]
-    old_left = [n for n in disk if c.old[n] and not c.new[n]]
+    shared = _shared(m)
+    appending = bool(old) and set(old) == shared
+    written = [n for n in new if n not in shared]
+    published = [n for n in disk if n in written and c.new[n] and not c.old[n]]
+    old_left = [n for n in disk if c.old[n]]
+    what = "an append to" if appending else "a write to"
+    before = "the set had before it" if appending else "the data it replaces"
     problem = (
-        f"a write to this shard set (write {m.pending.write_id}) was interrupted while it "
-        f"published its shards: on disk are {len(published)} of its {len(new)} new shard(s) "
-        f"and {len(old_left)} of the {len(old)} shard(s) of the data it replaces, so the files "
+        f"{what} this shard set (write {m.pending.write_id}) was interrupted while it "
+        f"published its shards: on disk are {len(published)} of its {len(written)} new "
+        f"shard(s) and {len(old_left)} of the {len(old)} shard(s) of {before}, so the files "
         "are neither the old nor the new data"
     )
-    if all(n in disk and c.new[n] for n in new):
+    if m.refused is not None:
+        fix = (
+            "run the overwrite again (if_exists='overwrite'); the files it was to replace were "
+            f"already refused ({m.refused})"
+        )
+    elif all(n in disk and c.new[n] for n in new):
         strays = [n for n in disk if n not in new]
         fix = (
             f"the new data is complete: delete the {len(strays)} leftover shard(s) of the old "
             f"data ({_listing(strays)}), or run the write again"
         )
-    elif all(n in disk and c.old[n] for n in old):
+    elif _old_intact(disk, m, c):
         extra = [n for n in disk if n not in old]
         fix = (
-            f"the previous data is intact: delete the {len(extra)} shard(s) of the interrupted "
-            f"write ({_listing(extra)}) to get it back, or run the write again"
+            f"the previous data is intact: the next write to this set removes the "
+            f"{len(extra)} uncommitted shard(s) of the interrupted write ({_listing(extra)}) "
+            "first, so running the write again works; or delete them to read the previous "
+            "data now"
         )
     else:
         fix = (
-            "run the write again (if_exists='overwrite' rewrites the whole set); the previous "
-            "data was partly replaced and cannot be recovered from these files"
+            "run the write again with if_exists='overwrite' (it rewrites the whole set); the "
+            "previous data was partly replaced and cannot be recovered from these files"
         )
     return RoxFormatError(manifest_path, problem, fix)
+
+
+def roll_back_interrupted(manifest_path: str) -> list[str]:
+    """Under the set's write lock: if a killed write left the previous set intact beside some
+    of its own (never committed) shards, delete those and drop the ``pending`` record, so the
+    next write starts from the previous set. Return the deleted paths."""
+    try:
+        m = load_manifest(manifest_path)
+        if m is None or m.pending is None:
+            return []
+        directory = os.path.dirname(manifest_path) or "."
+        disk = scan_set(manifest_path)
+        c = _classify(directory, disk, m)
+    except RoxFormatError:
+        return []  # the write itself decides (an overwrite replaces it; an append refuses)
+    extra = [n for n in disk if n not in m.shards]
+    if not _old_intact(disk, m, c) or not all(c.new[n] for n in extra):
+        return []
+    removed = []
+    for name in extra:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+    fsync_dir(directory)
+    if m.dtype:
+        write_manifest(manifest_path, dataclasses.replace(m, pending=None))
+    else:  # the previous set had no manifest
+        os.unlink(manifest_path)
+        fsync_dir(directory)
+    return removed
 
 
 def current_manifest(manifest_path: str) -> Manifest | None:
@@ -221,6 +278,14 @@ def current_manifest(manifest_path: str) -> Manifest | None:
         if set(disk) == set(m.shards) and all(c.old.values()):
             # The write never got to its renames: the previous set, which may have had no
             # manifest (its records then only describe the files, with an empty dtype).
+            if m.refused is not None:
+                raise RoxFormatError(
+                    manifest_path,
+                    f"an overwrite of this shard set (write {m.pending.write_id}) was "
+                    "interrupted before it put its shards in place, and the files it was to "
+                    f"replace were already refused ({m.refused})",
+                    "run the overwrite again (if_exists='overwrite')",
+                )
             return dataclasses.replace(m, pending=None) if m.dtype else None
         raise _mix_error(manifest_path, m, disk, c)
     extras = [n for n in disk if n not in m.shards]
@@ -291,12 +356,13 @@ def previous_set(mpath: str, disk: dict[str, os.stat_result], *, strict: bool) -
     interrupted write is described file by file, since all of it is replaced.
     """
     directory = os.path.dirname(mpath)
+    refused = None
     try:
         current = current_manifest(mpath)
-    except RoxFormatError:
+    except RoxFormatError as e:
         if strict:
             raise
-        current = None
+        current, refused = None, f"{os.path.basename(e.path)}: {e.problem}"
     records: dict[str, ShardRecord] = {}
     for name, st in disk.items():
         rec = current.shards.get(name) if current is not None else None
@@ -310,5 +376,5 @@ def previous_set(mpath: str, disk: dict[str, os.stat_result], *, strict: bool) -
                 rec = ShardRecord(st.st_size, 0, 0, None, 0)
         records[name] = dataclasses.replace(rec, mtime_ns=st.st_mtime_ns)
     if current is None:  # no manifest: the records only describe the files (empty dtype)
-        return Manifest(dtype="", block_size=0, shards=records)
+        return Manifest(dtype="", block_size=0, shards=records, refused=refused)
     return dataclasses.replace(current, shards=records, pending=None)

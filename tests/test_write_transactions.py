@@ -290,11 +290,17 @@ def test_append_stopped_between_renames_names_the_new_shards(tmp_path, monkeypat
     with pytest.raises(_Stop):
         _write(path, 2, 4, "append")  # set_0002, set_0003
     monkeypatch.undo()
-    with pytest.raises(RoxFormatError, match=r"on disk are 1 of its 4 new shard\(s\)") as info:
+    with pytest.raises(RoxFormatError, match=r"on disk are 1 of its 2 new shard\(s\)") as info:
         open_rox(path)
+    assert info.value.problem.endswith(
+        "on disk are 1 of its 2 new shard(s) and 2 of the 2 shard(s) of the set had before it, "
+        "so the files are neither the old nor the new data"
+    )
+    assert info.value.problem.startswith("an append to this shard set (write ")
     assert info.value.fix == (
-        "the previous data is intact: delete the 1 shard(s) of the interrupted write "
-        "(set_0002.rox) to get it back, or run the write again"
+        "the previous data is intact: the next write to this set removes the 1 uncommitted "
+        "shard(s) of the interrupted write (set_0002.rox) first, so running the write again "
+        "works; or delete them to read the previous data now"
     )
     os.unlink(tmp_path / "set_0002.rox")
     assert _tokens(path) == before
@@ -315,8 +321,8 @@ def test_same_size_overwrite_stopped_between_renames_is_refused(tmp_path, monkey
         open_rox(path)
     assert "on disk are 1 of its 3 new shard(s) and 2 of the 3 shard(s)" in info.value.problem
     assert info.value.fix == (
-        "run the write again (if_exists='overwrite' rewrites the whole set); the previous data "
-        "was partly replaced and cannot be recovered from these files"
+        "run the write again with if_exists='overwrite' (it rewrites the whole set); the "
+        "previous data was partly replaced and cannot be recovered from these files"
     )
     _write(path, 2, 6, "overwrite")
     assert _tokens(path)[:8] == [200, 201, 202, 203, 204, 205, 206, 0]
@@ -576,3 +582,66 @@ def test_a_second_writer_of_the_same_set_is_refused_while_the_first_runs(tmp_pat
         "set.manifest.json",
         "set.rox",
     ]
+
+
+def test_rerun_of_an_interrupted_append_removes_its_uncommitted_shards(tmp_path, monkeypatch):
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 4)  # set_0000, set_0001
+    before = _tokens(path)
+    _stop_at(monkeypatch, "replace", 3)  # pending manifest, set_0002 renamed, then stop
+    with pytest.raises(_Stop):
+        _write(path, 2, 4, "append")
+    monkeypatch.undo()
+    with pytest.raises(RoxFormatError, match=r"the next write to this set removes the 1"):
+        open_rox(path)
+    _write(path, 2, 4, "append")  # as advised: the rerun rolls the interrupted append back
+    assert _tokens(path) == before + np.concatenate([np.append(d, 0) for d in _docs(2, 4)]).tolist()
+    assert sorted(os.listdir(tmp_path)) == [
+        "set.manifest.json",
+        "set_0000.rox",
+        "set_0001.rox",
+        "set_0002.rox",
+        "set_0003.rox",
+    ]
+
+
+def test_interrupted_overwrite_of_a_refused_set_stays_refused(tmp_path, monkeypatch):
+    """An overwrite replaces a set already refused (a mix): killed before its first shard
+    rename, the files are that mix again, which must not open as a set without a manifest."""
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 10)  # 5 shards
+    _stop_at(monkeypatch, "replace", 3)  # pending manifest, one shard renamed, then stop
+    with pytest.raises(_Stop):
+        _write(path, 2, 10, "overwrite")
+    monkeypatch.undo()
+    with pytest.raises(RoxFormatError, match=r"neither the old nor the new data"):
+        open_rox(path)
+    _stop_at(monkeypatch, "replace", 2)  # only its pending manifest is in place
+    with pytest.raises(_Stop):
+        _write(path, 3, 2, "overwrite")
+    monkeypatch.undo()
+    with pytest.raises(RoxFormatError) as info:
+        open_rox(path)
+    assert info.value.problem.startswith("an overwrite of this shard set (write ")
+    assert (
+        "was interrupted before it put its shards in place, and the files it was to replace "
+        "were already refused (set.manifest.json: a write to this shard set (write "
+    ) in info.value.problem
+    assert info.value.fix == "run the overwrite again (if_exists='overwrite')"
+    _write(path, 3, 2, "overwrite")
+    assert _tokens(path) == np.concatenate([np.append(d, 0) for d in _docs(3, 2)]).tolist()
+
+
+def test_interrupted_v1_manifest_advises_only_an_overwrite(tmp_path):
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 4)
+    mpath = tmp_path / "set.manifest.json"
+    data = json.loads(mpath.read_text())
+    data["version"], data["pending"] = 1, {"set_0002.rox": {}}
+    mpath.write_text(json.dumps(data))
+    with pytest.raises(RoxFormatError) as info:
+        open_rox(path)
+    assert info.value.fix == (
+        "run the write again with if_exists='overwrite' (the files may mix the old and the new "
+        "data)"
+    )
