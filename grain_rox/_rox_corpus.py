@@ -59,12 +59,21 @@ class ShardInfo:
     num_documents: int | None  # from the manifest, if any
 
 
+FileIdentity = tuple[int, int, int, int]
+
+
+def file_identity(st: os.stat_result) -> FileIdentity:
+    """The (st_dev, st_ino, st_mtime_ns, st_size) of a file: which file version a path named
+    when a corpus was opened (a replacement or an in-place edit changes it)."""
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 class _MappedShard:
     """One shard's memory map, opened on first use."""
 
     __slots__ = ("ends", "mm", "tokens")
 
-    def __init__(self, header: ShardHeader) -> None:
+    def __init__(self, header: ShardHeader, identity: FileIdentity) -> None:
         self.mm: mmap.mmap | None = None
         self.tokens: np.ndarray
         self.ends: np.ndarray
@@ -73,13 +82,17 @@ class _MappedShard:
             self.ends = np.empty((0,), INDEX_DTYPE)
             return
         with open(header.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size != header.file_size:
+            now = file_identity(os.fstat(f.fileno()))
+            if now != identity:
                 raise RoxFormatError(
                     header.path,
-                    f"the shard is now {size} bytes but was {header.file_size} when the corpus "
-                    "was opened: it was modified or replaced",
-                    "re-open the corpus (and restart from a checkpoint made with the new data)",
+                    f"the shard is now {now[3]} bytes but was {identity[3]} when the corpus "
+                    "was opened: it was modified or replaced"
+                    if now[3] != identity[3]
+                    else "the shard was modified or replaced after the corpus was opened (its "
+                    f"(device, inode, mtime_ns) was {identity[:3]}, is {now[:3]})",
+                    "reopen the corpus (open_rox) / make a new pipeline; a checkpoint made on the "
+                    "data as opened cannot continue on these bytes",
                 )
             self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         with contextlib.suppress(AttributeError, OSError):
@@ -121,6 +134,7 @@ class RoxCorpus:
         records: list[ShardRecord | None],
         manifests: dict[str, Manifest],
         uniform: list[bool | None],
+        identities: list[FileIdentity],
     ) -> None:
         if not headers:
             raise FileNotFoundError("a RoxCorpus needs at least one shard")
@@ -128,6 +142,7 @@ class RoxCorpus:
         self._records = records
         self._manifests = manifests
         self._uniform = uniform
+        self._identities = identities  # pickled with the corpus: workers map the same files
         self._block_starts = np.cumsum([0] + [h.num_blocks for h in headers], dtype=np.int64)
         self._token_starts = np.cumsum([0] + [h.num_tokens for h in headers], dtype=np.int64)
         self._block_starts_list = self._block_starts.tolist()
@@ -270,7 +285,7 @@ class RoxCorpus:
             with self._lock:
                 m = self._maps[s]
                 if m is None:
-                    m = _MappedShard(self._headers[s])
+                    m = _MappedShard(self._headers[s], self._identities[s])
                     if self._uniform[s] is None:  # index not walked at open: walk it once now
                         self._uniform[s] = check_index(self._headers[s], m.ends)
                     self._maps[s] = m
@@ -388,14 +403,23 @@ def _check_unchanged(path: str, record: ShardRecord) -> None:
 
 def _load_shard_facts(
     paths: list[str],
-) -> tuple[list[ShardHeader], list[ShardRecord | None], dict[str, Manifest], list[bool | None]]:
+) -> tuple[
+    list[ShardHeader],
+    list[ShardRecord | None],
+    dict[str, Manifest],
+    list[bool | None],
+    list[FileIdentity],
+]:
     headers: list[ShardHeader] = []
+    identities: list[FileIdentity] = []
     records: list[ShardRecord | None] = []
     manifests: dict[str, Manifest] = {}
     uniform: list[bool | None] = []
     tried: dict[str, Manifest | None] = {}
     index_budget = FULL_INDEX_CHECK_LIMIT
     for path in paths:
+        # Before the footer is read: a file replaced after this stat is refused when mapped.
+        identities.append(file_identity(os.stat(path)))
         header = read_header(path)
         if headers and header.dtype != headers[0].dtype:
             raise RoxFormatError(
@@ -429,7 +453,7 @@ def _load_shard_facts(
             uniform.append(True if header.num_blocks == 0 else None)
         headers.append(header)
         records.append(record)
-    return headers, records, manifests, uniform
+    return headers, records, manifests, uniform, identities
 
 
 def open_rox(
@@ -456,8 +480,8 @@ def open_rox(
     if isinstance(paths, RoxCorpus):
         return paths
     resolved = resolve_shard_paths(paths, roxxel_names=roxxel_names)
-    headers, records, manifests, uniform = _load_shard_facts(resolved)
-    corpus = RoxCorpus(headers, records, manifests, uniform)
+    headers, records, manifests, uniform, identities = _load_shard_facts(resolved)
+    corpus = RoxCorpus(headers, records, manifests, uniform, identities)
     if verify:
         corpus.verify(checksums=True)
     return corpus

@@ -601,3 +601,36 @@ def test_concurrent_reads_from_fresh_corpus(tmp_path):
         t.join()
     assert failures == []
     corpus.close()
+
+
+def test_shard_replaced_at_the_same_size_after_open_is_refused_in_copies_too(tmp_path):
+    """A corpus (and its pickled copies in Grain workers) maps the file versions it opened: a
+    shard replaced or edited in place at the same size after open is refused when mapped."""
+    path = str(tmp_path / "s.rox")
+
+    def docs(value: int) -> list[np.ndarray]:
+        return [np.full(8, value, np.uint16) for _ in range(6)]
+
+    write_rox(docs(1), path, max_shard_bytes=100, block_size=16, dtype=np.uint16)
+    corpus = open_rox(path)
+    blob = pickle.dumps(corpus)  # as handed to a worker
+    assert corpus.tokens(0, 8).tolist() == [1] * 8  # shard 0 is mapped now
+    write_rox(
+        docs(2), path, max_shard_bytes=100, block_size=16, dtype=np.uint16, if_exists="overwrite"
+    )
+    assert corpus.tokens(0, 8).tolist() == [1] * 8  # the map of the version opened
+    message = (
+        r"s_0001\.rox: the shard was modified or replaced after the corpus was opened .*"
+        r"Fix: reopen the corpus \(open_rox\) / make a new pipeline; a checkpoint made on the "
+        r"data as opened cannot continue on these bytes\."
+    )
+    with pytest.raises(RoxFormatError, match=message):
+        corpus.tokens(0, corpus.num_tokens)
+    with pytest.raises(RoxFormatError, match=r"s_0000\.rox: the shard was modified or replaced"):
+        pickle.loads(blob).tokens(0, 8)
+    fresh = open_rox(path)
+    with open(tmp_path / "s_0002.rox", "r+b") as f:  # same-size edit in place
+        f.write(np.uint16(7).tobytes())
+    with pytest.raises(RoxFormatError, match=r"s_0002\.rox: the shard was modified or replaced"):
+        fresh.tokens(0, fresh.num_tokens)
+    assert open_rox(path).tokens(0, 8).tolist() == [2] * 8
