@@ -468,6 +468,14 @@ def write_rox(
         )
     if if_exists not in ("error", "append", "overwrite"):
         raise ValueError(f"if_exists={if_exists!r}; use 'error', 'append' or 'overwrite'")
+    if max_shard_bytes is not None and shard_number(os.path.basename(path)) >= 0:
+        # Its set x_0003 would name x_0003.rox, a member of the set x, as one of its own.
+        raise ValueError(
+            f"the output path {path!r} ends in a shard number (_NNNN) but max_shard_bytes= "
+            f"writes a shard set named after it ({path[:-4]}_NNNN.rox), whose names overlap "
+            f"the set {set_base(path)}.rox; choose a base name without a shard number, e.g. "
+            f"{set_base(path) + '-' + path[len(set_base(path)) + 1 :]!r}"
+        )
     tok = get_tokenizer(tokenizer) if tokenizer is not None else None
     if isinstance(items, (str, bytes, np.ndarray)):
         items = [items]  # a single item, not an iterable of characters/rows

@@ -250,3 +250,28 @@ def test_append_with_other_tokenizer_settings_is_refused(tmp_path):
     write_rox(["abc"], path, tokenizer="bytes", block_size=8)
     with pytest.raises(ValueError, match=r"eos/separator 256 != 0"):
         write_rox([np.array([1], np.uint16)], path, separator=0, block_size=8, if_exists="append")
+
+
+def test_sharded_write_named_like_a_member_is_refused_and_deletes_nothing(tmp_path):
+    """``x_0003.rox`` with max_shard_bytes= would make the set x_0003, whose names cover
+    x_0003.rox, a member of the set x: an overwrite would delete it."""
+    write_rox([np.full(8, 1, np.uint16)], tmp_path / "x_0000.rox", block_size=16)
+    write_rox([np.full(8, 2, np.uint16)], tmp_path / "x_0003.rox", block_size=16)
+    before = sorted(os.listdir(tmp_path))
+    for mode in ("error", "overwrite", "append"):
+        with pytest.raises(ValueError) as info:
+            write_rox(
+                [np.full(8, 5, np.uint16)] * 4,
+                tmp_path / "x_0003.rox",
+                max_shard_bytes=100,
+                block_size=16,
+                if_exists=mode,
+            )
+        assert str(info.value) == (
+            f"the output path '{tmp_path}/x_0003.rox' ends in a shard number (_NNNN) but "
+            f"max_shard_bytes= writes a shard set named after it ({tmp_path}/x_0003_NNNN.rox), "
+            f"whose names overlap the set {tmp_path}/x.rox; choose a base name without a shard "
+            f"number, e.g. '{tmp_path}/x-0003.rox'"
+        )
+    assert sorted(os.listdir(tmp_path)) == before
+    assert open_rox(str(tmp_path / "x.rox")).tokens(0, 16).tolist() == [1] * 8 + [2] * 8
