@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -84,6 +85,42 @@ class ShardSetBusyError(OSError):
     """Another process is writing the same shard set right now."""
 
 
+def _lock_path(manifest_path: str) -> str:
+    directory, name = os.path.split(manifest_path)
+    base = name[: -len(".manifest.json")] if name.endswith(".manifest.json") else name
+    return os.path.join(directory, f".{base}.write-lock")
+
+
+def set_writer_active(manifest_path: str) -> bool | None:
+    """Whether a write of this set holds its lock now: False if the lock file is missing or
+    can be locked (its writer was killed), True if held; None where advisory locks do not
+    exist (Windows). Creates nothing.
+
+    >>> import tempfile
+    >>> mpath = os.path.join(tempfile.mkdtemp(), "t.manifest.json")
+    >>> set_writer_active(mpath)
+    False
+    >>> with set_write_lock(mpath, "t.rox"):
+    ...     set_writer_active(mpath)
+    True
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        fd = os.open(_lock_path(manifest_path), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases a lock taken here
+    return False
+
+
 @contextlib.contextmanager
 def set_write_lock(manifest_path: str, set_label: str) -> Iterator[None]:
     """Hold an exclusive advisory lock on one shard set for the length of a write, so two
@@ -105,15 +142,17 @@ def set_write_lock(manifest_path: str, set_label: str) -> Iterator[None]:
     except ImportError:  # no advisory locks here (Windows): writers are not serialised
         yield
         return
-    directory, name = os.path.split(manifest_path)
-    base = name[: -len(".manifest.json")] if name.endswith(".manifest.json") else name
-    lock_path = os.path.join(directory, f".{base}.write-lock")
+    lock_path = _lock_path(manifest_path)
+    deadline = time.monotonic() + 0.2  # a reader's check (set_writer_active) holds it briefly
     while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
+            if time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
             raise ShardSetBusyError(
                 f"another process is writing the shard set {set_label} now (it holds the lock "
                 f"{lock_path}); wait for that write to finish, or write to another name"

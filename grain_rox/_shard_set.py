@@ -26,7 +26,7 @@ import os
 import re
 from collections.abc import Callable
 
-from grain_rox._atomic import fsync_dir
+from grain_rox._atomic import fsync_dir, set_writer_active
 from grain_rox._hash_cache import cached_sha256
 from grain_rox._manifest import (
     MANIFEST_SUFFIX,
@@ -74,24 +74,36 @@ def _temp_pattern(manifest_path: str) -> re.Pattern[str]:
     return re.compile(rf"\.{names}\.(\d+)\.[0-9a-f]+\.tmp")
 
 
-def leftover_temps(manifest_path: str) -> list[str]:
-    """Return the hidden temporary files of writes to this set that are not running now.
-
-    >>> import tempfile
-    >>> d = tempfile.mkdtemp()
-    >>> _ = open(os.path.join(d, ".t_0001.rox.999999999.ab12.tmp"), "wb")
-    >>> [os.path.basename(p) for p in leftover_temps(os.path.join(d, "t.manifest.json"))]
-    ['.t_0001.rox.999999999.ab12.tmp']
-    """
+def _matching_temps(manifest_path: str) -> list[tuple[str, int]]:
     directory = os.path.dirname(manifest_path) or "."
     pattern = _temp_pattern(manifest_path)
     found = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(directory):
             m = pattern.fullmatch(entry.name)
-            if m and not _alive(int(m.group(1))):
-                found.append(entry.path)
+            if m:
+                found.append((entry.path, int(m.group(1))))
     return sorted(found)
+
+
+def leftover_temps(manifest_path: str) -> list[str]:
+    """Return the hidden temporary files of writes to this set that are not running now:
+    all of them when no writer holds the set's lock (whatever their pid: a killed writer's
+    pid may be alive again, e.g. pid 1 in a container), else those of dead pids.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(os.path.join(d, ".t_0001.rox.1.ab12.tmp"), "wb")
+    >>> [os.path.basename(p) for p in leftover_temps(os.path.join(d, "t.manifest.json"))]
+    ['.t_0001.rox.1.ab12.tmp']
+    """
+    found = _matching_temps(manifest_path)  # before the lock check: see set_writer_active
+    active = set_writer_active(manifest_path)
+    return [
+        path
+        for path, pid in found
+        if (active is False or not _alive(pid)) and os.path.lexists(path)
+    ]
 
 
 def leftovers_of(paths: list[str]) -> list[str]:
@@ -115,9 +127,13 @@ def _alive(pid: int) -> bool:
 
 
 def clean_leftovers(manifest_path: str) -> list[str]:
-    """Delete the temporaries that killed writers left for this set; return their paths."""
+    """Delete the temporaries that killed writers left for this set; return their paths.
+
+    Call it only under the set's write lock (:func:`grain_rox._atomic.set_write_lock`): no
+    other write of the set runs then, so every temporary of the set is a leftover.
+    """
     removed = []
-    for path in leftover_temps(manifest_path):
+    for path, _pid in _matching_temps(manifest_path):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
             removed.append(path)

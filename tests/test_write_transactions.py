@@ -645,3 +645,25 @@ def test_interrupted_v1_manifest_advises_only_an_overwrite(tmp_path):
         "run the write again with if_exists='overwrite' (the files may mix the old and the new "
         "data)"
     )
+
+
+def test_leftovers_of_killed_writers_with_live_pids_are_reported_and_removed(tmp_path):
+    """A killed writer's pid may be alive again (pid 1 in a container, pid reuse): without a
+    writer holding the set's lock, every temporary of the set is a leftover."""
+    from grain_rox._atomic import set_write_lock
+
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 4)
+    live = tmp_path / f".set_0001.rox.{os.getppid()}.0badcafe.tmp"
+    live.write_bytes(b"x" * 1000)
+    dead = tmp_path / ".set.manifest.json.999999999.0badcafe.tmp"
+    dead.write_bytes(b"{")
+    assert open_rox(path).leftover_temps == (str(dead), str(live))
+    (tmp_path / ".set.write-lock").write_bytes(b"")  # left by a killed writer, not locked
+    reports = verify_rox(path)
+    assert [r.path for r in reports if r.kind == "leftover"] == [str(dead), str(live)]
+    with set_write_lock(str(tmp_path / "set.manifest.json"), path):  # a writer runs now
+        assert open_rox(path).leftover_temps == (str(dead),)  # its live pid's file may be its
+    _write(path, 2, 2, "overwrite")
+    assert not live.exists() and not dead.exists()
+    assert sorted(os.listdir(tmp_path)) == ["set.manifest.json", "set_0000.rox"]
