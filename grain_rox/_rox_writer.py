@@ -504,7 +504,12 @@ def write_rox(
         roll_back_interrupted(mpath)  # their uncommitted shards beside an intact previous set
         disk = scan_set(mpath)
         member = max_shard_bytes is None and shard_number(os.path.basename(path)) >= 0
-        previous = previous_set(mpath, disk, strict=if_exists == "append" or member)
+        previous = previous_set(
+            mpath,
+            disk,
+            strict=if_exists == "append" or member,
+            replaced=os.path.basename(path) if member and if_exists == "overwrite" else None,
+        )
         plan = _Plan(path, target, block_size, max_shard_bytes, if_exists, disk)
         if (if_exists == "append" or member) and previous.dtype:  # a set with a grain_rox manifest
             _check_append_compatible(previous, mpath, target, block_size, sep, tok)

@@ -365,11 +365,29 @@ def publish_set(
         fsync_dir(directory)
 
 
-def previous_set(mpath: str, disk: dict[str, os.stat_result], *, strict: bool) -> Manifest:
+def _check_kept(path: str, st: os.stat_result, rec: ShardRecord, mpath: str) -> None:
+    """A shard the write keeps whose size or mtime changed: its content must still be the
+    recorded one before its new mtime is recorded beside the old sha256."""
+    digest = file_sha256(path, st)
+    if digest != rec.sha256:
+        raise RoxFormatError(
+            path,
+            f"its content changed after it was written: its sha256 is {digest} but {mpath} "
+            f"records {rec.sha256}, so appending to the set would record the changed bytes as "
+            "the set's",
+            "restore the shard from a copy, or re-create the set with if_exists='overwrite'",
+        )
+
+
+def previous_set(
+    mpath: str, disk: dict[str, os.stat_result], *, strict: bool, replaced: str | None = None
+) -> Manifest:
     """The set on disk now, as a manifest with every file's size and mtime_ns.
 
-    ``strict`` (append) requires a consistent set; otherwise (overwrite) a set left mixed by an
-    interrupted write is described file by file, since all of it is replaced.
+    ``strict`` (append, or a member shard written alone) requires a consistent set, and the
+    shards it keeps (all but ``replaced``) to hold their recorded content; otherwise
+    (overwrite) a set left mixed by an interrupted write is described file by file, since all
+    of it is replaced.
     """
     directory = os.path.dirname(mpath)
     refused = None
@@ -390,6 +408,8 @@ def previous_set(mpath: str, disk: dict[str, os.stat_result], *, strict: bool) -
                 if strict:
                     raise
                 rec = ShardRecord(st.st_size, 0, 0, None, 0)
+        elif strict and name != replaced and not stat_matches(st, rec) and rec.sha256:
+            _check_kept(os.path.join(directory, name), st, rec, mpath)
         records[name] = dataclasses.replace(rec, mtime_ns=st.st_mtime_ns)
     if current is None:  # no manifest: the records only describe the files (empty dtype)
         return Manifest(dtype="", block_size=0, shards=records, refused=refused)

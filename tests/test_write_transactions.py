@@ -667,3 +667,43 @@ def test_leftovers_of_killed_writers_with_live_pids_are_reported_and_removed(tmp
     _write(path, 2, 2, "overwrite")
     assert not live.exists() and not dead.exists()
     assert sorted(os.listdir(tmp_path)) == ["set.manifest.json", "set_0000.rox"]
+
+
+def test_append_refuses_a_kept_shard_edited_in_place(tmp_path):
+    """An append re-records the kept shards' mtimes: it must not launder an in-place edit."""
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 4)  # set_0000, set_0001
+    with open(tmp_path / "set_0000.rox", "r+b") as f:  # same-size edit in place
+        f.write(np.uint16(7).tobytes())
+    manifest = (tmp_path / "set.manifest.json").read_text()
+    with pytest.raises(RoxFormatError) as info:
+        _write(path, 3, 1, "append")
+    assert info.value.path == str(tmp_path / "set_0000.rox")
+    assert info.value.problem.startswith("its content changed after it was written: its sha256 ")
+    assert info.value.problem.endswith(
+        "so appending to the set would record the changed bytes as the set's"
+    )
+    assert info.value.fix == (
+        "restore the shard from a copy, or re-create the set with if_exists='overwrite'"
+    )
+    assert (tmp_path / "set.manifest.json").read_text() == manifest
+    assert sorted(os.listdir(tmp_path)) == ["set.manifest.json", "set_0000.rox", "set_0001.rox"]
+    os.utime(tmp_path / "set_0001.rox")  # a new mtime alone (touch, a copy) is no change
+    with open(tmp_path / "set_0000.rox", "r+b") as f:
+        f.write(np.uint16(100).tobytes())  # the recorded bytes again, at a new mtime
+    _write(path, 3, 1, "append")
+    assert (
+        _tokens(path)
+        == np.concatenate([np.append(d, 0) for d in _docs(1, 4) + _docs(3, 1)]).tolist()
+    )
+
+
+def test_member_overwrite_of_an_edited_member_is_allowed(tmp_path):
+    write_rox([np.arange(4, dtype=np.uint16)], tmp_path / "t_0000.rox", block_size=8)
+    write_rox([np.arange(4, 8, dtype=np.uint16)], tmp_path / "t_0001.rox", block_size=8)
+    with open(tmp_path / "t_0001.rox", "r+b") as f:
+        f.write(np.uint16(9).tobytes())
+    write_rox(
+        [np.array([5, 5], np.uint16)], tmp_path / "t_0001.rox", block_size=4, if_exists="overwrite"
+    )
+    assert _tokens(str(tmp_path / "t.rox")) == [0, 1, 2, 3, 5, 5]
