@@ -15,7 +15,11 @@ Without ``pending``, the files named like shards must be exactly the manifest's:
 missing shard is refused (cheap: one directory scan, no reads); each shard's size and footer
 are checked against its record when it is opened.
 Hidden temporary files of killed writers are listed by :func:`leftover_temps` and removed by
-the next write to the set (:func:`clean_leftovers`).
+the next write to the set (:func:`clean_leftovers`), which also deletes the uncommitted shards
+of a killed write that left the previous set intact (:func:`roll_back_interrupted`). An
+overwrite of a set that was refused records why in its pending manifest, so a kill before its
+renames refuses again instead of opening the refused files; an append checks the content of
+every kept shard whose size or mtime changed before recording its new mtime.
 """
 
 from __future__ import annotations
