@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 
 from grain_rox._manifest import sha256_file
 
@@ -71,6 +72,27 @@ def _write_entry(path: str, digest: str) -> None:
                 os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def _entry_lock(entry: str) -> Iterator[None]:
+    """Hold an exclusive lock on one cache entry, so processes that start together on one host
+    hash a file version once: the others wait and read the entry (no lock where the cache
+    cannot be written, or without advisory locks)."""
+    try:
+        import fcntl
+
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        fd = os.open(entry + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def cached_sha256(path: str, st: os.stat_result) -> str:
     """sha256 of ``path`` as ``st`` describes it, hashed at most once per file version and
     host (see the module doc)."""
@@ -81,15 +103,18 @@ def cached_sha256(path: str, st: os.stat_result) -> str:
     entry = _entry_path(key)
     digest = _read_entry(entry)
     if digest is None:
-        _LOG.info(
-            "hashing %s (%d bytes): its size or mtime differs from its manifest's record "
-            "(a copy?); the result is remembered in %s",
-            path,
-            st.st_size,
-            cache_dir(),
-        )
-        digest = sha256_file(path)
-        if os.stat(path).st_mtime_ns == st.st_mtime_ns:  # not changed while we read it
-            _write_entry(entry, digest)
+        with _entry_lock(entry):
+            digest = _read_entry(entry)  # another process may have hashed it while we waited
+            if digest is None:
+                _LOG.info(
+                    "hashing %s (%d bytes): its size or mtime differs from its manifest's "
+                    "record (a copy?); the result is remembered in %s",
+                    path,
+                    st.st_size,
+                    cache_dir(),
+                )
+                digest = sha256_file(path)
+                if os.stat(path).st_mtime_ns == st.st_mtime_ns:  # not changed while we read it
+                    _write_entry(entry, digest)
     _MEMORY[key] = digest
     return digest

@@ -707,3 +707,37 @@ def test_member_overwrite_of_an_edited_member_is_allowed(tmp_path):
         [np.array([5, 5], np.uint16)], tmp_path / "t_0001.rox", block_size=4, if_exists="overwrite"
     )
     assert _tokens(str(tmp_path / "t.rox")) == [0, 1, 2, 3, 5, 5]
+
+
+HASHER = r"""
+import os, sys
+from grain_rox._hash_cache import cached_sha256
+print("ready", flush=True)
+print(cached_sha256(sys.argv[1], os.stat(sys.argv[1])), flush=True)
+"""
+
+
+def test_processes_hashing_one_file_version_wait_for_the_first(tmp_path, monkeypatch):
+    """Processes starting together on one host hash a copied shard once: while one holds the
+    entry's lock, another waits and then reads the digest the first remembered."""
+    import time
+
+    from grain_rox import _hash_cache
+
+    monkeypatch.setenv("GRAIN_ROX_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "copy.rox"
+    data.write_bytes(b"abc")
+    st = os.stat(data)
+    key = (os.path.realpath(data), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    entry = _hash_cache._entry_path(key)
+    remembered = "0" * 64  # not the file's sha256: proves the waiter read the entry
+    with _hash_cache._entry_lock(entry):  # this process is hashing it now
+        child = subprocess.Popen(
+            [sys.executable, "-c", HASHER, str(data)], stdout=subprocess.PIPE, text=True
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        time.sleep(1.0)  # the child reaches the lock and waits
+        _hash_cache._write_entry(entry, remembered)
+    out, _ = child.communicate(timeout=60)
+    assert out == remembered + "\n"
