@@ -160,8 +160,8 @@ class Scratch:
 # ---- row 1: conversion ------------------------------------------------------------------------
 def bench_convert(cfg: Config, tmp: str) -> list[Row]:
     import grain_rox
-    from grain_rox._builtin_corpus import builtin_documents
-    from grain_rox._convert import tokenize_in_order
+    from grain_rox._text._builtin_corpus import builtin_documents
+    from grain_rox._text._convert import tokenize_in_order
 
     roxxel = import_roxxel()
     docs = list(builtin_documents("code", limit=cfg.code_docs))

@@ -555,7 +555,7 @@ def workers_memory(
 
 
 def bench_workers(cfg: Config, fx: Fixture) -> tuple[str, dict]:
-    from grain_rox._grain_setup import ensure_absl_flags_parsed
+    from grain_rox._sources._grain_setup import ensure_absl_flags_parsed
 
     ensure_absl_flags_parsed()  # Grain's worker processes read absl flags
     source = fx.source

@@ -355,7 +355,7 @@ def concat_split(path: str, length: int) -> Callable[[], Any]:
 
 
 def bench_packing(cfg: Config, tmp: str) -> tuple[list[Row], dict]:
-    from grain_rox._builtin_corpus import builtin_documents
+    from grain_rox._text._builtin_corpus import builtin_documents
 
     t0 = time.perf_counter()
     docs = list(builtin_documents("prose", limit=cfg.prose_docs))

@@ -37,8 +37,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 import grain_rox
-from grain_rox._builtin_corpus import builtin_documents
-from grain_rox._convert import expand_inputs, read_documents, tokenize_in_order
+from grain_rox._text._builtin_corpus import builtin_documents
+from grain_rox._text._convert import expand_inputs, read_documents, tokenize_in_order
 
 VOCAB = 4096  # the model's vocabulary: the corpus's most frequent tokenizer ids, + 1 for "other"
 

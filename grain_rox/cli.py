@@ -21,8 +21,11 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from grain_rox._builtin_corpus import BUILTIN_CORPORA, builtin_documents
-from grain_rox._convert import (
+from grain_rox._format._rox_corpus import open_rox
+from grain_rox._format._rox_format import RoxFormatError
+from grain_rox._format._verify import verify_rox
+from grain_rox._text._builtin_corpus import BUILTIN_CORPORA, builtin_documents
+from grain_rox._text._convert import (
     ENCODING_ERRORS,
     FORMATS,
     ON_BINARY,
@@ -33,11 +36,8 @@ from grain_rox._convert import (
     require_documents,
     tokenize_in_order,
 )
-from grain_rox._rox_corpus import open_rox
-from grain_rox._rox_format import RoxFormatError
-from grain_rox._rox_writer import write_rox
-from grain_rox._tokenizers import get_tokenizer
-from grain_rox._verify import verify_rox
+from grain_rox._text._rox_writer import write_rox
+from grain_rox._text._tokenizers import get_tokenizer
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -171,7 +171,7 @@ def _convert(args: argparse.Namespace) -> int:
             raise ValueError(
                 "ArrayRecord token documents need their dtype: pass --record-dtype (e.g. uint16)"
             )
-        from grain_rox._array_record import ArrayRecordSource
+        from grain_rox._sources._array_record import ArrayRecordSource
 
         docs = ArrayRecordSource(files, dtype=args.record_dtype).iter_arrays()
         label = ", ".join(args.inputs)[:60]
@@ -213,7 +213,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from grain_rox._array_record_export import export_array_record
+    from grain_rox._sources._array_record_export import export_array_record
 
     result = export_array_record(
         _path_spec(args.path),

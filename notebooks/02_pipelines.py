@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import grain_rox
-from grain_rox._builtin_corpus import builtin_documents
+from grain_rox._text._builtin_corpus import builtin_documents
 
 workdir = tempfile.mkdtemp(prefix="grain_rox_pipelines_")
 paths = {}

@@ -225,7 +225,7 @@ def test_export_splits_across_shards_and_leaves_nothing_on_failure(tmp_path, mon
     assert r.num_documents == len(docs)
     got = ArrayRecordSource(r.path, dtype=np.uint16).iter_arrays()
     assert [g.tolist() for g in got] == [d.tolist() for d in docs]
-    import grain_rox._array_record_export as export_module
+    import grain_rox._sources._array_record_export as export_module
 
     real = export_module.rox_documents
 

@@ -154,7 +154,7 @@ def test_convert_bad_input_is_an_exact_error(tmp_path, capsys, name, data, flags
 
 
 def test_zstd_without_the_zstandard_package_names_the_file_and_the_package(tmp_path, monkeypatch):
-    from grain_rox._convert import read_documents
+    from grain_rox._text._convert import read_documents
 
     path = tmp_path / "a.txt.zst"
     path.write_bytes(b"(not read)")
@@ -193,7 +193,7 @@ def test_compressed_text_and_jsonl_give_the_same_tokens_as_plain(tmp_path, capsy
 
 def test_zstd_text_is_read_when_zstandard_is_installed(tmp_path):
     zstandard = pytest.importorskip("zstandard")
-    from grain_rox._convert import read_documents
+    from grain_rox._text._convert import read_documents
 
     path = tmp_path / "a.jsonl.zst"
     path.write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "zz"}\n'))

@@ -21,7 +21,7 @@ from grain_rox import (
     TokenPipeline,
     write_rox,
 )
-from grain_rox._checkpoint import RoxCheckpointHandler
+from grain_rox._devices._checkpoint import RoxCheckpointHandler
 
 RESTORE_SCRIPT = textwrap.dedent(
     """

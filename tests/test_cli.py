@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from grain_rox import open_rox
-from grain_rox._convert import tokenize_in_order
-from grain_rox._tokenizers import ByteTokenizer
+from grain_rox._text._convert import tokenize_in_order
+from grain_rox._text._tokenizers import ByteTokenizer
 from grain_rox.cli import main
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline, write_rox
-from grain_rox._mixing import Mixture
+from grain_rox._order._mixture import Mixture
 
 OFFSETS = {"a": 0, "b": 10_000_000, "c": 20_000_000}
 SIZES = {"a": 60_000, "b": 40_000, "c": 30_000}
@@ -210,7 +210,7 @@ def test_estimate_steps_and_bad_schedules(sources):
 
 
 def test_schedule_history_rules():
-    from grain_rox._multihost import _history_problems
+    from grain_rox._devices._multihost import _history_problems
 
     def ph(*steps, seq=16):
         return [Phase(s, 8, seq, {"a": 1}).describe() for s in steps]

@@ -274,7 +274,7 @@ def test_an_invalid_npy_header_names_the_file(tmp_path):
 def test_large_files_are_identified_by_evenly_spaced_samples(tmp_path):
     import hashlib
 
-    from grain_rox._digest import BLOCK, content_digest
+    from grain_rox._format._digest import BLOCK, content_digest
 
     path = tmp_path / "big.bin"
     data = bytearray(np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8))

@@ -105,7 +105,7 @@ def test_packing_iterator_restores_exactly(docs_corpus):
 
 
 def test_best_fit_pads_less_than_first_fit_on_real_text(tmp_path):
-    from grain_rox._builtin_corpus import builtin_documents
+    from grain_rox._text._builtin_corpus import builtin_documents
 
     path = str(tmp_path / "prose.rox")
     write_rox(builtin_documents("prose", limit=400), path, tokenizer="bytes")

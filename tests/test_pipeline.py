@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from grain_rox import TokenPipeline, write_rox
-from grain_rox._lanes import LaneOrder, Run
-from grain_rox._order import FeistelPermutation, derive_key
+from grain_rox._order._lanes import LaneOrder, Run
+from grain_rox._order._permutation import FeistelPermutation, derive_key
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ def test_readme_has_python_examples():
 def test_readme_examples_run_in_order(tmp_path, monkeypatch):
     pytest.importorskip("tiktoken")
     from grain_rox import write_rox
-    from grain_rox._builtin_corpus import builtin_documents
+    from grain_rox._text._builtin_corpus import builtin_documents
 
     monkeypatch.chdir(tmp_path)
     # The data the examples name: small slices of the embedded corpus.
@@ -37,7 +37,7 @@ def test_readme_swap_example_trains_checkpoints_and_resumes(tmp_path, monkeypatc
     import numpy as np
 
     from grain_rox import MultiHostDataLoadIterator, TokenPipeline, write_rox
-    from grain_rox._multihost import default_mesh
+    from grain_rox._devices._multihost import default_mesh
 
     block = next(b for b in BLOCKS if "def train(" in b)
     namespace: dict[str, object] = {}

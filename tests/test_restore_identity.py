@@ -389,7 +389,7 @@ def test_a_step_past_the_end_names_the_length(tmp_path, pipeline):
 
 @pytest.mark.slow
 def test_grain_worker_processes_carry_and_check_the_identity(tmp_path):
-    from grain_rox._grain_setup import ensure_absl_flags_parsed
+    from grain_rox._sources._grain_setup import ensure_absl_flags_parsed
 
     ensure_absl_flags_parsed()
     source = make_numpy(tmp_path, rows())
@@ -418,7 +418,7 @@ def test_grain_worker_processes_carry_and_check_the_identity(tmp_path):
 
 
 def test_a_source_without_its_own_repr_is_named_by_class_and_length():
-    from grain_rox._batches import shuffled_batches
+    from grain_rox._sources._batches import shuffled_batches
 
     class Rows:  # no __repr__: object's names a memory address, different in every process
         def __init__(self, n):

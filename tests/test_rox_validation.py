@@ -242,7 +242,7 @@ def test_index_entry_beyond_raw(shard_file):
 
 def test_damaged_index_of_huge_corpus_caught_on_first_read_and_by_verify(shard_file, monkeypatch):
     # Past FULL_INDEX_CHECK_LIMIT entries an index is walked when its shard is first mapped.
-    monkeypatch.setattr("grain_rox._rox_corpus.FULL_INDEX_CHECK_LIMIT", 0)
+    monkeypatch.setattr("grain_rox._format._rox_corpus.FULL_INDEX_CHECK_LIMIT", 0)
     path = shard_file(make_shard(FOUR_BLOCKS, ends=[4, 100, 12, 16]))
     expected = "block 1's end offset 100 lies outside the 16-byte raw region"
     with open_rox(path) as corpus:

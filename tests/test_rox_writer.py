@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from grain_rox import ByteTokenizer, open_rox, write_rox
-from grain_rox._rox_format import FOOTER
+from grain_rox._format._rox_format import FOOTER
 
 
 def footer(path: str) -> tuple[int, int, bytes, bytes]:
@@ -222,7 +222,7 @@ def test_pending_write_that_finished_its_renames_is_accepted(tmp_path):
     """A writer killed after its renames, before its final manifest: the new set is in place."""
     import dataclasses
 
-    from grain_rox._manifest import load_manifest, write_manifest
+    from grain_rox._format._manifest import load_manifest, write_manifest
 
     base = str(tmp_path / "q.rox")
     write_rox([np.arange(64, dtype=np.uint16)], base, block_size=16, max_shard_bytes=100)

@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from grain_rox import open_rox, write_rox
-from grain_rox._roxxel_stream import RoxxelStreamSource, roxxel_stream
+from grain_rox._roxxel._roxxel_stream import RoxxelStreamSource, roxxel_stream
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 _MESH = Mesh(np.array(jax.devices()[:1]), ("data",))
@@ -468,9 +468,9 @@ def test_unwalked_index_of_a_large_corpus_is_walked_first(
     corpora: dict[str, str], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Corpora over ~1M blocks open without walking their index (uniform_blocks is None)."""
-    import grain_rox._rox_corpus
+    import grain_rox._format._rox_corpus
 
-    monkeypatch.setattr(grain_rox._rox_corpus, "FULL_INDEX_CHECK_LIMIT", 0)
+    monkeypatch.setattr(grain_rox._format._rox_corpus, "FULL_INDEX_CHECK_LIMIT", 0)
     corpus = open_rox(corpora[name])
     assert corpus.uniform_blocks is None
     kwargs: dict[str, Any] = {"seq_len": 30, "batch_size": 3, "seed": 6, "start_step": 2}

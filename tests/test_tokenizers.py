@@ -1,4 +1,4 @@
-"""Tests for grain_rox._tokenizers (fully offline: any socket connection fails the test)."""
+"""Tests for grain_rox._text._tokenizers (fully offline: any socket connection fails the test)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grain_rox import _tokenizers as T
-from grain_rox._tokenizers import (
+from grain_rox._text import _tokenizers as T
+from grain_rox._text._tokenizers import (
     ByteTokenizer,
     HFTokenizer,
     TiktokenTokenizer,

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from grain_rox import RoxFormatError, open_rox, write_rox
-from grain_rox._verify import verify_rox
+from grain_rox._format._verify import verify_rox
 from grain_rox.cli import main as cli_main
 
 DRIVER = r"""
@@ -353,7 +353,7 @@ def test_extra_and_missing_shards_of_a_committed_set_are_refused(tmp_path):
 def test_same_size_in_place_change_fails_the_fingerprint_copies_do_not(tmp_path, monkeypatch):
     import shutil
 
-    import grain_rox._hash_cache as hash_cache
+    import grain_rox._format._hash_cache as hash_cache
 
     path = str(tmp_path / "a" / "set.rox")
     _write(path, 1, 6)
@@ -555,7 +555,7 @@ def test_single_files_named_like_shards_are_members_of_one_set(tmp_path):
 
 
 def test_a_second_writer_of_the_same_set_is_refused_while_the_first_runs(tmp_path):
-    from grain_rox._atomic import ShardSetBusyError
+    from grain_rox._format._atomic import ShardSetBusyError
 
     path = str(tmp_path / "set.rox")
     seen: list[str] = []
@@ -650,7 +650,7 @@ def test_interrupted_v1_manifest_advises_only_an_overwrite(tmp_path):
 def test_leftovers_of_killed_writers_with_live_pids_are_reported_and_removed(tmp_path):
     """A killed writer's pid may be alive again (pid 1 in a container, pid reuse): without a
     writer holding the set's lock, every temporary of the set is a leftover."""
-    from grain_rox._atomic import set_write_lock
+    from grain_rox._format._atomic import set_write_lock
 
     path = str(tmp_path / "set.rox")
     _write(path, 1, 4)
@@ -711,7 +711,7 @@ def test_member_overwrite_of_an_edited_member_is_allowed(tmp_path):
 
 HASHER = r"""
 import os, sys
-from grain_rox._hash_cache import cached_sha256
+from grain_rox._format._hash_cache import cached_sha256
 print("ready", flush=True)
 print(cached_sha256(sys.argv[1], os.stat(sys.argv[1])), flush=True)
 """
@@ -722,7 +722,7 @@ def test_processes_hashing_one_file_version_wait_for_the_first(tmp_path, monkeyp
     entry's lock, another waits and then reads the digest the first remembered."""
     import time
 
-    from grain_rox import _hash_cache
+    from grain_rox._format import _hash_cache
 
     monkeypatch.setenv("GRAIN_ROX_CACHE_DIR", str(tmp_path / "cache"))
     data = tmp_path / "copy.rox"

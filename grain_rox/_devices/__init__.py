@@ -1,0 +1,1 @@
+"""MultiHostDataLoadIterator (placement, prefetch), iterator state, Orbax handlers."""

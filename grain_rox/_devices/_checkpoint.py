@@ -1,0 +1,142 @@
+"""Save and restore the data position with Orbax, beside the model.
+
+``RoxCheckpointSave(iterator)`` / ``RoxCheckpointRestore(iterator)`` are Orbax checkpoint
+args for :class:`~grain_rox.MultiHostDataLoadIterator` (and any iterator with JSON-able
+``get_state``/``set_state``). A :class:`~grain_rox.TokenPipeline` iterator's state is global
+(the step and the pipeline's identity), so one file, ``data_state.json``, is written by the
+primary process and read by every process on restore — whatever their number. Other
+iterators' states are per process and are kept as ``process_<i>-of-<n>.json``, like Grain's;
+they restore on the same number of processes, and on any number when every process saved the
+same ``.batches()`` state (its position is a global batch index, its identity has no shard).
+
+Grain's own ``grain.checkpoint.CheckpointSave`` also works on our iterator (its state is JSON
+bytes), but ties the files to the process count.
+
+>>> import tempfile, os, numpy as np, orbax.checkpoint as ocp
+>>> from grain_rox import MultiHostDataLoadIterator, TokenPipeline, write_rox
+>>> path = os.path.join(tempfile.mkdtemp(), "c.rox")
+>>> _ = write_rox([np.arange(20000, dtype=np.uint16)], path)
+>>> pipe = TokenPipeline(path, seq_len=32, global_batch_size=8)
+>>> it = MultiHostDataLoadIterator(pipe)
+>>> _ = next(it), next(it)
+>>> manager = ocp.CheckpointManager(tempfile.mkdtemp())
+>>> manager.save(2, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+True
+>>> manager.wait_until_finished()
+>>> restored = MultiHostDataLoadIterator(pipe)
+>>> _ = manager.restore(2, args=ocp.args.Composite(data=RoxCheckpointRestore(restored)))
+>>> restored.step, bool((next(restored)["inputs"] == next(it)["inputs"]).all())
+(2, True)
+>>> it.close(); restored.close(); manager.close()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+GLOBAL_STATE_FILE = "data_state.json"
+
+
+def _is_global(state: dict[str, Any]) -> bool:
+    return "pipeline" in state
+
+
+def _shared_batches_state(directory: epath.Path) -> str | None:
+    """The state every process of a complete per-process save holds, if they all hold the
+    same ``.batches()`` state (then it is valid on any number of processes); else None."""
+    saved: dict[int, set[int]] = {}
+    for p in directory.glob("process_*-of-*.json"):
+        index, _, count = p.stem.removeprefix("process_").partition("-of-")
+        if index.isdigit() and count.isdigit():
+            saved.setdefault(int(count), set()).add(int(index))
+    complete = [n for n, done in saved.items() if done == set(range(n))]
+    if len(complete) != 1:
+        return None
+    n = complete[0]
+    texts = {(directory / f"process_{i}-of-{n}.json").read_text() for i in range(n)}
+    if len(texts) != 1:
+        return None
+    text = texts.pop()
+    grain_state = json.loads(text).get("grain")
+    identity = grain_state.get("identity") if isinstance(grain_state, dict) else None
+    if not (isinstance(identity, dict) and {"data", "batch_size", "seed"} <= set(identity)):
+        return None
+    return text
+
+
+class RoxCheckpointHandler(ocp.CheckpointHandler):
+    """Orbax handler for data iterators; see the module doc (registered for the args below).
+
+    >>> RoxCheckpointHandler().typestr()
+    'grain_rox._devices._checkpoint.RoxCheckpointHandler'
+    """
+
+    def save(self, directory: epath.Path, args: RoxCheckpointSave) -> None:
+        raw = args.item.get_state()
+        state = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+        directory = epath.Path(directory)
+        if _is_global(state):
+            if jax.process_index() == 0:
+                (directory / GLOBAL_STATE_FILE).write_text(json.dumps(state, indent=1))
+            return
+        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+        (directory / name).write_text(json.dumps(state, indent=1))
+
+    def restore(self, directory: epath.Path, args: RoxCheckpointRestore) -> Any:
+        directory = epath.Path(directory)
+        path = directory / GLOBAL_STATE_FILE
+        if not path.exists():
+            path = directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+        if not path.exists():
+            elastic = _shared_batches_state(directory)
+            if elastic is not None:
+                args.item.set_state(elastic)
+                return args.item
+            found = sorted(p.name for p in directory.iterdir())
+            raise FileNotFoundError(
+                f"no data state for process {jax.process_index()} of {jax.process_count()} in "
+                f"{directory} (it holds {found}); per-process states restore only on the same "
+                "number of processes — use a TokenPipeline or a sharded .batches() dataset "
+                "for elastic restores"
+            )
+        args.item.set_state(path.read_text())
+        return args.item
+
+    def metadata(self, directory: epath.Path) -> None:
+        return None
+
+    def finalize(self, directory: epath.Path) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@ocp.args.register_with_handler(RoxCheckpointHandler, for_save=True)
+@dataclasses.dataclass
+class RoxCheckpointSave(ocp.args.CheckpointArgs):
+    """Orbax args: save ``item``'s data state (a MultiHostDataLoadIterator).
+
+    >>> isinstance(RoxCheckpointSave(item=None), ocp.args.CheckpointArgs)
+    True
+    """
+
+    item: Any
+
+
+@ocp.args.register_with_handler(RoxCheckpointHandler, for_restore=True)
+@dataclasses.dataclass
+class RoxCheckpointRestore(ocp.args.CheckpointArgs):
+    """Orbax args: restore ``item``'s data state in place (returns ``item``).
+
+    >>> isinstance(RoxCheckpointRestore(item=None), ocp.args.CheckpointArgs)
+    True
+    """
+
+    item: Any

@@ -1,0 +1,287 @@
+"""The sidecar manifest: grain_rox's extras beside the shards, never inside them.
+
+Roxxel's format has no checksum, token count, EOS id or tokenizer identity, and its files must
+stay readable by roxxel, so those facts live in one JSON file per shard set:
+``train.rox`` and ``train_0000.rox, train_0001.rox, ...`` all map to ``train.manifest.json``.
+A shard without a manifest (every file roxxel writes) is still a valid shard.
+
+The manifest is also the commit record of a write (see :mod:`grain_rox._format._shard_set`): it names
+a write id and, per shard, its size, footer facts, sha256 and mtime_ns. While a write publishes
+its shards (several renames, never atomic together) the manifest holds the previous set and the
+complete new one as ``pending``; a reader decides from the files on disk which of the two is in
+place, and refuses a mix. Every name in a manifest must be a shard of its own set
+(``<base>.rox`` or ``<base>_NNNN.rox`` in the manifest's directory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+from typing import Any
+
+from grain_rox._format._atomic import atomic_write_bytes
+from grain_rox._format._rox_format import RoxFormatError, ShardHeader
+
+MANIFEST_SUFFIX = ".manifest.json"
+MANIFEST_FORMAT = "grain_rox.manifest"
+MANIFEST_VERSION = 2
+_SHARD_NUMBER = re.compile(r"_\d{4,}$")
+
+
+def set_base(shard_path: str) -> str:
+    """Return a shard's set name: the path minus ``.rox`` and a roxxel ``_NNNN`` shard number.
+
+    >>> set_base("data/train_0003.rox"), set_base("data/train.rox")
+    ('data/train', 'data/train')
+    """
+    base = shard_path[:-4] if shard_path.endswith(".rox") else shard_path
+    return _SHARD_NUMBER.sub("", base)
+
+
+def manifest_path_for(shard_path: str) -> str:
+    """Return where the manifest describing ``shard_path`` lives.
+
+    >>> manifest_path_for("data/train_0003.rox")
+    'data/train.manifest.json'
+    """
+    return set_base(shard_path) + MANIFEST_SUFFIX
+
+
+def sha256_file(path: str, *, chunk_bytes: int = 8 << 20) -> str:
+    """Return the hex sha256 of a whole file, read in chunks (bounded memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return h.hexdigest()
+
+
+def member_pattern(manifest_path: str) -> re.Pattern[str]:
+    """Return the pattern of shard file names that belong to a manifest's set.
+
+    >>> bool(member_pattern("d/t.manifest.json").fullmatch("t_0012.rox"))
+    True
+    >>> [bool(member_pattern("d/t.manifest.json").fullmatch(n)) for n in ["t_v2_0000.rox", "../t.rox"]]
+    [False, False]
+    """
+    return re.compile(re.escape(set_name(manifest_path)) + r"(?:_\d{4,})?\.rox")
+
+
+def set_name(manifest_path: str) -> str:
+    """Return the set's file-name base of a manifest path (``d/t.manifest.json`` -> ``t``)."""
+    base = os.path.basename(manifest_path)
+    return base[: -len(MANIFEST_SUFFIX)] if base.endswith(MANIFEST_SUFFIX) else base
+
+
+def new_write_id() -> str:
+    """Return a fresh random id for one write (the set's generation)."""
+    return secrets.token_hex(8)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRecord:
+    """One shard's entry in a manifest.
+
+    ``mtime_ns`` is the shard's modification time when it was written: a shard whose size and
+    mtime still match is taken to be unchanged without reading it; otherwise its sha256 is
+    compared (see :attr:`grain_rox.RoxCorpus.fingerprint`).
+
+    >>> ShardRecord(file_size=64, num_blocks=2, raw_size=16, sha256=None, num_tokens=8).facts()
+    (64, 2, 16)
+    """
+
+    file_size: int
+    num_blocks: int
+    raw_size: int
+    sha256: str | None  # None: not known (a shard written by another tool)
+    num_tokens: int
+    num_padding_tokens: int = 0
+    num_documents: int | None = None
+    mtime_ns: int | None = None  # None: not recorded (older manifests)
+
+    def facts(self) -> tuple[int, int, int]:
+        return (self.file_size, self.num_blocks, self.raw_size)
+
+    def check_checksum(self, path: str) -> bool:
+        """Compare the shard's sha256 with this record; False if no checksum is recorded."""
+        if self.sha256 is None:
+            return False
+        actual = sha256_file(path)
+        if actual != self.sha256:
+            raise RoxFormatError(
+                path,
+                f"sha256 is {actual} but the manifest records {self.sha256}: "
+                "the shard's bytes are damaged",
+                "restore the shard from a good copy or re-create it",
+            )
+        return True
+
+    def check(self, header: ShardHeader, manifest_path: str) -> None:
+        """Raise if ``header`` (read from the shard itself) disagrees with this record."""
+        ours = self.facts()
+        theirs = (header.file_size, header.num_blocks, header.raw_size)
+        if ours != theirs:
+            raise RoxFormatError(
+                header.path,
+                f"the manifest {manifest_path} records (file size, blocks, raw bytes) = {ours} "
+                f"but the shard has {theirs}: the shard changed after the manifest was written",
+                "re-create the shard set with grain-rox, or delete the stale manifest to read "
+                "the shards without its extras",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A shard set's manifest: shared facts plus one :class:`ShardRecord` per shard file name.
+
+    ``write_id`` names the write that made the set; ``pending`` is the complete manifest of a
+    write that is publishing its shards (present only while it runs, or after it was killed).
+
+    >>> m = Manifest(dtype="uint16", block_size=8, shards={}, eos_id=256, write_id="ab")
+    >>> Manifest.from_json(m.to_json(), "x.manifest.json") == m
+    True
+    """
+
+    dtype: str
+    block_size: int
+    shards: dict[str, ShardRecord]
+    eos_id: int | None = None
+    pad_id: int | None = None
+    tokenizer: dict[str, Any] | None = None
+    num_documents: int | None = None
+    write_id: str | None = None
+    pending: Manifest | None = None
+    version: int = MANIFEST_VERSION
+    # Set on the previous-set side of an overwrite's pending manifest when the set it replaces
+    # was refused (a mix, an invalid manifest): the reason, so a kill before the renames
+    # refuses again rather than opening those files.
+    refused: str | None = None
+
+    def matches(self, name: str, header: ShardHeader) -> bool:
+        """Whether shard ``name`` on disk is the one this manifest records."""
+        rec = self.shards.get(name)
+        return rec is not None and rec.facts() == (
+            header.file_size,
+            header.num_blocks,
+            header.raw_size,
+        )
+
+    def _data(self) -> dict[str, Any]:
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": self.version,
+            "write_id": self.write_id,
+            "dtype": self.dtype,
+            "block_size": self.block_size,
+            "eos_id": self.eos_id,
+            "pad_id": self.pad_id,
+            "tokenizer": self.tokenizer,
+            "num_documents": self.num_documents,
+            "shards": {name: dataclasses.asdict(rec) for name, rec in self.shards.items()},
+            "pending": None if self.pending is None else self.pending._data(),
+            **({"refused": self.refused} if self.refused is not None else {}),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self._data(), indent=1, sort_keys=False) + "\n"
+
+    @classmethod
+    def _from_data(cls, data: Any, path: str, where: str) -> Manifest:
+        if not isinstance(data, dict) or not isinstance(data.get("shards"), dict):
+            raise ValueError(f"expected {where}a JSON object with a 'shards' object")
+        if data.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"'format' is {data.get('format')!r}, not {MANIFEST_FORMAT!r}")
+        version = data["version"]
+        if not isinstance(version, int) or version > MANIFEST_VERSION:
+            raise RoxFormatError(
+                path,
+                f"manifest version {version!r} is newer than this grain_rox understands "
+                f"({MANIFEST_VERSION})",
+                "upgrade grain_rox",
+            )
+        members = member_pattern(path)
+        names = list(data["shards"])
+        pending_data = data.get("pending")
+        if version == 1 and pending_data:
+            raise RoxFormatError(
+                path,
+                "it was left by a write of an older grain_rox that was interrupted (its "
+                "'pending' entries are set)",
+                "run the write again with if_exists='overwrite' (the files may mix the old and "
+                "the new data)",
+            )
+        pending = None
+        if version >= 2 and pending_data is not None:
+            pending = cls._from_data(pending_data, path, "'pending' to be ")
+            names += list(pending.shards)
+        for name in names:
+            if not isinstance(name, str) or not members.fullmatch(name):
+                raise RoxFormatError(
+                    path,
+                    f"the manifest names {name!r}, which is not a shard of this set (expected "
+                    f"{set_name(path)}.rox or {set_name(path)}_NNNN.rox in the manifest's own "
+                    "directory)",
+                    "the manifest was edited or damaged: re-create the shard set, or delete "
+                    "this manifest to read the shards without its extras",
+                )
+        return cls(
+            dtype=data["dtype"],
+            block_size=int(data["block_size"]),
+            shards={name: ShardRecord(**rec) for name, rec in data["shards"].items()},
+            eos_id=data.get("eos_id"),
+            pad_id=data.get("pad_id"),
+            tokenizer=data.get("tokenizer"),
+            num_documents=data.get("num_documents"),
+            write_id=data.get("write_id"),
+            pending=pending,
+            version=version,
+            refused=data.get("refused"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str, path: str) -> Manifest:
+        try:
+            return cls._from_data(json.loads(text), path, "")
+        except RoxFormatError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise RoxFormatError(
+                path,
+                f"the manifest is not valid grain_rox manifest JSON ({type(e).__name__}: {e})",
+                "delete it (the shards read without it) or re-create the shard set",
+            ) from None
+
+
+def load_manifest(path: str) -> Manifest | None:
+    """Return the manifest at ``path`` as written (pending write included), or None if none.
+
+    Use :func:`grain_rox._format._shard_set.current_manifest` for the one that describes the disk.
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise RoxFormatError(
+                path,
+                "the manifest is not a regular file (a FIFO, device or directory)",
+                "remove it or rename it; a manifest is a JSON file written by grain_rox",
+            )
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError as e:
+        raise RoxFormatError(
+            path,
+            f"the manifest is not UTF-8 JSON ({e})",
+            "delete it (the shards read without it) or re-create the shard set",
+        ) from None
+    return Manifest.from_json(text, path)
+
+
+def write_manifest(path: str, manifest: Manifest) -> None:
+    """Write ``manifest`` to ``path`` atomically (temporary file, fsync, rename)."""
+    atomic_write_bytes(path, manifest.to_json().encode("utf-8"))

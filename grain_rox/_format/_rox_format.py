@@ -1,0 +1,277 @@
+"""The ROXXEL02 shard layout: parse and validate one shard's footer and index.
+
+A shard is ``[raw blocks][int64 end offsets, one per block][32-byte footer]`` with the footer
+``struct "<qq8s8s"`` = (number of blocks, raw size, dtype name, ``b"ROXXEL02"``). Nothing sits
+at the start of the file: byte 0 is the first data byte. Roxxel checks only the signature and
+the minimum size; we check everything that can make a read wrong, and every error names the
+file, what is wrong and what to do.
+
+Opening costs O(1) per shard (one 32-byte read and two index entries). The full index walk
+(monotone, in bounds, whole tokens per block) is vectorised; it runs at open while the
+corpus's indexes total at most :data:`FULL_INDEX_CHECK_LIMIT` entries, and otherwise once per
+shard when that shard is first mapped. Every block read is also bounds-checked on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import struct
+
+import numpy as np
+
+FOOTER = struct.Struct("<qq8s8s")
+FOOTER_SIZE = FOOTER.size  # 32
+SIGNATURE = b"ROXXEL02"
+INDEX_ENTRY_SIZE = 8
+INDEX_DTYPE = np.dtype("<i8")
+# Up to 1M index entries in total (8 MiB, a 4 GiB corpus of 4 KiB blocks) are walked at open;
+# beyond that each shard's index is walked when the shard is first mapped.
+FULL_INDEX_CHECK_LIMIT = 1 << 20
+_INDEX_CHUNK = 1 << 20
+
+
+class RoxFormatError(ValueError):
+    """A `.rox` shard (or a set of them) is damaged or inconsistent.
+
+    The message names the file, the problem and the fix; the parts are also attributes.
+
+    >>> err = RoxFormatError("a.rox", "the footer signature is b'XXXXXXXX'", "re-write it")
+    >>> str(err)
+    "a.rox: the footer signature is b'XXXXXXXX'. Fix: re-write it."
+    >>> isinstance(err, ValueError)
+    True
+    """
+
+    def __init__(self, path: str | os.PathLike[str], problem: str, fix: str) -> None:
+        self.path = os.fspath(path)
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{self.path}: {problem}. Fix: {fix}.")
+
+
+_REWRITE = "re-create the shard from its source data (grain-rox convert or roxxel's write)"
+
+
+def decode_dtype(name_bytes: bytes, path: str) -> np.dtype:
+    """Return the numpy dtype named by a footer's 8-byte dtype field.
+
+    >>> decode_dtype(b"uint16\\x00\\x00", "x.rox")
+    dtype('uint16')
+    """
+    try:
+        name = name_bytes.rstrip(b"\x00").decode("ascii")
+    except UnicodeDecodeError:
+        raise RoxFormatError(
+            path, f"the footer's dtype field {name_bytes!r} is not an ASCII dtype name", _REWRITE
+        ) from None
+    if name == "bfloat16":
+        import ml_dtypes  # registers bfloat16 with numpy; shipped with jax
+
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        dtype = np.dtype(name)
+    except Exception:  # numpy raises TypeError, ValueError or SyntaxError for odd names
+        raise RoxFormatError(
+            path,
+            f"the footer's dtype {name!r} is not a numpy dtype (roxxel truncates names longer "
+            "than 8 bytes, e.g. 'complex64' -> 'complex6')",
+            "store tokens as an integer or float dtype of at most 8 characters",
+        ) from None
+    if dtype.kind not in "uif" or dtype.itemsize > 8:
+        raise RoxFormatError(
+            path,
+            f"the footer's dtype {name!r} ({dtype}) is not an integer or float type of at most "
+            "8 bytes",
+            "store tokens as an integer or float dtype",
+        )
+    return dtype
+
+
+def encode_dtype(dtype: np.dtype) -> bytes:
+    """Return the footer's dtype field for ``dtype``: its name, NUL-padded to 8 bytes.
+
+    >>> encode_dtype(np.dtype("int32"))
+    b'int32\\x00\\x00\\x00'
+    """
+    if (dtype.kind not in "uif" or dtype.itemsize > 8) and dtype.name != "bfloat16":
+        raise ValueError(
+            f"dtype {dtype} cannot be stored in a .rox shard; use an int or float type"
+        )
+    name = str(dtype)  # what roxxel writes: 'uint16', '>u2', 'bfloat16'
+    raw = name.encode("ascii")
+    if len(raw) > 8:
+        raise ValueError(f"dtype name {name!r} is longer than the footer's 8 bytes")
+    return raw.ljust(8, b"\x00")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardHeader:
+    """What a shard's footer says, checked against its size. Cheap: O(1) to build."""
+
+    path: str
+    file_size: int
+    num_blocks: int
+    raw_size: int
+    dtype: np.dtype
+    first_block_bytes: int  # roxxel's block size: the first record's length (0 if no blocks)
+    last_end: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.raw_size // self.dtype.itemsize
+
+    @property
+    def index_offset(self) -> int:
+        return self.raw_size
+
+    def facts(self) -> tuple[object, ...]:
+        """The content-identifying facts used in reprs and checkpoint fingerprints."""
+        return (
+            os.path.basename(self.path),
+            self.file_size,
+            self.num_blocks,
+            self.raw_size,
+            self.dtype.str,
+            self.first_block_bytes,
+        )
+
+
+def require_regular(path: str, st: os.stat_result, what: str = "shard") -> None:
+    """Refuse a FIFO, device, socket or directory named like a shard (opening one can hang).
+
+    >>> require_regular(".", os.stat("."))
+    Traceback (most recent call last):
+    ...
+    grain_rox._format._rox_format.RoxFormatError: .: it is a directory, not a regular file, but is named like a shard. Fix: rename or remove it; .rox shards are regular files.
+    """
+    if not stat.S_ISREG(st.st_mode):
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "FIFO, device or socket"
+        raise RoxFormatError(
+            path,
+            f"it is a {kind}, not a regular file, but is named like a {what}",
+            "rename or remove it; .rox shards are regular files",
+        )
+
+
+def read_header(path: str) -> ShardHeader:
+    """Read and validate one shard's footer, its size equation and its first/last index entry.
+
+    Raises :class:`RoxFormatError` for any inconsistency and ``FileNotFoundError`` if
+    ``path`` does not exist.
+    """
+    require_regular(path, os.stat(path))  # opening a FIFO would block forever
+    with open(path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size
+        if file_size < FOOTER_SIZE:
+            what = "empty (0 bytes)" if file_size == 0 else f"only {file_size} bytes"
+            raise RoxFormatError(
+                path,
+                f"the file is {what}, smaller than the 32-byte ROXXEL02 footer "
+                "(left by an interrupted writer, or roxxel's write([]))",
+                "delete the file or re-create it; grain_rox writers never leave such files",
+            )
+        f.seek(file_size - FOOTER_SIZE)
+        num_blocks, raw_size, dtype_bytes, signature = FOOTER.unpack(f.read(FOOTER_SIZE))
+        if signature != SIGNATURE:
+            raise RoxFormatError(
+                path,
+                f"the last 8 bytes are {signature!r}, not the ROXXEL02 signature (truncated, "
+                "extended with trailing bytes, or not a .rox file)",
+                _REWRITE,
+            )
+        dtype = decode_dtype(dtype_bytes, path)
+        if num_blocks < 0 or raw_size < 0:
+            raise RoxFormatError(
+                path,
+                f"the footer says {num_blocks} blocks and {raw_size} raw bytes; both must be >= 0",
+                _REWRITE,
+            )
+        expected = raw_size + INDEX_ENTRY_SIZE * num_blocks + FOOTER_SIZE
+        if expected != file_size:
+            raise RoxFormatError(
+                path,
+                f"the file is {file_size} bytes but its footer ({num_blocks} block(s), "
+                f"{raw_size} raw bytes) implies raw + 8*N + 32 = {expected} bytes (truncated "
+                "or damaged)",
+                _REWRITE,
+            )
+        if (num_blocks == 0) != (raw_size == 0):
+            raise RoxFormatError(
+                path, f"the footer says {num_blocks} blocks but {raw_size} raw bytes", _REWRITE
+            )
+        itemsize = dtype.itemsize
+        if raw_size % itemsize:
+            raise RoxFormatError(
+                path,
+                f"the raw region ({raw_size} bytes) is not a whole number of {dtype} tokens "
+                f"({itemsize} bytes each)",
+                "write shards with a block size that is a multiple of the token size",
+            )
+        first = last = 0
+        if num_blocks:
+            f.seek(raw_size)
+            first = int.from_bytes(f.read(8), "little", signed=True)
+            f.seek(raw_size + INDEX_ENTRY_SIZE * (num_blocks - 1))
+            last = int.from_bytes(f.read(8), "little", signed=True)
+            if not 0 < first <= last == raw_size:
+                raise RoxFormatError(
+                    path,
+                    f"the block index is inconsistent: first end offset {first}, last {last}, "
+                    f"raw size {raw_size} (need 0 < first <= last == raw size)",
+                    _REWRITE,
+                )
+            if first % itemsize:
+                raise RoxFormatError(
+                    path,
+                    f"the block size {first} bytes is not a multiple of the {dtype} token size "
+                    f"({itemsize} bytes): blocks would split tokens (roxxel garbles them)",
+                    f"re-write with a block size that is a multiple of {itemsize}",
+                )
+    return ShardHeader(path, file_size, num_blocks, raw_size, dtype, first, last)
+
+
+def check_index(header: ShardHeader, ends: np.ndarray) -> bool:
+    """Walk a shard's whole index; return whether all blocks have the first block's size.
+
+    Checks that end offsets strictly increase, stay within the raw region, end at it, and
+    that every block holds whole tokens. Vectorised in 1M-entry chunks (bounded memory).
+    """
+    n = header.num_blocks
+    itemsize = header.dtype.itemsize
+    bs = header.first_block_bytes
+    uniform = True
+    prev = 0
+    for lo in range(0, n, _INDEX_CHUNK):
+        chunk = np.asarray(ends[lo : lo + _INDEX_CHUNK], dtype=np.int64)
+        outside = np.flatnonzero((chunk <= 0) | (chunk > header.raw_size))
+        if outside.size:
+            i = lo + int(outside[0])
+            raise RoxFormatError(
+                header.path,
+                f"block {i}'s end offset {int(chunk[outside[0]])} lies outside the "
+                f"{header.raw_size}-byte raw region",
+                _REWRITE,
+            )
+        sizes = np.diff(chunk, prepend=np.int64(prev))
+        bad = np.flatnonzero((sizes <= 0) | (sizes % itemsize != 0))
+        if bad.size:
+            i = lo + int(bad[0])
+            before = prev if bad[0] == 0 else int(chunk[bad[0] - 1])
+            raise RoxFormatError(
+                header.path,
+                f"block {i} ends at offset {int(chunk[bad[0]])} after the previous block ended "
+                f"at {before}: the index must increase by whole {header.dtype} tokens "
+                f"({itemsize} bytes)",
+                _REWRITE,
+            )
+        uniform = uniform and bool(np.all(sizes == bs))
+        prev = int(chunk[-1])
+    if prev != header.raw_size:
+        raise RoxFormatError(
+            header.path,
+            f"the index ends at {prev} but the raw region is {header.raw_size} bytes",
+            _REWRITE,
+        )
+    return uniform

@@ -1,0 +1,420 @@
+"""A shard set on disk against its manifest: how a write publishes one (:func:`publish_set`)
+and which write a reader finds (:func:`current_manifest`), or why it refuses.
+
+A write publishes several files (one rename each, never atomic together), so the manifest is
+the commit record. While a write publishes, the manifest holds the previous set (``shards``)
+and the complete new one (``pending``). A reader classifies every file named like a shard of
+the set by its size and mtime_ns (a rename keeps both) and, only for a file that matches
+neither record (e.g. a directory copied half-way), by its sha256:
+
+* the files are exactly the new set -> the new data (the writer died after its renames);
+* the files are exactly the previous set -> the previous data (it died before them);
+* anything else is a mix of two writes and is refused, naming what to do.
+
+Without ``pending``, the files named like shards must be exactly the manifest's: an extra or
+missing shard is refused (cheap: one directory scan, no reads); each shard's size and footer
+are checked against its record when it is opened.
+Hidden temporary files of killed writers are listed by :func:`leftover_temps` and removed by
+the next write to the set (:func:`clean_leftovers`), which also deletes the uncommitted shards
+of a killed write that left the previous set intact (:func:`roll_back_interrupted`). An
+overwrite of a set that was refused records why in its pending manifest, so a kill before its
+renames refuses again instead of opening the refused files; an append checks the content of
+every kept shard whose size or mtime changed before recording its new mtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+from collections.abc import Callable
+
+from grain_rox._format._atomic import fsync_dir, set_writer_active
+from grain_rox._format._hash_cache import cached_sha256
+from grain_rox._format._manifest import (
+    MANIFEST_SUFFIX,
+    Manifest,
+    ShardRecord,
+    load_manifest,
+    manifest_path_for,
+    member_pattern,
+    set_name,
+    write_manifest,
+)
+from grain_rox._format._rox_format import RoxFormatError, read_header, require_regular
+
+
+def shard_number(name: str) -> int:
+    """Sort key of a set member: ``x.rox`` first, then ``x_NNNN.rox`` by number.
+
+    >>> sorted(["a_10000.rox", "a_1001.rox", "a.rox"], key=shard_number)
+    ['a.rox', 'a_1001.rox', 'a_10000.rox']
+    """
+    m = re.search(r"_(\d{4,})\.rox$", name)
+    return int(m.group(1)) if m else -1
+
+
+def scan_set(manifest_path: str) -> dict[str, os.stat_result]:
+    """Return the files named like shards of the set, by name in shard order, with their stat."""
+    directory = os.path.dirname(manifest_path) or "."
+    members = member_pattern(manifest_path)
+    found: dict[str, os.stat_result] = {}
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if members.fullmatch(entry.name):
+            st = os.stat(entry.path)
+            require_regular(entry.path, st)
+            found[entry.name] = st
+    return {n: found[n] for n in sorted(found, key=shard_number)}
+
+
+def _temp_pattern(manifest_path: str) -> re.Pattern[str]:
+    base = re.escape(set_name(manifest_path))
+    names = rf"(?:{base}(?:_\d{{4,}})?\.rox|{base}{re.escape(MANIFEST_SUFFIX)})"
+    return re.compile(rf"\.{names}\.(\d+)\.[0-9a-f]+\.tmp")
+
+
+def _matching_temps(manifest_path: str) -> list[tuple[str, int]]:
+    directory = os.path.dirname(manifest_path) or "."
+    pattern = _temp_pattern(manifest_path)
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(directory):
+            m = pattern.fullmatch(entry.name)
+            if m:
+                found.append((entry.path, int(m.group(1))))
+    return sorted(found)
+
+
+def leftover_temps(manifest_path: str) -> list[str]:
+    """Return the hidden temporary files of writes to this set that are not running now:
+    all of them when no writer holds the set's lock (whatever their pid: a killed writer's
+    pid may be alive again, e.g. pid 1 in a container), else those of dead pids.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(os.path.join(d, ".t_0001.rox.1.ab12.tmp"), "wb")
+    >>> [os.path.basename(p) for p in leftover_temps(os.path.join(d, "t.manifest.json"))]
+    ['.t_0001.rox.1.ab12.tmp']
+    """
+    found = _matching_temps(manifest_path)  # before the lock check: see set_writer_active
+    active = set_writer_active(manifest_path)
+    return [
+        path
+        for path, pid in found
+        if (active is False or not _alive(pid)) and os.path.lexists(path)
+    ]
+
+
+def leftovers_of(paths: list[str]) -> list[str]:
+    """The killed writers' temporaries beside the sets that shard ``paths`` belong to."""
+    found: list[str] = []
+    for mpath in dict.fromkeys(manifest_path_for(p) for p in paths):
+        found += [t for t in leftover_temps(mpath) if t not in found]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours from an earlier, failed call in this process: not in use
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid < (1 << 31)
+    return True
+
+
+def clean_leftovers(manifest_path: str) -> list[str]:
+    """Delete the temporaries that killed writers left for this set; return their paths.
+
+    Call it only under the set's write lock (:func:`grain_rox._format._atomic.set_write_lock`): no
+    other write of the set runs then, so every temporary of the set is a leftover.
+    """
+    removed = []
+    for path, _pid in _matching_temps(manifest_path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def file_sha256(path: str, st: os.stat_result) -> str:
+    """sha256 of a file, hashed at most once per file version on this host (see
+    :mod:`grain_rox._format._hash_cache`)."""
+    return cached_sha256(path, st)
+
+
+def stat_matches(st: os.stat_result, rec: ShardRecord | None) -> bool:
+    """Whether a file's size and mtime_ns are the ones recorded (no read)."""
+    return rec is not None and st.st_size == rec.file_size and st.st_mtime_ns == rec.mtime_ns
+
+
+@dataclasses.dataclass
+class _Classified:
+    new: dict[str, bool]
+    old: dict[str, bool]
+
+
+def _classify(directory: str, disk: dict[str, os.stat_result], m: Manifest) -> _Classified:
+    assert m.pending is not None
+    new_recs, old_recs = m.pending.shards, m.shards
+    out = _Classified({}, {})
+    for name, st in disk.items():
+        new_rec, old_rec = new_recs.get(name), old_recs.get(name)
+        is_new = stat_matches(st, new_rec)
+        is_old = stat_matches(st, old_rec) or (
+            old_rec is not None
+            and old_rec.mtime_ns is None
+            and old_rec.sha256 is None
+            and st.st_size == old_rec.file_size
+        )
+        if not is_new and not is_old:  # e.g. copied mid-write: decide by content (rare)
+            digest = None
+            for rec in (new_rec, old_rec):
+                if rec is not None and rec.sha256 and st.st_size == rec.file_size:
+                    digest = digest or file_sha256(os.path.join(directory, name), st)
+            is_new = new_rec is not None and digest is not None and digest == new_rec.sha256
+            is_old = old_rec is not None and digest is not None and digest == old_rec.sha256
+        out.new[name], out.old[name] = is_new, is_old
+    return out
+
+
+def _listing(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _shared(m: Manifest) -> set[str]:
+    """Shards an append keeps: recorded alike in the previous set and the pending one."""
+    assert m.pending is not None
+    new, old = m.pending.shards, m.shards
+
+    def key(r: ShardRecord) -> tuple[object, ...]:
+        return (r.file_size, r.sha256, r.mtime_ns)
+
+    return {n for n in new if n in old and key(new[n]) == key(old[n])}
+
+
+def _old_intact(disk: dict[str, os.stat_result], m: Manifest, c: _Classified) -> bool:
+    return m.refused is None and all(n in disk and c.old[n] for n in m.shards)
+
+
+def _mix_error(
+    manifest_path: str, m: Manifest, disk: dict[str, os.stat_result], c: _Classified
+) -> RoxFormatError:
+    assert m.pending is not None
+    new, old = m.pending.shards, m.shards
+    shared = _shared(m)
+    appending = bool(old) and set(old) == shared
+    written = [n for n in new if n not in shared]
+    published = [n for n in disk if n in written and c.new[n] and not c.old[n]]
+    old_left = [n for n in disk if c.old[n]]
+    what = "an append to" if appending else "a write to"
+    before = "the set had before it" if appending else "the data it replaces"
+    problem = (
+        f"{what} this shard set (write {m.pending.write_id}) was interrupted while it "
+        f"published its shards: on disk are {len(published)} of its {len(written)} new "
+        f"shard(s) and {len(old_left)} of the {len(old)} shard(s) of {before}, so the files "
+        "are neither the old nor the new data"
+    )
+    if m.refused is not None:
+        fix = (
+            "run the overwrite again (if_exists='overwrite'); the files it was to replace were "
+            f"already refused ({m.refused})"
+        )
+    elif all(n in disk and c.new[n] for n in new):
+        strays = [n for n in disk if n not in new]
+        fix = (
+            f"the new data is complete: delete the {len(strays)} leftover shard(s) of the old "
+            f"data ({_listing(strays)}), or run the write again"
+        )
+    elif _old_intact(disk, m, c):
+        extra = [n for n in disk if n not in old]
+        fix = (
+            f"the previous data is intact: the next write to this set removes the "
+            f"{len(extra)} uncommitted shard(s) of the interrupted write ({_listing(extra)}) "
+            "first, so running the write again works; or delete them to read the previous "
+            "data now"
+        )
+    else:
+        fix = (
+            "run the write again with if_exists='overwrite' (it rewrites the whole set); the "
+            "previous data was partly replaced and cannot be recovered from these files"
+        )
+    return RoxFormatError(manifest_path, problem, fix)
+
+
+def roll_back_interrupted(manifest_path: str) -> list[str]:
+    """Under the set's write lock: if a killed write left the previous set intact beside some
+    of its own (never committed) shards, delete those and drop the ``pending`` record, so the
+    next write starts from the previous set. Return the deleted paths."""
+    try:
+        m = load_manifest(manifest_path)
+        if m is None or m.pending is None:
+            return []
+        directory = os.path.dirname(manifest_path) or "."
+        disk = scan_set(manifest_path)
+        c = _classify(directory, disk, m)
+    except RoxFormatError:
+        return []  # the write itself decides (an overwrite replaces it; an append refuses)
+    extra = [n for n in disk if n not in m.shards]
+    if not _old_intact(disk, m, c) or not all(c.new[n] for n in extra):
+        return []
+    removed = []
+    for name in extra:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+    fsync_dir(directory)
+    if m.dtype:
+        write_manifest(manifest_path, dataclasses.replace(m, pending=None))
+    else:  # the previous set had no manifest
+        os.unlink(manifest_path)
+        fsync_dir(directory)
+    return removed
+
+
+def current_manifest(manifest_path: str) -> Manifest | None:
+    """Return the manifest that describes the set on disk, or None if there is none.
+
+    Raises :class:`RoxFormatError` when the files are not exactly one write's set: a mix of
+    an interrupted write and the data it replaces, extra or missing shards, a changed size.
+    """
+    m = load_manifest(manifest_path)
+    if m is None:
+        return None
+    directory = os.path.dirname(manifest_path) or "."
+    disk = scan_set(manifest_path)
+    if m.pending is not None:
+        c = _classify(directory, disk, m)
+        if set(disk) == set(m.pending.shards) and all(c.new.values()):
+            return m.pending
+        if set(disk) == set(m.shards) and all(c.old.values()):
+            # The write never got to its renames: the previous set, which may have had no
+            # manifest (its records then only describe the files, with an empty dtype).
+            if m.refused is not None:
+                raise RoxFormatError(
+                    manifest_path,
+                    f"an overwrite of this shard set (write {m.pending.write_id}) was "
+                    "interrupted before it put its shards in place, and the files it was to "
+                    f"replace were already refused ({m.refused})",
+                    "run the overwrite again (if_exists='overwrite')",
+                )
+            return dataclasses.replace(m, pending=None) if m.dtype else None
+        raise _mix_error(manifest_path, m, disk, c)
+    extras = [n for n in disk if n not in m.shards]
+    if extras:
+        raise RoxFormatError(
+            os.path.join(directory, extras[0]),
+            f"{len(extras)} file(s) named like shards of this set are not in its manifest "
+            f"{manifest_path} ({_listing(extras)}): no write of this set made them",
+            "rename them if they belong to another set, or run the write again; to read the "
+            "files without grain_rox's checks, delete the manifest",
+        )
+    missing = [n for n in m.shards if n not in disk]
+    if missing:
+        raise RoxFormatError(
+            manifest_path,
+            f"{len(missing)} shard(s) that the manifest records are missing ({_listing(missing)})",
+            "restore them from a copy of the set, or run the write again",
+        )
+    # Sizes are checked per shard against its footer when it is opened or verified, so one
+    # damaged shard does not hide the state of the others from verify.
+    return m
+
+
+def publish_set(
+    mpath: str,
+    disk: dict[str, os.stat_result],
+    previous: Manifest,
+    final: Manifest,
+    moves: list[tuple[str, str]],
+    *,
+    discard: Callable[[], None],
+    keep_manifest: bool,
+) -> None:
+    """Put the new set in place as one transaction (see :mod:`grain_rox._format._shard_set`).
+
+    1. the manifest names the set on disk now and, as ``pending``, the complete new set (its
+       shards are already fsynced under temporary names); 2. the shards are renamed into place;
+    3. shards of the old set that the new one does not have are deleted; 4. the manifest
+    becomes the new set's (or is removed with ``manifest=False``). A reader that finds the
+    files between 1 and 4 sees exactly the old set, exactly the new one, or a refused mix.
+    """
+    directory = os.path.dirname(mpath)
+    try:
+        write_manifest(mpath, dataclasses.replace(previous, pending=final))
+    except BaseException:
+        discard()
+        raise
+    for tmp, final_path in moves:
+        os.replace(tmp, final_path)
+    fsync_dir(directory)
+    stale = [n for n in disk if n not in final.shards]
+    for name in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+    if stale:
+        fsync_dir(directory)
+    if keep_manifest:
+        write_manifest(mpath, final)
+    else:
+        os.unlink(mpath)  # the set is written without grain_rox's extras
+        fsync_dir(directory)
+
+
+def _check_kept(path: str, st: os.stat_result, rec: ShardRecord, mpath: str) -> None:
+    """A shard the write keeps whose size or mtime changed: its content must still be the
+    recorded one before its new mtime is recorded beside the old sha256."""
+    digest = file_sha256(path, st)
+    if digest != rec.sha256:
+        raise RoxFormatError(
+            path,
+            f"its content changed after it was written: its sha256 is {digest} but {mpath} "
+            f"records {rec.sha256}, so appending to the set would record the changed bytes as "
+            "the set's",
+            "restore the shard from a copy, or re-create the set with if_exists='overwrite'",
+        )
+
+
+def previous_set(
+    mpath: str, disk: dict[str, os.stat_result], *, strict: bool, replaced: str | None = None
+) -> Manifest:
+    """The set on disk now, as a manifest with every file's size and mtime_ns.
+
+    ``strict`` (append, or a member shard written alone) requires a consistent set, and the
+    shards it keeps (all but ``replaced``) to hold their recorded content; otherwise
+    (overwrite) a set left mixed by an interrupted write is described file by file, since all
+    of it is replaced.
+    """
+    directory = os.path.dirname(mpath)
+    refused = None
+    try:
+        current = current_manifest(mpath)
+    except RoxFormatError as e:
+        if strict:
+            raise
+        current, refused = None, f"{os.path.basename(e.path)}: {e.problem}"
+    records: dict[str, ShardRecord] = {}
+    for name, st in disk.items():
+        rec = current.shards.get(name) if current is not None else None
+        if rec is None:
+            try:
+                h = read_header(os.path.join(directory, name))
+                rec = ShardRecord(h.file_size, h.num_blocks, h.raw_size, None, h.num_tokens)
+            except RoxFormatError:
+                if strict:
+                    raise
+                rec = ShardRecord(st.st_size, 0, 0, None, 0)
+        elif strict and name != replaced and not stat_matches(st, rec) and rec.sha256:
+            _check_kept(os.path.join(directory, name), st, rec, mpath)
+        records[name] = dataclasses.replace(rec, mtime_ns=st.st_mtime_ns)
+    if current is None:  # no manifest: the records only describe the files (empty dtype)
+        return Manifest(dtype="", block_size=0, shards=records, refused=refused)
+    return dataclasses.replace(current, shards=records, pending=None)

@@ -1,0 +1,1 @@
+"""Pure arithmetic, numpy only: Feistel permutation, lanes, exact mixing, curriculum schedule."""

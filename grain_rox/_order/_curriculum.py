@@ -1,0 +1,165 @@
+"""Curriculum phases: (steps, batch_size, seq_len, weights) and the step -> phase map.
+
+A schedule is a list of :class:`Phase`; the last may be endless (``steps=None``). Global step
+``k`` falls in the phase whose step range holds it (O(#phases)); its samples are numbered
+continuously across phases, and inside a phase they are split between sources by that phase's
+:class:`~grain_rox._order._mixture.Mixture`, counted from the phase's first sample.
+
+Each source therefore knows, in closed form, how many samples every phase drew from it, so its
+own sample counter — and with it its lane cursors (see ``_lanes``) — continues across phase
+boundaries: when ``seq_len``, ``batch_size`` or the weights change, no token is replayed and
+none is skipped.
+
+Roxxel's ``stream(..., start_step, completed_phases=[(steps, batch_size, seq_len), ...])``
+maps to ``[Phase(steps, batch_size, seq_len) for each completed phase] + [Phase(None,
+batch_size, seq_len)]`` for the current one (with grain_rox's own order, not roxxel's: use
+:func:`grain_rox.roxxel_stream` to reproduce roxxel's batches bit for bit).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from grain_rox._order._lanes import Run
+from grain_rox._order._mixture import Mixture, resolve_weights
+from grain_rox._order._permutation import int_arg
+
+ENDLESS = 1 << 62
+SAMPLE_LIMIT = 1 << 61  # sample numbers stay below this (int64 arithmetic with room to spare)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One curriculum phase: ``steps`` global batches (None: forever) of ``batch_size`` rows
+    of ``seq_len`` tokens, drawn from the sources with ``weights`` (name -> weight).
+
+    >>> Phase(steps=100, batch_size=32, seq_len=256, weights={"code": 0.7, "prose": 0.3})
+    Phase(steps=100, batch_size=32, seq_len=256, weights={'code': 0.7, 'prose': 0.3})
+    """
+
+    steps: int | None
+    batch_size: int
+    seq_len: int
+    weights: Mapping[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        # Python or numpy ints (stored as int); "5", 2.7 and True are refused
+        if self.steps is not None:
+            object.__setattr__(self, "steps", int_arg(self.steps, "steps", where="Phase"))
+        for name in ("batch_size", "seq_len"):
+            object.__setattr__(self, name, int_arg(getattr(self, name), name, where="Phase"))
+        if self.weights is not None:
+            if not isinstance(self.weights, Mapping):
+                raise TypeError(
+                    f"Phase: weights={self.weights!r} is a {type(self.weights).__name__}, not "
+                    "a mapping; pass weights={name: weight, ...}"
+                )
+            object.__setattr__(self, "weights", dict(self.weights))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "batch_size": int(self.batch_size),
+            "seq_len": int(self.seq_len),
+            "weights": None if self.weights is None else dict(sorted(self.weights.items())),
+        }
+
+
+class Schedule:
+    """Phases over named sources: step -> (phase, samples), and each source's runs."""
+
+    def __init__(self, phases: Sequence[Phase], names: Sequence[str]) -> None:
+        if not phases:
+            raise ValueError("a schedule needs at least one Phase")
+        for i, p in enumerate(phases[:-1]):
+            if p.steps is None:
+                raise ValueError(f"only the last phase may be endless; phase {i} has steps=None")
+        self.phases = tuple(phases)
+        self.names = tuple(names)
+        self.mixtures = tuple(
+            Mixture.from_weights(resolve_weights(self.names, p.weights, f"phase {i}"))
+            for i, p in enumerate(self.phases)
+        )
+        self.step_starts = [0]
+        self.sample_starts = [0]
+        for i, p in enumerate(self.phases):
+            if (
+                p.steps is not None
+                and self.sample_starts[-1] + p.steps * p.batch_size > SAMPLE_LIMIT
+            ):
+                raise ValueError(
+                    f"phase {i}: steps={p.steps} of batch_size={p.batch_size} take the schedule "
+                    f"past {SAMPLE_LIMIT} samples (2**61), the most supported; give fewer steps "
+                    "(the last phase may be endless: steps=None)"
+                )
+            steps = ENDLESS if p.steps is None else p.steps
+            self.step_starts.append(min(ENDLESS, self.step_starts[-1] + steps))
+            self.sample_starts.append(min(ENDLESS, self.sample_starts[-1] + steps * p.batch_size))
+        # Samples each source drew in each finished phase, and where each source's phase
+        # segment starts in its own sample numbering.
+        self.source_starts: list[list[int]] = []
+        base = [0] * len(self.names)
+        for i, p in enumerate(self.phases):
+            self.source_starts.append(list(base))
+            if p.steps is not None:
+                drawn = self.mixtures[i].counts(p.steps * p.batch_size)
+                base = [b + d for b, d in zip(base, drawn, strict=True)]
+        self.total_steps = None if self.phases[-1].steps is None else self.step_starts[-1]
+        if self.total_steps is None:  # the endless phase runs until its samples reach the limit
+            last = self.phases[-1]
+            room = max(0, SAMPLE_LIMIT - self.sample_starts[-2]) // last.batch_size
+            self.step_limit = self.step_starts[-2] + room
+        else:
+            self.step_limit = self.total_steps
+
+    def phase_of_step(self, step: int) -> int:
+        if step < 0 or step >= self.step_limit:
+            what = "total" if self.total_steps is not None else "endless: supported steps below"
+            raise IndexError(f"step {step} is outside the schedule ({what} {self.step_limit})")
+        return bisect.bisect_right(self.step_starts, step) - 1
+
+    def source_runs(self, source: int) -> list[Run]:
+        """The source's own sample ranges per phase, with that phase's seq_len."""
+        runs: list[Run] = []
+        for i, p in enumerate(self.phases):
+            start = self.source_starts[i][source]
+            if p.steps is None:
+                stop = ENDLESS
+            else:
+                stop = start + self.mixtures[i].counts(p.steps * p.batch_size)[source]
+            if stop > start:
+                if runs and runs[-1].seq_len == p.seq_len and runs[-1].stop == start:
+                    runs[-1] = Run(runs[-1].start, stop, p.seq_len)
+                else:
+                    runs.append(Run(start, stop, p.seq_len))
+        if not runs or runs[-1].stop != ENDLESS:
+            last = self.phases[-1].seq_len
+            start = runs[-1].stop if runs else 0
+            runs.append(Run(start, ENDLESS, last))  # never read; keeps the map total
+        return runs
+
+    def step_samples(self, step: int, lo: int, hi: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """For rows ``[lo, hi)`` of global batch ``step``: (phase, source of each row, the row's
+        sample index in its source's own numbering)."""
+        i = self.phase_of_step(step)
+        p = self.phases[i]
+        first = (step - self.step_starts[i]) * p.batch_size
+        if len(self.names) == 1:  # no mixing: the source's own samples, in order
+            own = self.source_starts[i][0] + first + np.arange(lo, hi, dtype=np.int64)
+            return i, np.zeros(hi - lo, dtype=np.int64), own
+        mixture = self.mixtures[i]
+        before = mixture.counts(first + lo)
+        sources = mixture.sources_from(first + lo, first + hi, before)
+        own = np.empty(hi - lo, dtype=np.int64)
+        for s in range(len(self.names)):
+            rows = np.flatnonzero(sources == s)
+            own[rows] = self.source_starts[i][s] + before[s] + np.arange(rows.size)
+        return i, sources, own
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [p.describe() for p in self.phases]

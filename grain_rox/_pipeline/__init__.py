@@ -1,0 +1,1 @@
+"""TokenPipeline, packing, mix_datasets (the Grain side of mixing)."""

@@ -1,0 +1,245 @@
+"""Grain side of exact mixing: :func:`mix_datasets` serves sample ``n`` from the source that
+the Sainte-Laguë apportionment (:mod:`grain_rox._order._mixture`) gives it.
+
+:func:`mix_datasets` puts the identity of its inputs (:func:`describe_dataset`) and of its
+weights, phases, seed and length into its iterators' states, so a state saved over another
+mixture is refused, naming what changed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from grain_rox._format._digest import facts_digest
+from grain_rox._order._mixture import Mixture, resolve_weights
+from grain_rox._order._permutation import derive_key, int_arg, seed_arg
+from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._identity import IdentifiedIterDataset, IdentifiedMapDataset, with_identity
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_SHOWN = 400  # longer descriptions keep their start and a digest of the whole
+_DIGEST_ITEMS = 100_000  # Python containers up to this size are identified by their content
+
+
+def _content_digest(items: Sequence[Any]) -> str:
+    """SHA-1 digest (16 hex digits) of a Python container's elements: arrays by dtype, shape
+    and bytes, mappings key by key, anything else by repr."""
+    h = hashlib.sha1()
+
+    def feed(x: Any) -> None:
+        if isinstance(x, np.ndarray):
+            h.update(f"{x.dtype.str}{x.shape}".encode())
+            h.update(np.ascontiguousarray(x).tobytes())
+        elif isinstance(x, Mapping):
+            for k in sorted(x, key=repr):
+                h.update(repr(k).encode())
+                feed(x[k])
+        else:
+            h.update(repr(x).encode())
+        h.update(b"\x00")
+
+    for item in items:
+        feed(item)
+    return h.hexdigest()[:16]
+
+
+def _source_description(source: Any) -> str:
+    """A source's repr when it identifies the content (grain_rox sources hold a content
+    fingerprint); a digest of the elements of a Python list or tuple; else (a repr that is
+    an object address, different in every process) the type and length."""
+    name = type(source).__qualname__
+    if isinstance(source, (list, tuple)):
+        if len(source) > _DIGEST_ITEMS:
+            return f"{name}(len={len(source)})"
+        return f"{name}(len={len(source)}, digest={_content_digest(source)})"
+    text = repr(source)
+    if _ADDRESS.search(text) or text.startswith("<"):
+        try:
+            return f"{name}(len={len(source)})"
+        except TypeError:
+            return name
+    return text
+
+
+def _node_description(node: Any) -> str:
+    source = getattr(node, "_source", None)
+    if source is not None and not node.parents:
+        return _source_description(source)
+    if isinstance(node, (IdentifiedMapDataset, IdentifiedIterDataset)):
+        return f"{node.what}(identity={facts_digest(node.identity)})"
+    text = _ADDRESS.sub("", str(node))
+    seed = vars(node).get("_seed")
+    if seed is not None:
+        text += f"[seed={seed}]"
+    parents = [p for p in node.parents]
+    if not parents:
+        return text
+    inner = ", ".join(_node_description(p) for p in parents)
+    return f"{text}<-{inner}" if len(parents) == 1 else f"{text}<-[{inner}]"
+
+
+def describe_dataset(ds: Any) -> str:
+    """A description of a Grain dataset (its chain of operations back to its sources) or of a
+    data source that is the same in every process and changes when the data or an operation
+    does (sources are described by their repr, which is content-based for grain_rox's own).
+
+    >>> import grain
+    >>> describe_dataset(grain.MapDataset.range(4).shuffle(seed=3))
+    'ShuffleMapDataset[seed=3]<-RangeMapDataset(start=0, stop=4, step=1)'
+    """
+    if isinstance(ds, (grain.MapDataset, grain.IterDataset)):
+        text = _node_description(ds)
+    else:
+        text = _source_description(ds)
+    if len(text) > _SHOWN:
+        text = f"{text[: _SHOWN - 40]}...(digest={facts_digest(text)})"
+    return text
+
+
+class _ExactSelection(grain.transforms.DatasetSelectionMap):
+    """Grain selection map: element ``i`` -> (source, the source's own sample index)."""
+
+    def __init__(self, mixture: Mixture, length: int) -> None:
+        self.mixture = mixture
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        before = self.mixture.counts(index)
+        after = self.mixture.counts(index + 1)
+        source = next(i for i, (a, b) in enumerate(zip(before, after, strict=True)) if b > a)
+        return source, before[source]
+
+
+class _PhasedSelection(grain.transforms.DatasetSelectionMap):
+    """Phase ``p`` covers elements ``[starts[p], starts[p + 1])`` with its own mixture; each
+    source's sample index continues from where the earlier phases left it."""
+
+    def __init__(self, mixtures: Sequence[Mixture], lengths: Sequence[int]) -> None:
+        self.mixtures = list(mixtures)
+        self.starts = [0, *np.cumsum(lengths).tolist()]
+        self.offsets = [tuple(0 for _ in mixtures[0].weights)]
+        for mixture, n in zip(mixtures[:-1], lengths[:-1], strict=True):
+            served = mixture.counts(n)
+            self.offsets.append(tuple(a + b for a, b in zip(self.offsets[-1], served, strict=True)))
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        # past the end (a repeated mixture) the last phase continues
+        p = min(bisect.bisect_right(self.starts, index), len(self.mixtures)) - 1
+        source, k = _ExactSelection(self.mixtures[p], 1 << 62)[index - self.starts[p]]
+        return source, self.offsets[p][source] + k
+
+
+def mix_datasets(
+    datasets: Mapping[str, grain.MapDataset],
+    weights: Mapping[str, float] | None = None,
+    *,
+    phases: Sequence[tuple[int | None, Mapping[str, float]]] | None = None,
+    seed: int = 0,
+    length: int | None = None,
+) -> grain.MapDataset:
+    """Mix Grain ``MapDataset``s with exact proportions, as a random-access ``MapDataset``.
+
+    Element ``i`` comes from the source that the Sainte-Laguë sequence (see the module doc)
+    assigns to sample ``i``; each source is shuffled with a new permutation every epoch and
+    repeats, so the mixture never ends early (``length`` defaults to the largest source's
+    length divided by its weight share). An endless source (``len == sys.maxsize``, Grain's
+    convention, e.g. ``ds.repeat()`` or an endless :class:`~grain_rox.TokenPipeline`'s
+    ``map_dataset()``) is read in its own order, and makes the default length endless too.
+
+    A curriculum: ``phases=[(num_samples, weights), ..., (None, weights)]`` instead of
+    ``weights`` changes the proportions after each phase's samples (the last phase may run to
+    ``length``); every source continues where the previous phase left it, so nothing is
+    replayed or skipped at a phase change. Any element is still found in O(#sources), so a
+    Grain iterator over the mixture restores at once.
+
+    >>> import grain
+    >>> ds = mix_datasets({"a": grain.MapDataset.range(100), "b": grain.MapDataset.range(1000, 1010)},
+    ...                   {"a": 0.75, "b": 0.25}, seed=0, length=8)
+    >>> [int(x >= 1000) for x in ds]
+    [0, 0, 1, 0, 0, 0, 1, 0]
+    >>> phased = mix_datasets({"a": grain.MapDataset.range(100), "b": grain.MapDataset.range(1000, 1010)},
+    ...                       phases=[(4, {"a": 1.0}), (None, {"b": 1.0})], length=6)
+    >>> [int(x >= 1000) for x in phased]
+    [0, 0, 0, 0, 1, 1]
+    """
+    if not isinstance(datasets, Mapping) or not datasets:
+        raise TypeError(
+            f"mix_datasets: datasets={datasets!r} must be a non-empty mapping "
+            "{name: grain.MapDataset}"
+        )
+    make_grain_workers_usable()
+    names = list(datasets)
+    for name, ds in datasets.items():
+        if not isinstance(ds, grain.MapDataset):
+            raise TypeError(
+                f"mix_datasets: dataset {name!r} is a {type(ds).__name__}, not a "
+                "grain.MapDataset; wrap a data source as grain.MapDataset.source(source)"
+            )
+    seed = seed_arg(seed, where="mix_datasets")
+    if length is not None:
+        length = int_arg(length, "length", where="mix_datasets")
+    if (weights is None) == (phases is None) and len(names) > 1:
+        raise ValueError("mix_datasets: give weights= or phases=[(num_samples, weights), ...]")
+    if phases is None:
+        phases = [(None, weights)]  # type: ignore[list-item]
+    if not phases:
+        raise ValueError("phases= is empty; give at least one (num_samples, weights)")
+    shares = [
+        resolve_weights(names, w, f"mix_datasets phase {p}") for p, (_, w) in enumerate(phases)
+    ]
+    counts = [
+        None if n is None else int_arg(n, f"phases[{p}] num_samples", where="mix_datasets")
+        for p, (n, _) in enumerate(phases)
+    ]
+    if any(n is None for n in counts[:-1]):
+        raise ValueError(
+            f"phase lengths {counts} must be >= 1; only the last phase may be None (until length)"
+        )
+    fixed = sum(n for n in counts[:-1] if n is not None)
+    if counts[-1] is None:
+        if length is None:
+            last, total = shares[-1], sum(shares[-1])
+            tail = max(
+                int(len(datasets[n]) * total / w) for n, w in zip(names, last, strict=True) if w
+            )
+            length = min(sys.maxsize, fixed + tail)  # an endless input: an endless mixture
+        if length <= fixed:
+            raise ValueError(f"length={length} ends before the last phase starts (sample {fixed})")
+        counts[-1] = length - fixed
+    elif length is not None and length != fixed + counts[-1]:
+        raise ValueError(f"length={length} differs from the phases' {fixed + counts[-1]} samples")
+    mixtures = [Mixture.from_weights(w) for w in shares]
+    parts = [
+        datasets[n]  # endless (Grain's len == sys.maxsize): taken in its own order
+        if len(datasets[n]) >= sys.maxsize
+        else datasets[n].shuffle(seed=derive_key(seed, i) % (1 << 31)).repeat()
+        for i, n in enumerate(names)
+    ]
+    if len(mixtures) == 1:
+        selection: grain.transforms.DatasetSelectionMap = _ExactSelection(
+            mixtures[0], int(counts[0] or 0)
+        )
+    else:
+        selection = _PhasedSelection(mixtures, [int(n) for n in counts if n is not None])
+    mixed = grain.MapDataset.select_from_datasets(parts, selection)
+    identity: dict[str, Any] = {f"dataset {n!r}": describe_dataset(datasets[n]) for n in names}
+    identity["phases"] = [
+        [n, dict(zip(names, w, strict=True))] for n, w in zip(counts, shares, strict=True)
+    ]
+    identity["seed"] = seed
+    identity["length"] = int(sum(n for n in counts if n is not None))
+    return with_identity(mixed, identity, what="mix_datasets")

@@ -1,0 +1,541 @@
+"""Document-aware packing: whole documents into (batch, seq_len) rows with Grain's packers.
+
+Concat-then-split windows (:class:`~grain_rox.TokenPipeline`) use 100% of tokens but cut
+documents at window edges; packing keeps every document (or piece of one) whole inside a row
+and pads the rest. Here:
+
+* :class:`RoxDocumentSource` turns a `.rox` corpus into documents: the tokens up to and
+  including each EOS (found with one vectorised scan per shard, cached; O(#documents) index
+  memory). A document longer than ``seq_len + 1`` tokens is split into pieces of
+  ``seq_len + 1`` that overlap by one token (every next-token pair kept), truncated (the
+  dropped tokens are counted and logged) or refused (``long_documents=``).
+* :func:`pack_documents` shuffles the documents per epoch (Grain's Feistel ``shuffle``),
+  packs them with ``grain.experimental.BestFitPackIterDataset`` (or first-fit), renames the
+  features to MaxText's names and batches. The result is a Grain ``IterDataset`` whose
+  iterator state checkpoints and restores exactly, and whose stream under ``mp_prefetch`` is
+  the in-process one whatever the worker count (each worker keeps every n-th packed batch).
+
+Any Grain source of ``{"inputs", "targets"}`` token records (for example HF records) packs the
+same way through :func:`pack_documents`, with the same ``long_documents=`` choice: nothing is
+cut without the user asking for it. Its iterator states name the input data and the packing
+config, and a state from other data or another config is refused (``_identity``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import grain
+import numpy as np
+
+from grain_rox._format._paths import PathSpec
+from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._order._permutation import int_arg, record_index, seed_arg
+from grain_rox._pipeline._mixing import describe_dataset
+from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._identity import with_identity
+
+logger = logging.getLogger("grain_rox")
+
+_RENAME = {"_segment_ids": "_segmentation", "_positions": "_position"}
+LONG_DOCUMENTS = ("split", "truncate", "error")
+LongDocuments = Literal["split", "truncate", "error"]
+
+
+def _check_long_documents(value: Any, where: str) -> None:
+    if value not in LONG_DOCUMENTS:
+        raise ValueError(
+            f"{where}: long_documents={value!r} is not one of 'split' (default: a long "
+            "document becomes several pieces), 'truncate' (keep its first seq_len tokens) or "
+            "'error'"
+        )
+
+
+def _too_long(where: str, index: int, tokens: int, seq_len: int) -> ValueError:
+    return ValueError(
+        f"{where}: document {index} has {tokens} tokens, more than the {seq_len + 1} a row of "
+        f"seq_len={seq_len} holds, and long_documents='error'; pass long_documents='split' "
+        "(every token kept, in pieces) or long_documents='truncate' (the tail dropped and "
+        "counted), or a larger seq_len"
+    )
+
+
+class RoxDocumentSource:
+    """Record ``i`` = document piece ``i``: ``inputs`` = tokens[:-1], ``targets`` = tokens[1:].
+
+    A document (its tokens and its EOS) longer than ``seq_len + 1`` tokens is, by
+    ``long_documents``: ``"split"`` into pieces of ``seq_len + 1`` tokens overlapping by one
+    (every next-token pair served once), ``"truncate"``: cut to its first ``seq_len + 1`` tokens
+    (``tokens_dropped`` counts the rest, and a warning is logged to ``"grain_rox"``), or an
+    ``"error"`` naming the document.
+
+    >>> import tempfile, os, numpy as np
+    >>> from grain_rox import write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "d.rox")
+    >>> _ = write_rox([np.array([5, 6, 7], np.uint16), np.array([8], np.uint16)], path,
+    ...               separator=0, block_size=16)
+    >>> docs = RoxDocumentSource(path, seq_len=8)
+    >>> len(docs), docs[0]["inputs"].tolist(), docs[0]["targets"].tolist()
+    (2, [5, 6, 7], [6, 7, 0])
+    >>> short = RoxDocumentSource(path, seq_len=2, long_documents="truncate")
+    >>> short[0]["inputs"].tolist(), short.tokens_dropped
+    ([5, 6], 1)
+    """
+
+    def __init__(
+        self,
+        paths: PathSpec | RoxCorpus,
+        *,
+        seq_len: int,
+        eos_id: int | None = None,
+        long_documents: LongDocuments = "split",
+        dtype: Any = np.int32,
+    ) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
+        seq_len = int_arg(seq_len, "seq_len", where="RoxDocumentSource")
+        _check_long_documents(long_documents, "RoxDocumentSource")
+        if eos_id is not None:
+            eos_id = int_arg(eos_id, "eos_id", where="RoxDocumentSource", minimum=0)
+        self.corpus = open_rox(paths)
+        eos = eos_id if eos_id is not None else self.corpus.eos_id
+        if eos is None:
+            raise ValueError(
+                f"{self.corpus.paths[0]}: no EOS id to split documents at (the shards have no "
+                "manifest); pass eos_id="
+            )
+        self.eos_id = int(eos)
+        self.seq_len = int(seq_len)
+        self.long_documents = long_documents
+        self.dtype = np.dtype(dtype)
+        self._lock = threading.Lock()
+        self._index: tuple[np.ndarray, np.ndarray] | None = None
+        self._dropped: tuple[int, int] | None = None
+
+    @property
+    def tokens_dropped(self) -> int:
+        """Tokens that ``long_documents="truncate"`` leaves out (0 otherwise)."""
+        self._pieces()
+        assert self._dropped is not None
+        return self._dropped[1]
+
+    @property
+    def documents_truncated(self) -> int:
+        """Documents that ``long_documents="truncate"`` cut (0 otherwise)."""
+        self._pieces()
+        assert self._dropped is not None
+        return self._dropped[0]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_index"] = None
+        state["_dropped"] = None
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start, length) of every piece, in corpus order; built once per process."""
+        if self._index is None:
+            with self._lock:
+                if self._index is None:
+                    self._index = self._build_index()
+        return self._index
+
+    def _build_index(self) -> tuple[np.ndarray, np.ndarray]:
+        ends = [
+            np.flatnonzero(self.corpus.shard_tokens(s) == self.eos_id) + sh.first_token
+            for s, sh in enumerate(self.corpus.shards)
+        ]
+        eos = np.concatenate(ends) if ends else np.empty(0, np.int64)
+        starts = np.concatenate([[0], eos[:-1] + 1]).astype(np.int64)
+        lengths = eos - starts + 1  # the document and its EOS
+        keep = lengths > 1  # a lone EOS (padding runs) is no document
+        starts, lengths = starts[keep], lengths[keep]
+        window = self.seq_len + 1
+        long = np.flatnonzero(lengths > window)
+        self._dropped = (0, 0)
+        if long.size and self.long_documents == "error":
+            i = int(long[0])
+            where = f"RoxDocumentSource({self.corpus.paths[0]}, ...)"
+            raise _too_long(where, i, int(lengths[i]), self.seq_len)
+        if self.long_documents == "truncate":
+            dropped = int((lengths[long] - window).sum())
+            self._dropped = (int(long.size), dropped)
+            if long.size:
+                logger.warning(
+                    "RoxDocumentSource(%s, seq_len=%d, long_documents='truncate'): %d of %d "
+                    "documents are longer than %d tokens; %d tokens are dropped",
+                    self.corpus.paths[0],
+                    self.seq_len,
+                    long.size,
+                    lengths.size,
+                    window,
+                    dropped,
+                )
+            return starts, np.minimum(lengths, window)
+        # Split: pieces of `window` tokens overlapping by one, so no next-token pair is lost.
+        counts = np.maximum(1, -(-(lengths - 1) // self.seq_len))
+        doc = np.repeat(np.arange(starts.size), counts)
+        k = np.arange(doc.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        piece_start = starts[doc] + k * self.seq_len
+        piece_len = np.minimum(window, starts[doc] + lengths[doc] - piece_start)
+        return piece_start, piece_len
+
+    def __len__(self) -> int:
+        return int(self._pieces()[0].size)
+
+    def __repr__(self) -> str:
+        return (
+            f"RoxDocumentSource(data={self.corpus.fingerprint}, seq_len={self.seq_len}, "
+            f"eos_id={self.eos_id}, long_documents={self.long_documents})"
+        )
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        starts, lengths = self._pieces()
+        index = record_index(index, int(starts.size), "document piece")
+        a = int(starts[index])
+        tokens = self.corpus.tokens(a, a + int(lengths[index])).astype(self.dtype)
+        tokens.flags.writeable = False  # inputs and targets share it: read-only, like batches
+        return {"inputs": tokens[:-1], "targets": tokens[1:]}
+
+    def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        return [self[i] for i in indices]
+
+    __getitems__ = _getitems
+
+
+def _rename(record: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out = {}
+    for key, value in record.items():
+        for old, new in _RENAME.items():
+            if key.endswith(old):
+                key = key[: -len(old)] + new
+        out[key] = value
+    return out
+
+
+class PackingStats:
+    """What :func:`pack_documents` did to long documents, counted as documents are read in
+    this process (Grain worker processes keep their own counts; a restore re-reads the
+    document it stopped in). Thread-safe.
+
+    >>> PackingStats()
+    PackingStats(documents_split=0, pieces=0, documents_truncated=0, tokens_dropped=0)
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.documents_split = 0
+        self.pieces = 0
+        self.documents_truncated = 0
+        self.tokens_dropped = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _add(
+        self, *, split: int = 0, pieces: int = 0, truncated: int = 0, dropped: int = 0
+    ) -> None:
+        with self._lock:
+            self.documents_split += split
+            self.pieces += pieces
+            self.documents_truncated += truncated
+            self.tokens_dropped += dropped
+
+    def __repr__(self) -> str:
+        return (
+            f"PackingStats(documents_split={self.documents_split}, pieces={self.pieces}, "
+            f"documents_truncated={self.documents_truncated}, "
+            f"tokens_dropped={self.tokens_dropped})"
+        )
+
+
+class _AsDocument(grain.transforms.MapWithIndex):
+    """Record ``index`` as a list of ``{"inputs", "targets"}`` int32 pieces of at most
+    ``seq_len`` each: a token array (bare, or under ``key``) gives ``inputs`` = tokens[:-1],
+    ``targets`` = tokens[1:]; an ``{"inputs", "targets"}`` record passes (as int32), so
+    sources of both kinds mix. A longer document is split, truncated or refused."""
+
+    def __init__(self, key: str | None, seq_len: int, long_documents: str, stats: PackingStats):
+        self.key = key
+        self.seq_len = seq_len
+        self.long_documents = long_documents
+        self.stats = stats
+        self._warned = False
+
+    def _pairs(self, record: Any) -> tuple[dict[str, Any], np.ndarray, np.ndarray, bool]:
+        """(other features, inputs, targets, whether the record was a bare token document)."""
+        if isinstance(record, np.ndarray):
+            tokens = record
+        elif self.key is not None and self.key in record:
+            tokens = np.asarray(record[self.key])
+        elif "inputs" in record and "targets" in record:
+            # one dtype for every document: Grain's packer casts to the first one's dtype
+            rest = {k: v for k, v in record.items() if k not in ("inputs", "targets")}
+            inputs = np.asarray(record["inputs"], np.int32)
+            targets = np.asarray(record["targets"], np.int32)
+            return rest, inputs, targets, False
+        else:
+            raise KeyError(
+                f"tokens_key={self.key!r} is not in the record (keys: {sorted(record)}); name "
+                "the column that holds token ids"
+            )
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise ValueError(
+                f"a document must be a 1-D integer token array, got {tokens.dtype} of shape "
+                f"{tokens.shape}; tokenize text first (HFEagerSource(tokenize=...))"
+            )
+        tokens = tokens.astype(np.int32)
+        return {}, tokens[:-1], tokens[1:], True
+
+    def map_with_index(self, index: int, record: Any) -> list[dict[str, Any]]:
+        rest, inputs, targets, bare = self._pairs(record)
+        n, length = inputs.shape[0], self.seq_len
+        if n <= length:
+            return [{**rest, "inputs": inputs, "targets": targets}]
+        size = n + 1 if bare else n  # a token document's own length
+        if self.long_documents == "error":
+            raise _too_long("pack_documents", index, size, length)
+        if self.long_documents == "truncate":
+            self.stats._add(truncated=1, dropped=n - length)
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "pack_documents(seq_len=%d, long_documents='truncate'): document %d has %d "
+                    "tokens; its last %d are dropped (later ones are counted in "
+                    "packing_stats, not logged)",
+                    length,
+                    index,
+                    size,
+                    n - length,
+                )
+            return [{**rest, "inputs": inputs[:length], "targets": targets[:length]}]
+        pieces = [
+            {**rest, "inputs": inputs[i : i + length], "targets": targets[i : i + length]}
+            for i in range(0, n, length)
+        ]
+        self.stats._add(split=1, pieces=len(pieces))
+        return pieces
+
+
+class _Unlist(grain.experimental.FlatMapTransform):
+    """A document's pieces, one element each (Grain checkpoints the position inside)."""
+
+    max_fan_out = 1 << 30
+
+    def flat_map(self, element: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return element
+
+
+class _WorkerShare(grain.IterDataset):
+    """Batches ``start, start + step, ...`` of the packed stream (all of them in-process).
+
+    Grain's ``mp_prefetch`` gives worker ``i`` of ``n`` the slice ``i::n`` of the dataset's
+    source, and packing worker ``i``'s documents alone gives other batches than packing all
+    of them (the stream would depend on the worker count). Here the slice stops at the packed
+    batches: each worker packs the whole stream and keeps batches ``i, i + n, ...``, which
+    Grain interleaves back in order, so the stream equals the in-process one for any number of
+    workers. Packing then runs beside the training loop but is not split between workers."""
+
+    def __init__(self, parent: grain.IterDataset) -> None:
+        super().__init__(parent)
+        self._start, self._step = 0, 1
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Grain's in-worker slicing hook (``SupportsInPlaceSlicing``)."""
+        start, step = sl.start or 0, sl.step or 1
+        if sequential_slice or sl.stop is not None or start < 0 or step < 1:
+            raise ValueError(
+                f"pack_documents: cannot take the slice {sl} (sequential_slice="
+                f"{sequential_slice}) of a packed stream, whose length is not known before "
+                "packing; use mp_prefetch(...) without sequential_slice (each worker then keeps "
+                "every n-th packed batch), or pack_documents(..., shard=(index, count))"
+            )
+        self._start, self._step = self._start + start * self._step, self._step * step
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return _WorkerShareIterator(self._parent.__iter__(), self._start, self._step)
+
+    def __str__(self) -> str:
+        return f"WorkerShare(start={self._start}, step={self._step})"
+
+
+class _WorkerShareIterator(grain.DatasetIterator):
+    def __init__(self, parent: grain.DatasetIterator, start: int, step: int) -> None:
+        super().__init__(parent)
+        self._skip = start  # packed batches to pass over before the next one served
+        self._step = step
+
+    def __next__(self) -> Any:
+        while self._skip:
+            next(self._parent)
+            self._skip -= 1
+        value = next(self._parent)
+        self._skip = self._step - 1
+        return value
+
+    def get_state(self) -> dict[str, Any]:
+        return {"parent": self._parent.get_state(), "skip": self._skip}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        ok = isinstance(state, dict) and set(state) == {"parent", "skip"}
+        skip = state["skip"] if ok else None
+        if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
+            raise ValueError(
+                f"not a pack_documents state: {str(state)[:200]}; pass the state get_state() "
+                "returned, unchanged"
+            )
+        self._parent.set_state(state["parent"])
+        self._skip = skip
+
+    def close(self) -> None:
+        closer = getattr(self._parent, "close", None)
+        if callable(closer):
+            closer()
+
+
+def pack_documents(
+    source: Any,
+    *,
+    seq_len: int,
+    batch_size: int,
+    seed: int = 0,
+    num_epochs: int | None = None,
+    method: Literal["best_fit", "first_fit"] = "best_fit",
+    num_packing_bins: int | None = None,
+    shard: tuple[int, int] = (0, 1),
+    shuffle: bool = True,
+    tokens_key: str | None = None,
+    long_documents: LongDocuments = "split",
+) -> grain.IterDataset:
+    """Pack ``source``'s ``{"inputs", "targets"}`` records into ``(batch_size, seq_len)``.
+
+    ``source`` is a Grain source or ``MapDataset`` (for example a :func:`mix_datasets`
+    mixture). A record that is a 1-D integer array (an ArrayRecord or ``.npy`` document), or
+    that holds one under ``tokens_key`` (for example an :class:`~grain_rox.HFEagerSource`
+    column read with ``tokenize=``), is a document: ``inputs`` = tokens[:-1] and ``targets`` =
+    tokens[1:].
+
+    A document with more than ``seq_len`` next-token pairs is, by ``long_documents``:
+    ``"split"`` (default) into consecutive pieces of ``seq_len`` pairs, each its own segment,
+    so every token is served exactly once; ``"truncate"``: cut to its first ``seq_len`` pairs
+    (the dropped tokens are counted in the result's ``packing_stats`` and the first cut is
+    logged to the ``"grain_rox"`` logger); or an ``"error"`` naming the document.
+
+    Records are shuffled per epoch (``seed``), packed into ``num_packing_bins`` bins (default
+    ``batch_size``) by best- or first-fit, and batched. Output features: ``inputs``,
+    ``targets``, ``inputs_segmentation``, ``inputs_position``, ``targets_segmentation``,
+    ``targets_position`` (segment 0 = padding). ``shard=(index, count)`` gives a process its
+    slice of the documents; the packed stream then depends on ``count``. The iterator's state
+    names the input data and this config; a state from others is refused.
+
+    ``.mp_prefetch(...)`` on the result (or on a ``.map``/``.batch`` of it) yields the same
+    stream as in-process, for any number of Grain workers: each worker packs the whole stream
+    and keeps every n-th batch, so packing runs beside the training loop but is not split
+    between workers (to split the reading, give each process its ``shard=``). An endless
+    source (``len == sys.maxsize``) is packed once through (``num_epochs`` must be None).
+
+    >>> import tempfile, os, numpy as np
+    >>> from grain_rox import write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "p.rox")
+    >>> docs = [np.arange(1, n, dtype=np.uint16) for n in (4, 6, 3, 8, 5, 2, 7)]
+    >>> _ = write_rox(docs, path, separator=0, block_size=64)
+    >>> ds = pack_documents(RoxDocumentSource(path, seq_len=8), seq_len=8, batch_size=2,
+    ...                     num_epochs=1)
+    >>> batch = next(iter(ds))
+    >>> batch["inputs"].shape, sorted(batch)[:3]
+    ((2, 8), ['inputs', 'inputs_position', 'inputs_segmentation'])
+    >>> long = pack_documents([np.arange(1, 12)], seq_len=4, batch_size=1, num_epochs=1,
+    ...                       shuffle=False)
+    >>> [b["inputs"][0].tolist() for b in long]
+    [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 0, 0]]
+    >>> long.packing_stats
+    PackingStats(documents_split=1, pieces=3, documents_truncated=0, tokens_dropped=0)
+    """
+    where = "pack_documents"
+    make_grain_workers_usable()
+    seq_len = int_arg(seq_len, "seq_len", where=where)
+    batch_size = int_arg(batch_size, "batch_size", where=where)
+    seed = seed_arg(seed, where=where, bits=32)  # Grain's shuffle and packers take 32 bits
+    if num_epochs is not None:
+        num_epochs = int_arg(num_epochs, "num_epochs", where=where)
+    if num_packing_bins is not None:
+        num_packing_bins = int_arg(num_packing_bins, "num_packing_bins", where=where)
+    if method not in ("best_fit", "first_fit"):
+        raise ValueError(f"{where}: method={method!r}; use 'best_fit' or 'first_fit'")
+    _check_long_documents(long_documents, where)
+    if not isinstance(shard, (tuple, list)) or len(shard) != 2:
+        raise TypeError(f"{where}: shard={shard!r} must be (index, count), e.g. shard=(0, 2)")
+    index = int_arg(shard[0], "shard index", where=where, minimum=0)
+    count = int_arg(shard[1], "shard count", where=where)
+    if index >= count:
+        raise ValueError(f"{where}: shard={tuple(shard)!r} needs 0 <= index < count")
+    stats = PackingStats()
+    ds = source if isinstance(source, grain.MapDataset) else grain.MapDataset.source(source)
+    identity = {
+        "inputs": describe_dataset(source),
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "seed": seed,
+        "num_epochs": num_epochs,
+        "method": method,
+        "num_packing_bins": num_packing_bins or batch_size,
+        "shard": [index, count],
+        "shuffle": bool(shuffle),
+        "tokens_key": tokens_key,
+        "long_documents": long_documents,
+    }
+    ds = ds.map_with_index(_AsDocument(tokens_key, seq_len, long_documents, stats))
+    if count > 1:
+        ds = ds[index::count]
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    if len(ds) < sys.maxsize:
+        ds = ds.repeat(num_epochs)  # reshuffled every epoch (Grain seeds each epoch anew)
+    elif num_epochs is not None:
+        raise ValueError(
+            f"{where}: num_epochs={num_epochs} for an endless source (len == sys.maxsize); "
+            "pass num_epochs=None, or a finite source"
+        )
+    it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=64))
+    it_ds = grain.experimental.FlatMapIterDataset(it_ds, _Unlist())
+    packer = (
+        grain.experimental.BestFitPackIterDataset
+        if method == "best_fit"
+        else grain.experimental.FirstFitPackIterDataset
+    )
+    packed = packer(
+        it_ds,
+        length_struct={"inputs": seq_len, "targets": seq_len},
+        num_packing_bins=num_packing_bins or batch_size,
+        seed=seed,
+        shuffle_bins=shuffle,
+    )
+    batched = packed.map(_rename).batch(batch_size, drop_remainder=True)
+    result = with_identity(_WorkerShare(batched), identity, what="pack_documents")
+    result.packing_stats = stats
+    return result
+
+
+def padding_efficiency(batches: Sequence[dict[str, np.ndarray]]) -> float:
+    """Fraction of positions that hold a real token (segmentation != 0).
+
+    >>> padding_efficiency([{"inputs_segmentation": np.array([[1, 1, 2, 0]])}])
+    0.75
+    """
+    real = sum(int(np.count_nonzero(b["inputs_segmentation"])) for b in batches)
+    total = sum(int(b["inputs_segmentation"].size) for b in batches)
+    return real / total if total else 0.0

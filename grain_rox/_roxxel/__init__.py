@@ -1,0 +1,1 @@
+"""The bit-exact roxxel stream (migration)."""

@@ -1,0 +1,155 @@
+"""`.rox` shards to ArrayRecord token documents (split at EOS), written atomically, verified.
+
+The inverse of ``grain-rox convert --format array_record``: every document (the tokens
+between two EOS tokens, EOS left out) becomes one raw record of the corpus dtype, so
+:class:`~grain_rox.ArrayRecordSource` (``dtype=``) and loaderx-style readers serve it. Empty
+documents (runs of EOS, such as the final block's padding) are not written. The file is
+written under a temporary name, read back in full and compared (record count and sha256 of
+all record bytes) before it is renamed into place: a writer killed half-way leaves no file
+that looks valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from grain_rox._format._atomic import publish, temp_path_for
+from grain_rox._format._paths import PathSpec
+from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._sources._array_record import close_quietly, count_records, read_in_order
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_array_record` wrote."""
+
+    path: str
+    num_documents: int
+    num_tokens: int
+    dtype: str
+    sha256: str
+
+
+def rox_documents(corpus: RoxCorpus, eos_id: int) -> Iterator[np.ndarray]:
+    """The corpus's documents in order, split at ``eos_id`` (EOS dropped; empty ones skipped).
+
+    A document may span shards. When the padding token differs from EOS, a run of it where a
+    document would start is block padding (the end of one write, before an append or another
+    shard) and is dropped.
+    """
+    pad = corpus.pad_id
+    strip = pad is not None and pad != eos_id
+
+    def cleaned(doc: np.ndarray) -> np.ndarray:
+        if strip and doc.size and doc[0] == pad:
+            real = np.flatnonzero(doc != pad)
+            return doc[real[0] :] if real.size else doc[:0]
+        return doc
+
+    carry = np.empty(0, corpus.dtype)
+    for s in range(len(corpus.shards)):
+        tokens = corpus.shard_tokens(s)
+        start = 0
+        for end in np.flatnonzero(tokens == eos_id).tolist():
+            doc = tokens[start:end]
+            if carry.size:
+                doc, carry = np.concatenate([carry, doc]), carry[:0]
+            doc = cleaned(doc)
+            if doc.size:
+                yield doc
+            start = end + 1
+        carry = cleaned(np.concatenate([carry, tokens[start:]]))
+    if carry.size:
+        yield carry
+
+
+def export_array_record(
+    paths: PathSpec | RoxCorpus,
+    output: str | os.PathLike[str],
+    *,
+    eos_id: int | None = None,
+    group_size: int = 1,
+    compression: str = "zstd",
+    overwrite: bool = False,
+    progress: bool = False,
+) -> ExportResult:
+    """Write the documents of `.rox` shards to one ArrayRecord file (one raw record each).
+
+    >>> import tempfile, os, numpy as np
+    >>> from grain_rox import write_rox, ArrayRecordSource
+    >>> d = tempfile.mkdtemp()
+    >>> _ = write_rox([np.array([5, 6], np.uint16), np.array([7], np.uint16)],
+    ...               os.path.join(d, "c.rox"), separator=0, block_size=16)
+    >>> r = export_array_record(os.path.join(d, "c.rox"), os.path.join(d, "c.array_record"),
+    ...                         eos_id=0)
+    >>> r.num_documents, [a.tolist() for a in ArrayRecordSource(r.path, dtype=r.dtype)._getitems([0, 1])]
+    (2, [[5, 6], [7]])
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    output = os.fspath(output)
+    if os.path.exists(output) and not overwrite:
+        raise FileExistsError(f"{output} exists; pass overwrite=True (--overwrite) to replace it")
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size} must be >= 1")
+    if compression not in ("zstd", "uncompressed"):
+        raise ValueError(f"compression={compression!r}; use 'zstd' or 'uncompressed'")
+    corpus = open_rox(paths)
+    eos = eos_id if eos_id is not None else corpus.eos_id
+    if eos is None:
+        raise ValueError(
+            f"{corpus.paths[0]}: no EOS id to split documents at (the shards have no manifest); "
+            "pass eos_id= (--eos-id)"
+        )
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    temp = temp_path_for(output)  # hidden; renamed into place only once verified
+    digest = hashlib.sha256()
+    count = tokens = 0
+    writer = ArrayRecordWriter(temp, f"group_size:{group_size},{compression}")
+    try:
+        if not writer.ok():
+            raise OSError(f"cannot write {temp}: is the directory writable?")
+        docs: Any = rox_documents(corpus, int(eos))
+        if progress:
+            from tqdm.auto import tqdm
+
+            docs = tqdm(
+                docs, desc=f"exporting {os.path.basename(output)}", unit="doc", disable=None
+            )
+        for doc in docs:
+            record = np.ascontiguousarray(doc).tobytes()
+            writer.write(record)
+            digest.update(record)
+            count += 1
+            tokens += int(doc.size)
+        writer.close()
+        if count == 0:
+            raise ValueError(f"{corpus.paths[0]}: no documents to export (is eos_id={eos} right?)")
+        _check_written(temp, count, digest.hexdigest())
+        with open(temp, "rb") as f:
+            os.fsync(f.fileno())  # the bytes are on disk before the name says they are
+        publish(temp, output)
+    except BaseException:
+        close_quietly(writer)
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+    return ExportResult(output, count, tokens, str(corpus.dtype), digest.hexdigest())
+
+
+def _check_written(path: str, count: int, sha256: str) -> None:
+    """Read ``path`` back in full; its records must hash to what was written."""
+    found = count_records(path)
+    if found != count:
+        raise OSError(f"{path}: wrote {count} records but {found} read back")
+    digest = hashlib.sha256()
+    for _, record in read_in_order(path, count, 4096):
+        digest.update(record)
+    if digest.hexdigest() != sha256:
+        raise OSError(f"{path}: the records read back differ from those written")

@@ -1,0 +1,306 @@
+"""Whole batches as Grain records: batch ``i`` = one vectorised read of its rows.
+
+Grain reads one record per ``__getitem__``; for cheap memory-mapped rows, per-row Python is
+what limits speed (a plain ``MapDataset.source(...).batch(32)`` pipeline is 20-100x below the
+gather floor). Here a record is a whole batch: :func:`shuffled_batches` turns any source with
+``get_batch(indices)`` (HF, ArrayRecord, NumPy sources) into a ``grain.MapDataset`` whose
+element ``i`` is global batch ``i``, in an order that is a new seeded permutation every epoch
+(a Feistel bijection: O(1) memory) and does not depend on the number of processes.
+
+The iterator state of such a dataset names the source's content (its repr, which holds a
+content fingerprint) and the order's config (batch size, seed, shuffle, epochs), so a state
+restores only onto the same data in the same order; it does not name the shard, so a state
+restores on any number of processes (it is a global batch index).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import grain
+import numpy as np
+
+from grain_rox._order._permutation import FeistelPermutation, derive_key, seed_arg
+from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._identity import (
+    IdentifiedIterDataset,
+    IdentifiedMapDataset,
+    _IdentifiedIterator,
+    check_identity,
+    split_state,
+)
+
+
+class BatchReadable(Protocol):
+    """A source that reads many rows at once."""
+
+    def __len__(self) -> int: ...
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> Any: ...
+
+
+class BatchSource:
+    """Batch ``i`` of ``source`` in a seeded per-epoch order (see :func:`shuffled_batches`).
+
+    >>> import numpy as np
+    >>> class Rows:
+    ...     def __len__(self): return 10
+    ...     def get_batch(self, idx): return np.asarray(idx)
+    >>> b = BatchSource(Rows(), 4, seed=0, shuffle=False, num_epochs=1, shard=(1, 2))
+    >>> len(b), b[1].tolist()
+    (2, [6, 7])
+    """
+
+    def __init__(
+        self,
+        source: BatchReadable,
+        batch_size: int,
+        *,
+        seed: int,
+        shuffle: bool,
+        num_epochs: int | None,
+        shard: tuple[int, int],
+    ) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch / DataLoader workers start
+        index, count = int(shard[0]), int(shard[1])
+        if batch_size < 1 or batch_size > len(source):
+            raise ValueError(
+                f"batch_size={batch_size} must be between 1 and the {len(source)} rows of {source!r}"
+            )
+        if count < 1 or not 0 <= index < count or batch_size % count:
+            raise ValueError(
+                f"shard={shard} must be (index, count) with 0 <= index < count and count "
+                f"dividing batch_size={batch_size}"
+            )
+        if num_epochs == -1:
+            num_epochs = None  # Datarax's spelling of "endless"
+        if num_epochs is not None and num_epochs < 1:
+            raise ValueError(f"num_epochs={num_epochs} must be >= 1, or None / -1 for endless")
+        self.source = source
+        self.batch_size = int(batch_size)
+        self.seed = seed_arg(seed, where="batches()")
+        self.shuffle = bool(shuffle)
+        self.num_epochs = num_epochs
+        self.shard = (index, count)
+        self.per_epoch = len(source) // self.batch_size
+        self._block = max(1, 4096 // self.batch_size)  # batches whose rows are computed at once
+        self._cache: tuple[tuple[int, int], np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return sys.maxsize if self.num_epochs is None else self.per_epoch * self.num_epochs
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchSource({self.source!r}, batch_size={self.batch_size}, seed={self.seed}, "
+            f"shuffle={self.shuffle}, num_epochs={self.num_epochs}, shard={self.shard})"
+        )
+
+    def rows(self, index: int) -> np.ndarray:
+        """The source rows of batch ``index`` that this shard reads."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} is out of range for {len(self)} batches")
+        epoch, within = divmod(int(index), self.per_epoch)
+        block, offset = divmod(within, self._block)
+        cached = self._cache  # one read: Grain may call from several threads
+        if cached is None or cached[0] != (epoch, block):
+            cached = ((epoch, block), self._block_rows(epoch, block))
+            self._cache = cached
+        part = self.batch_size // self.shard[1]
+        return cached[1][offset, self.shard[0] * part : (self.shard[0] + 1) * part]
+
+    def _block_rows(self, epoch: int, block: int) -> np.ndarray:
+        """All rows of the ``_block`` batches from ``block``: the permutation is evaluated for
+        many batches at once (its cost is mostly per call), sequential reads hit the cache."""
+        first = block * self._block
+        count = min(self._block, self.per_epoch - first)
+        positions = np.arange(
+            first * self.batch_size, (first + count) * self.batch_size, dtype=np.int64
+        )
+        if self.shuffle:
+            positions = FeistelPermutation(len(self.source), key=derive_key(self.seed, epoch))(
+                positions
+            )
+        return positions.reshape(count, self.batch_size)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.source.get_batch(self.rows(index))
+
+    def _getitems(self, indices: Sequence[int]) -> list[Any]:
+        return [self[i] for i in indices]
+
+    __getitems__ = _getitems
+
+
+def shuffled_batches(
+    source: BatchReadable,
+    batch_size: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_epochs: int | None = 1,
+    shard: tuple[int, int] = (0, 1),
+) -> grain.MapDataset:
+    """A ``grain.MapDataset`` whose element ``i`` is batch ``i`` of ``source``, one read each.
+
+    Every epoch is a new seeded permutation of the rows cut into ``len(source) // batch_size``
+    batches; the last ``len(source) % batch_size`` rows of an epoch's order wait for another
+    epoch. ``num_epochs=None`` (or ``-1``) repeats forever. ``shard=(index, count)`` keeps
+    process ``index``'s ``batch_size // count`` rows of every batch, so the global order is
+    the same on any number of processes. Iterate with
+    ``.to_iter_dataset(grain.ReadOptions(num_threads=0))``: its ``get_state`` / ``set_state``
+    (or Orbax through ``grain.checkpoint``) resume at the exact batch.
+
+    The state of such an iterator is ``{"identity": {...}, "state": {"next_index": k}}``:
+    ``identity`` holds ``repr(source)`` (a content fingerprint for grain_rox's sources; a
+    source without its own ``__repr__`` is named by its class and length only) and
+    ``batch_size``, ``seed``, ``shuffle``, ``num_epochs``; ``set_state`` refuses a state from
+    other data or another order, naming what changed. The shard is not part of it: a state
+    restores on any number of processes. Your own ``.map``, ``.map_with_index``,
+    ``.random_map`` and ``.filter`` keep it (the identity does not cover your functions);
+    other Grain transformations (``.batch``, ``.shuffle``, slicing, ...) give Grain's own
+    dataset, whose iterator state is the bare position: apply them after
+    ``.to_iter_dataset(...)`` (iterator datasets pass the state through) to keep the check.
+
+    >>> import numpy as np
+    >>> from grain_rox import NumpySource
+    >>> ds = shuffled_batches(NumpySource(np.arange(10)), 4, seed=3, num_epochs=2)
+    >>> len(ds), sorted(ds[0].tolist() + ds[1].tolist()) == sorted(set(ds[0]) | set(ds[1]))
+    (4, True)
+    >>> it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0)).__iter__()
+    >>> _ = next(it)
+    >>> state = it.get_state()
+    >>> state["state"], state["identity"]["seed"], state["identity"]["batch_size"]
+    ({'next_index': 1}, 3, 4)
+    >>> other = shuffled_batches(NumpySource(np.arange(10)), 4, seed=4, num_epochs=2)
+    >>> iter(other.to_iter_dataset()).set_state(state)
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot restore this NumpySource.batches() state: its data or config changed (seed: saved 3 -> now 4). Restore with the same data and config, or start a new run
+    """
+    batches = BatchSource(
+        source, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
+    )
+    return BatchesDataset(
+        grain.MapDataset.source(batches),
+        batch_identity(batches),
+        what=f"{type(source).__name__}.batches()",
+    )
+
+
+class BatchesDataset(IdentifiedMapDataset):
+    """The dataset :func:`shuffled_batches` returns: element ``i`` is batch ``i``; its
+    iterators' states carry the data and order identity, and so do those of the datasets its
+    element-wise transformations (``map``, ``map_with_index``, ``random_map``, ``filter``)
+    return."""
+
+    def _keep(self, ds: grain.MapDataset) -> BatchesDataset:
+        return BatchesDataset(ds, self.identity, what=self.what)
+
+    def map(self, transform: Any) -> BatchesDataset:
+        return self._keep(super().map(transform))
+
+    def map_with_index(self, transform: Any) -> BatchesDataset:
+        return self._keep(super().map_with_index(transform))
+
+    def random_map(self, transform: Any, *, seed: int | None = None) -> BatchesDataset:
+        return self._keep(super().random_map(transform, seed=seed))
+
+    def filter(self, transform: Any) -> BatchesDataset:
+        return self._keep(super().filter(transform))
+
+    def to_iter_dataset(
+        self, read_options: grain.ReadOptions | None = None, *, allow_nones: bool = False
+    ) -> grain.IterDataset:
+        inner = self._parent.to_iter_dataset(read_options, allow_nones=allow_nones)
+        return _CheckedIterDataset(inner, self.identity, what=self.what, length=len(self))
+
+
+class _CheckedIterDataset(IdentifiedIterDataset):
+    """An identified iterator dataset whose iterators also type-check the position."""
+
+    def __init__(
+        self, parent: grain.IterDataset, identity: dict[str, Any], *, what: str, length: int
+    ):
+        super().__init__(parent, identity, what=what)
+        self.length = length
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return _CheckedIterator(self._parent.__iter__(), self.identity, self.what, self.length)
+
+
+class _CheckedIterator(_IdentifiedIterator):
+    def __init__(
+        self, parent: grain.DatasetIterator, identity: dict[str, Any], what: str, length: int
+    ):
+        super().__init__(parent, identity, what)
+        self._length = length
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        saved, inner = split_state(state, what=self._what)
+        check_identity(saved, self._identity, what=self._what)
+        index = inner.get("next_index") if isinstance(inner, dict) else None
+        if not (
+            isinstance(index, int | np.integer)
+            and not isinstance(index, bool)
+            and 0 <= index <= self._length
+        ):
+            raise ValueError(
+                f"cannot restore this {self._what} state: its position {inner!r:.200} is not "
+                f"{{'next_index': <an int from 0 to {self._length}>}}; pass the state "
+                "get_state() returned, unchanged"
+            )
+        self._parent.set_state(inner)
+
+
+def source_identity(source: Any) -> str:
+    """``repr(source)`` if its class defines one (grain_rox's sources hold a content
+    fingerprint there), else its class name and length (an ``object`` repr names a memory
+    address, which differs in every process)."""
+    if type(source).__repr__ is object.__repr__:
+        return f"{type(source).__name__}(len={len(source)})"
+    return repr(source)
+
+
+def batch_identity(batches: BatchSource) -> dict[str, Any]:
+    """What a ``.batches()`` iterator state must match to restore: the data and the order
+    (not the shard: a state is a global batch index, valid on any number of processes)."""
+    return {
+        "data": source_identity(batches.source),
+        "batch_size": batches.batch_size,
+        "seed": batches.seed,
+        "shuffle": batches.shuffle,
+        "num_epochs": batches.num_epochs,
+    }
+
+
+class BatchesMixin:
+    """Gives a source with ``get_batch`` the ``batches()`` method (HF, ArrayRecord, NumPy)."""
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_epochs: int | None = 1,
+        shard: tuple[int, int] = (0, 1),
+    ) -> grain.MapDataset:
+        """Batch ``i`` as Grain element ``i``, read in one call: see :func:`shuffled_batches`
+        (a new seeded permutation every epoch, ``num_epochs=None`` or ``-1`` endless, the same
+        global order on any number of processes with ``shard=(index, count)``; its iterator
+        state names this source's content and the order, not the shard).
+
+        >>> from grain_rox import NumpySource
+        >>> NumpySource(np.arange(8)).batches(4, shuffle=False)[1].tolist()
+        [4, 5, 6, 7]
+        """
+        return shuffled_batches(
+            self,  # type: ignore[arg-type]
+            batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            num_epochs=num_epochs,
+            shard=shard,
+        )

@@ -1,0 +1,382 @@
+"""HuggingFace ``datasets`` data held eagerly (Arrow, memory-mapped) as a Grain source.
+
+:class:`HFEagerSource` wraps a ``datasets.Dataset`` (or builds one from a ``save_to_disk``
+directory, local Parquet / JSON / Arrow files or a dict; never the Hub) as a plain
+``RandomAccessDataSource`` of numpy dicts. Numbers and lists of numbers are read as numpy
+views of the memory-mapped Arrow chunks (one gather per chunk for a batch, dtypes kept); text,
+images and structs go through ``datasets``' numpy formatter. Pickling carries the dataset's
+Arrow file paths and the transforms applied to them (HF's own mechanism: ``select``,
+``shuffle``, renames survive), which every Grain worker maps again: no rows are copied. Data
+that lives (partly) in memory is first written to an Arrow copy (under ``cache_dir``, default
+the system's temporary directory) so that workers can share it. The copy is named by the
+data's HF fingerprint (a hash of in-memory rows), so sources of the same data in one process
+share one copy; it is deleted when the last source using it is garbage-collected (or at
+exit) by the process that made it, never by a worker that unpickled one. A process killed
+with SIGKILL leaves its copies behind (``grain_rox_hf_<host>_<pid>_*``).
+
+:meth:`HFEagerSource.batches` is the fast path: a Grain ``MapDataset`` whose element ``i`` is
+global batch ``i``, in a seeded order that is a new permutation every epoch and does not
+depend on how many processes share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from grain_rox._format._digest import content_digest, facts_digest
+from grain_rox._order._permutation import record_index
+from grain_rox._sources._batches import BatchesMixin
+from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._text._hf_checks import (
+    check_nulls_arg,
+    find_nulls,
+    load_saved,
+    null_problem,
+    rows_with_nulls,
+)
+from grain_rox._text._hf_records import (
+    ArrowColumn,
+    RecordFormat,
+    arrow_numeric,
+    hf_datasets,
+    kept_columns,
+    load_files,
+    stack_column,
+)
+
+
+def _memory_mapped(dataset: Any) -> bool:
+    """Whether every table behind ``dataset`` (data and row indices) is a memory-mapped Arrow
+    file, so that pickling it carries paths and transforms, not rows."""
+    from datasets.table import ConcatenationTable, MemoryMappedTable
+
+    def mapped(table: Any) -> bool:
+        if isinstance(table, ConcatenationTable):
+            return all(mapped(block) for row in table.blocks for block in row)
+        return isinstance(table, MemoryMappedTable)
+
+    return mapped(dataset.data) and (dataset._indices is None or mapped(dataset._indices))
+
+
+def _chunk_layout(table: Any) -> list[list[int]] | None:
+    """(offset, length) of each Arrow chunk of ``table``'s first column: how a contiguous
+    ``select`` slices the mapped files (their content is digested separately)."""
+    if table is None or not table.num_columns:
+        return None
+    return [[chunk.offset, len(chunk)] for chunk in table.table.column(0).chunks]
+
+
+def _file_digest(path: str, *, share: int) -> str:
+    """Content digest of one Arrow file of a source (whole up to a budget, sampled beyond)."""
+    with open(path, "rb") as f:
+        return content_digest(f, path, share=share)
+
+
+def _dataset_from(spec: Any) -> Any:
+    """A ``save_to_disk`` directory or a local data file; anything else would need the Hub."""
+    hf_datasets()  # an ImportError naming the extra to install
+    path = os.fspath(spec)
+    if os.path.isdir(path):
+        return load_saved(path)
+    if os.path.isfile(path):
+        return load_files([path])
+    raise ValueError(
+        f"{path!r} is not a local dataset directory or file; grain_rox never downloads from the "
+        "Hugging Face Hub at run time. Download it once where there is network, "
+        f"datasets.load_dataset({path!r}, split='train').save_to_disk(DIR), then pass "
+        "HFEagerSource(DIR)"
+    )
+
+
+def _remap(dataset: Any) -> Any:
+    indices = dataset._indices  # rows remapped by select/shuffle/filter
+    return None if indices is None else indices.column(0).to_numpy()
+
+
+def _refuse_nulls(dataset: Any, columns: Sequence[str]) -> None:
+    """An error naming the first kept column and row with a missing value, and the fix."""
+    found = find_nulls(dataset.data.table, columns, _remap(dataset))
+    if found is not None:
+        column, row, inside, count, keep = found
+        rows = f"{count} row{'' if count == 1 else 's'} in all"
+        raise ValueError(
+            f"{null_problem(column, row, inside, rows)}. Drop such rows first, dataset = "
+            f"dataset.filter(lambda r: {keep}), pass nulls='skip' to leave them out (counted), "
+            f"fill them (dataset.map), or leave the column out (exclude_keys=[{column!r}])"
+        )
+
+
+def _without_null_rows(dataset: Any, columns: Sequence[str]) -> tuple[Any, int]:
+    """``dataset`` without its rows that have a missing value in ``columns``, and how many."""
+    rows = rows_with_nulls(dataset.data.table, columns, _remap(dataset))
+    if not rows.size:
+        return dataset, 0
+    if rows.size == len(dataset):
+        raise ValueError(
+            f"every row ({rows.size}) has a missing value (None) in {list(columns)}; nothing is "
+            "left with nulls='skip'"
+        )
+    logger.warning(
+        "HFEagerSource(nulls='skip') leaves out %d of %d rows, which have a missing value "
+        "(None) in %s; the first is row %d",
+        rows.size,
+        len(dataset),
+        list(columns),
+        int(rows[0]),
+    )
+    return dataset.select(np.setdiff1d(np.arange(len(dataset)), rows)), int(rows.size)
+
+
+logger = logging.getLogger("grain_rox")
+_COPIES: dict[str, int] = {}  # Arrow copy directory -> sources using it (this process)
+_COPIES_LOCK = threading.RLock()  # a finalizer may run inside a locked block
+
+
+def _arrow_copy(dataset: Any, cache_dir: str | None) -> str:
+    """A ``save_to_disk`` copy of ``dataset``, shared by content within this process."""
+    base = cache_dir or tempfile.gettempdir()
+    os.makedirs(base, exist_ok=True)
+    name = f"grain_rox_hf_{socket.gethostname()}_{os.getpid()}_{dataset._fingerprint}"
+    target = os.path.join(base, name)
+    with _COPIES_LOCK:
+        if _COPIES.get(target) and os.path.isdir(target):
+            _COPIES[target] += 1
+            return target
+        partial = tempfile.mkdtemp(prefix=f".{name}.", dir=base)
+        try:
+            dataset.save_to_disk(partial)
+            shutil.rmtree(target, ignore_errors=True)  # a copy whose sources are all gone
+            os.rename(partial, target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        _COPIES[target] = 1
+    return target
+
+
+def _release_copy(target: str, owner: int) -> None:
+    """Drop one use of an Arrow copy; the last use in the process that made it deletes it."""
+    if os.getpid() != owner:  # a forked child holding the parent's objects
+        return
+    with _COPIES_LOCK:
+        left = _COPIES.get(target, 1) - 1
+        if left > 0:
+            _COPIES[target] = left
+            return
+        _COPIES.pop(target, None)
+        shutil.rmtree(target, ignore_errors=True)
+
+
+class HFEagerSource(BatchesMixin):
+    """A HuggingFace dataset as a Grain ``RandomAccessDataSource`` of numpy dicts.
+
+    ``tokenize`` names text columns to serve as ``int32`` token ids (``tokenizer``: ``"bytes"``,
+    ``"cl100k_base"``, a ``tokenizer.json`` path or a :class:`~grain_rox.Tokenizer`; EOS
+    appended unless ``append_eos=False``); other text columns stay strings. Images become
+    ``uint8`` arrays and nested features nested dicts. A missing value (None) in a kept
+    column, or inside its lists, is an error naming the column and row; ``nulls="skip"``
+    leaves such rows out instead (counted in ``skipped_rows`` and logged).
+
+    >>> import datasets
+    >>> ds = datasets.Dataset.from_dict({"ids": [[1, 2], [3, 4]], "label": [0, 1], "t": ["a", "b"]})
+    >>> source = HFEagerSource(ds, exclude_keys=["t"])
+    >>> len(source), source[1]["ids"].tolist(), source.get_batch([0, 1])["label"].tolist()
+    (2, [3, 4], [0, 1])
+    >>> HFEagerSource(ds, tokenize=["t"], tokenizer="bytes")[1]["t"].tolist()
+    [98, 256]
+    >>> holes = datasets.Dataset.from_dict({"y": [1, None, 3]})
+    >>> skipping = HFEagerSource(holes, nulls="skip")
+    >>> skipping.get_batch([0, 1])["y"].tolist(), skipping.skipped_rows
+    ([1, 3], 1)
+    """
+
+    def __init__(
+        self,
+        dataset: Any = None,
+        *,
+        data_files: str | Sequence[str] | None = None,
+        data: Mapping[str, Sequence[Any]] | None = None,
+        include_keys: Sequence[str] | None = None,
+        exclude_keys: Sequence[str] | None = None,
+        tokenize: Sequence[str] | None = None,
+        tokenizer: Any = None,
+        append_eos: bool = True,
+        cache_dir: str | None = None,
+        nulls: str = "error",
+    ) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
+        given = [x is not None for x in (dataset, data_files, data)]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of dataset=, data_files= or data=")
+        datasets = hf_datasets()
+        if data_files is not None:
+            dataset = load_files([data_files] if isinstance(data_files, str) else data_files)
+        elif data is not None:
+            dataset = datasets.Dataset.from_dict(dict(data))
+        elif isinstance(dataset, str | os.PathLike):
+            dataset = _dataset_from(dataset)
+        if isinstance(dataset, datasets.DatasetDict):
+            raise ValueError(
+                f"got a DatasetDict with splits {list(dataset)}; pass one split, e.g. ds['train']"
+            )
+        if not isinstance(dataset, datasets.Dataset):
+            raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}")
+        if len(dataset) == 0:
+            raise ValueError("the dataset is empty: a Grain source needs at least one row")
+        keep = kept_columns(list(dataset.column_names), include_keys, exclude_keys)
+        self.nulls = check_nulls_arg(nulls)
+        self.skipped_rows = 0  # rows left out for a missing value (nulls="skip")
+        if self.nulls == "skip":
+            dataset, self.skipped_rows = _without_null_rows(dataset, keep)
+        else:
+            _refuse_nulls(dataset, keep)
+        self.format = RecordFormat(
+            columns=keep, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
+        )
+        copied = not _memory_mapped(dataset)
+        self._cleanup: Any = None
+        if copied:  # (partly) in memory: an Arrow copy that workers can map
+            target = _arrow_copy(dataset, cache_dir)
+            self._cleanup = weakref.finalize(self, _release_copy, target, os.getpid())
+            dataset = datasets.load_from_disk(target)
+        self.columns = keep
+        self.files = [f["filename"] for f in dataset.cache_files]
+        self.features = {c: str(dataset.features[c]) for c in keep}
+        self._num_rows = len(dataset)
+        # Which rows of the Arrow files are served (select/shuffle write an indices file,
+        # a contiguous select slices the table): content and layout, never paths, so a copy
+        # of the data in another directory is the same source and other data is not.
+        self._layout = [_chunk_layout(dataset.data), _chunk_layout(dataset._indices)]
+        self._identity = self._fingerprint()
+        self._lock = threading.Lock()
+        self._dataset: Any = dataset.select_columns(keep).with_format("numpy")
+        schema = dataset.data.table.schema
+        # Numbers and (nested) lists of numbers are read straight from Arrow, dtype kept;
+        # the rest (text, images, structs, tokenized text) through datasets' numpy formatter.
+        self._arrow_columns = [
+            c for c in keep if c not in self.format.tokenize and arrow_numeric(schema.field(c).type)
+        ]
+        self._formatted_columns = [c for c in keep if c not in self._arrow_columns]
+        self._columns: dict[str, ArrowColumn] | None = None
+        self._formatted_view: Any = None
+
+    def _fingerprint(self) -> str:
+        facts = [_file_digest(f, share=len(self.files)) for f in self.files] + [
+            self._num_rows,
+            self.columns,
+            self.features,
+            self.format.describe(),
+            self._layout,
+        ]
+        if self.nulls == "skip":  # (facts of sources that refuse nulls are unchanged)
+            facts.append({"nulls": "skip", "skipped": self.skipped_rows})
+        return facts_digest(facts)
+
+    @property
+    def dataset(self) -> Any:
+        """The (column-filtered, numpy-formatted) dataset. It is memory-mapped, so it pickles
+        as its Arrow file paths and the transforms applied to them (HF's own mechanism)."""
+        return self._dataset
+
+    def get_dataset_info(self) -> Any:
+        """The dataset's ``datasets.DatasetInfo`` (features, description, ...), as in Datarax."""
+        return self.dataset.info
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_columns"] = None  # numpy views of the maps: rebuilt in each process
+        state["_formatted_view"] = None
+        state["_cleanup"] = None  # only the process that made a copy deletes it
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._num_rows
+
+    def __repr__(self) -> str:
+        return (
+            f"HFEagerSource(rows={self._num_rows}, columns={self.columns}, "
+            f"fingerprint={self._identity})"
+        )
+
+    def _check(self, indices: Sequence[int]) -> list[int]:
+        rows = [operator.index(i) for i in indices]  # numpy ints too; a float is a TypeError
+        bad = [i for i in rows if not 0 <= i < self._num_rows]
+        if bad:
+            raise IndexError(f"rows {bad[:5]} are out of range for {self._num_rows} rows")
+        return rows
+
+    def _arrow(self) -> dict[str, ArrowColumn]:
+        """Numpy readers of the Arrow columns, built once per process (nothing copied)."""
+        columns = self._columns
+        if columns is None:
+            table = self.dataset.data.table
+            with self._lock:
+                columns = self._columns
+                if columns is None:
+                    indices = self.dataset._indices  # rows remapped by select/shuffle/filter
+                    remap = None if indices is None else indices.column(0).to_numpy()
+                    columns = {
+                        c: ArrowColumn(table.column(c), c, remap) for c in self._arrow_columns
+                    }
+                    self._columns = columns
+        return columns
+
+    def _formatted(self, rows: list[int]) -> dict[str, Any]:
+        """The non-Arrow columns of ``rows`` through datasets' numpy formatter."""
+        if not self._formatted_columns:
+            return {}
+        view = self._formatted_view
+        if view is None:  # built once per process: select_columns costs ~0.6 ms a call
+            view = self.dataset
+            if self._arrow_columns:
+                view = view.select_columns(self._formatted_columns)
+            self._formatted_view = view
+        return view[rows]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self._getitems([record_index(index, self._num_rows, "row")])[0]
+
+    def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Many rows with one Arrow ``take``."""
+        rows = self._check(indices)
+        formatted = self._formatted(rows)
+        records = self.format.rows(formatted, len(rows)) if formatted else [{} for _ in rows]
+        for key, column in self._arrow().items():
+            for record, value in zip(records, column.rows(rows), strict=True):
+                record[key] = value
+        return [{k: r[k] for k in self.columns} for r in records]
+
+    __getitems__ = _getitems
+
+    def get_batch(self, indices: Sequence[int] | Any) -> dict[str, Any]:
+        """Rows ``indices`` stacked per column (one Arrow call); ragged or text columns are
+        errors naming the column (and the rows whose shapes differ)."""
+        rows = self._check(indices)
+        formatted = self._formatted(rows)
+        arrow = self._arrow()
+        out = {}
+        for key in self.columns:
+            if key in arrow:
+                out[key] = arrow[key].stack(rows)
+                continue
+            value = formatted[key]
+            if key in self.format.tokenize:
+                value = self.format.encode(key, list(value))
+            out[key] = stack_column(key, value, rows)
+        return out

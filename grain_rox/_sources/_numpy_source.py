@@ -1,0 +1,299 @@
+"""``.npy`` arrays (memory-mapped) as a Grain source with a one-gather batch path.
+
+The layout loaderx's ``NPDataset`` serves: one ``.npy`` file per feature (``train_data.npy``,
+``train_label.npy``, ...), row ``i`` of every file is record ``i``, any fixed record shape.
+:class:`NumpySource` opens each file with ``np.load(mmap_mode="r")`` lazily in every process
+(pickling carries only the paths), reads a batch with one fancy-index gather per file, and
+gets grain_rox's order, sharding and checkpointing through :meth:`NumpySource.batches`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+import numpy as np
+
+from grain_rox._format._digest import (
+    check_unchanged,
+    content_digest,
+    facts_digest,
+    file_changed,
+    stat_key,
+)
+from grain_rox._order._permutation import record_index
+from grain_rox._sources._batches import BatchesMixin
+from grain_rox._sources._grain_setup import make_grain_workers_usable
+
+ArraySpec = str | os.PathLike[str] | np.ndarray
+
+
+class NpyHeader:
+    """A ``.npy`` file's array layout, read and checked without reading the data."""
+
+    def __init__(self, shape: tuple[int, ...], fortran: bool, dtype: np.dtype, offset: int):
+        self.shape, self.fortran, self.dtype, self.offset = shape, fortran, dtype, offset
+
+
+def _read_header(f: IO[bytes], path: str) -> NpyHeader:
+    """The header of the open ``.npy`` file ``f``; anything unusable is a ValueError naming
+    ``path`` (truncation, negative sizes, Python objects, not a ``.npy`` file)."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+        offset = f.tell()
+        available = os.fstat(f.fileno()).st_size - offset
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{path}: not a readable .npy file ({e}); write it with np.save") from None
+    if any(n < 0 for n in shape):
+        raise ValueError(
+            f"{path}: the .npy header gives the invalid shape {shape} (a negative size): the "
+            "file is damaged or was not written by np.save; rewrite it"
+        )
+    if dtype.hasobject:
+        raise ValueError(
+            f"{path}: dtype {dtype} holds Python objects, which cannot be memory-mapped; "
+            "save a numeric array"
+        )
+    expected = math.prod(shape) * dtype.itemsize
+    if available < expected:
+        raise ValueError(
+            f"{path}: truncated: the header promises {shape} {dtype} ({expected} bytes) but "
+            f"only {available} bytes follow it; rewrite the file"
+        )
+    return NpyHeader(tuple(int(n) for n in shape), bool(fortran), dtype, offset)
+
+
+def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from a ``.npy`` header (the data is not read); see :func:`_read_header`."""
+    try:
+        with open(path, "rb") as f:
+            header = _read_header(f, path)
+    except OSError as e:
+        raise ValueError(f"{path}: not a readable .npy file ({e})") from None
+    return header.shape, header.dtype
+
+
+def _as_path(spec: Any) -> Any:
+    """A whole ``.npy`` file opened with ``np.load(mmap_mode=...)`` is served by its path (so it
+    pickles as a path, not as its data); other arrays are served as they are."""
+    filename = getattr(spec, "filename", None)
+    if isinstance(spec, np.memmap) and filename and os.path.isfile(filename):
+        try:
+            shape, dtype = _npy_header(filename)
+        except ValueError:
+            return spec
+        if shape == spec.shape and dtype == spec.dtype and spec.offset > 0:
+            return filename
+    return spec
+
+
+def _read_only(rows: Any) -> np.ndarray:
+    """``rows`` as a read-only array: a row of an in-memory array is a view of the user's
+    array, and an in-place edit of a record must not change it or later reads."""
+    view = np.asarray(rows).view()
+    view.flags.writeable = False
+    return view
+
+
+class NumpySource(BatchesMixin):
+    """Rows of ``.npy`` files (or arrays) as a Grain ``RandomAccessDataSource``.
+
+    ``arrays`` is one path/array (records are arrays) or a mapping of names to paths/arrays
+    (records are dicts), all with the same number of rows.
+
+    The repr's fingerprint (which Grain's ``DataLoader`` and ``.batches()`` states compare on
+    restore) is a digest of the content, shapes and dtypes: whole files up to 256 MiB in all,
+    64 MiB of evenly spaced samples of larger ones (see ``grain_rox._format._digest``); not names or
+    times, so a byte-identical copy of the data elsewhere restores. A file whose content
+    changes after the source was made is refused, naming it: when a worker (re)opens it, on
+    every batch read (one ``stat`` per file) and within 0.1 s on the per-row path. Replace
+    data files by writing a new file and renaming it over the old one: a file truncated in
+    place while it is memory-mapped can crash the reading process (``SIGBUS``).
+
+    >>> import numpy as np, tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "x.npy"), np.arange(12, dtype=np.int32).reshape(6, 2))
+    >>> np.save(os.path.join(d, "y.npy"), np.arange(6) % 2)
+    >>> src = NumpySource({"x": os.path.join(d, "x.npy"), "y": os.path.join(d, "y.npy")})
+    >>> len(src), src[2]["x"].tolist(), src.get_batch([5, 0])["y"].tolist()
+    (6, [4, 5], [1, 0])
+    """
+
+    def __init__(self, arrays: ArraySpec | Mapping[str, ArraySpec]) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch / DataLoader workers start
+        self._single = not isinstance(arrays, Mapping)
+        specs: dict[str, ArraySpec] = dict(arrays) if isinstance(arrays, Mapping) else {"": arrays}
+        if not specs:
+            raise ValueError("NumpySource needs at least one array or .npy path")
+        specs = {k: _as_path(v) for k, v in specs.items()}
+        paths = {k: os.fspath(v) for k, v in specs.items() if not isinstance(v, np.ndarray)}
+        missing = [p for p in paths.values() if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(f"these .npy files do not exist: {missing}")
+        self.paths = paths
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, str] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+        self._digests: dict[str, str] = {}  # each array's content digest
+        self._opened: dict[str, tuple[int, int, int, int]] = {}  # each file's stat when opened
+        for key, spec in specs.items():
+            if isinstance(spec, np.ndarray):
+                shape, dtype = spec.shape, spec.dtype
+                self._arrays[key] = spec
+                self._digests[key] = hashlib.sha1(np.ascontiguousarray(spec).data).hexdigest()
+            else:
+                shape, dtype = self._open_file(key)
+            if len(shape) == 0:
+                raise ValueError(f"{self._name(key)} is a 0-d array: it has no rows to serve")
+            self.shapes[key], self.dtypes[key] = tuple(shape), str(dtype)
+        lengths = {self._name(k): s[0] for k, s in self.shapes.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"the arrays disagree on their number of rows: {lengths}")
+        self._num_rows = next(iter(lengths.values()))
+        if self._num_rows == 0:
+            raise ValueError(f"{lengths}: no rows: a Grain source needs at least one")
+        self._identity = self._fingerprint()
+        self._lock = threading.Lock()
+        self._checked: dict[str, float] = {}  # when each mapped file was last checked
+
+    def _name(self, key: str) -> str:
+        return self.paths.get(key) or (f"array {key!r}" if key else "the array")
+
+    def _open_file(self, key: str) -> tuple[tuple[int, ...], np.dtype]:
+        """Read file ``key``'s header and content digest, and record its stat."""
+        path = self.paths[key]
+        with open(path, "rb") as f:
+            header = _read_header(f, path)
+            self._opened[key] = stat_key(os.fstat(f.fileno()))
+            self._digests[key] = content_digest(f, path, share=len(self.paths))
+        return header.shape, header.dtype
+
+    def _fingerprint(self) -> str:
+        """The content identity: each array's digest, shape and dtype (not file names, sizes
+        or times: a byte-identical copy of the data elsewhere is the same data)."""
+        facts = [
+            [key, self._digests[key], list(self.shapes[key]), self.dtypes[key]]
+            for key in sorted(self.shapes)
+        ]
+        return facts_digest(facts)
+
+    def _array(self, key: str, *, recheck_after: float = 0.0) -> np.ndarray:
+        """Array ``key``; a mapped file is checked again (one ``stat``) if ``recheck_after``
+        seconds passed since its last check: a file rewritten in place shows its new bytes
+        through the existing map, and those are refused too."""
+        array = self._arrays.get(key)
+        if array is None:
+            with self._lock:
+                array = self._arrays.get(key)
+                if array is None:
+                    array = self._arrays[key] = self._map_file(key)
+                    self._checked[key] = time.monotonic()
+        elif key in self.paths:
+            now = time.monotonic()
+            if now - self._checked.get(key, 0.0) >= recheck_after:
+                self._recheck(key)
+                self._checked[key] = now
+        return array
+
+    def _recheck(self, key: str) -> None:
+        path = self.paths[key]
+        try:
+            changed = file_changed(stat_key(os.stat(path)), self._opened[key])
+        except OSError:
+            changed = True  # gone or replaced: the open map still holds the opened file
+        if changed:
+            try:
+                f = open(path, "rb")
+            except OSError:
+                return  # removed or renamed away: the map serves the bytes it opened
+            with f:
+                self._check_open_file(key, f)
+
+    def _check_open_file(self, key: str, f: Any) -> None:
+        """Refuse the opened file ``key`` if its content is not the one this source was made
+        on; remember its new stat when only its mtime moved (a copy, a touch)."""
+        self._opened[key] = check_unchanged(
+            f,
+            self.paths[key],
+            self._opened[key],
+            self._digests[key],
+            what="this NumpySource",
+            share=len(self.paths),
+        )
+
+    def _map_file(self, key: str) -> np.ndarray:
+        """Memory-map file ``key`` (lazily, in every process), refusing a file whose content
+        changed since this source was made: its rows are not the ones it promised."""
+        path = self.paths[key]
+        try:
+            f = open(path, "rb")
+        except OSError as e:
+            raise FileNotFoundError(
+                f"{path}: cannot be reopened ({e.strerror}); it was part of this NumpySource "
+                "when it was made: restore the file, or make a new NumpySource"
+            ) from None
+        with f:
+            self._check_open_file(key, f)
+            f.seek(0)
+            header = _read_header(f, path)
+            mapped = np.memmap(
+                f,
+                dtype=header.dtype,
+                mode="r",
+                offset=header.offset,
+                shape=header.shape,
+                order="F" if header.fortran else "C",
+            )
+        return mapped.view(np.ndarray)  # same pages; skips np.memmap's overhead
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_arrays"] = {k: v for k, v in self._arrays.items() if k not in self.paths}
+        del state["_lock"]  # memory maps are reopened in each process
+        state["_checked"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._num_rows
+
+    def __repr__(self) -> str:
+        parts = {k or "array": f"{self.dtypes[k]}{list(self.shapes[k])}" for k in self.shapes}
+        return f"NumpySource({parts}, fingerprint={self._identity})"
+
+    def _pick(self, rows: Any) -> Any:
+        # a batch checks its files each time (one stat each); a row at most every 0.1 s
+        wait = 0.1 if isinstance(rows, int) else 0.0
+        if self._single:
+            return _read_only(self._array("", recheck_after=wait)[rows])
+        return {k: _read_only(self._array(k, recheck_after=wait)[rows]) for k in self.shapes}
+
+    def __getitem__(self, index: int) -> Any:
+        return self._pick(record_index(index, self._num_rows, "row"))
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> Any:
+        """Rows ``indices`` stacked: one gather per array."""
+        rows = np.asarray(indices, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self._num_rows):
+            bad = rows[(rows < 0) | (rows >= self._num_rows)][:5].tolist()
+            raise IndexError(f"rows {bad} are out of range for {self._num_rows} rows")
+        return self._pick(rows)
+
+    def _getitems(self, indices: Sequence[int]) -> list[Any]:
+        batch = self.get_batch(indices)
+        if self._single:
+            return list(batch)
+        return [{k: v[j] for k, v in batch.items()} for j in range(len(indices))]
+
+    __getitems__ = _getitems

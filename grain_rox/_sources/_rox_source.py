@@ -1,0 +1,125 @@
+"""Per-record Grain sources over `.rox` shards: next-token windows and raw blocks.
+
+These are plain ``RandomAccessDataSource``s in stream order, for use with Grain's own
+samplers, shuffles and ``Batch`` (``grain.DataLoader``, ``grain.MapDataset.source``). For the
+fast, shuffled, host-count-independent global order use :class:`grain_rox.TokenPipeline`,
+whose records are whole batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from grain_rox._format._paths import PathSpec
+from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._order._permutation import int_arg, record_index
+from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._windows import segment_features
+
+
+class RoxTokenSource:
+    """Record ``i`` = tokens ``[i*seq_len, i*seq_len + seq_len + 1)`` as ``inputs``/``targets``.
+
+    With an EOS id (argument, else the manifest's) records also carry ``inputs_segmentation``,
+    ``inputs_position``, ``targets_segmentation`` and ``targets_position`` from the EOS tokens
+    inside the window. ``inputs`` and ``targets`` are read-only views of one window (like
+    :class:`~grain_rox.TokenPipeline` batches): a map that edits them copies first. Thread-safe;
+    pickles without open handles; stable repr.
+
+    >>> import tempfile, os, numpy as np, grain
+    >>> from grain_rox import write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.rox")
+    >>> _ = write_rox([np.arange(1, 10, dtype=np.uint16)], path, block_size=20, separator=0)
+    >>> source = RoxTokenSource(path, seq_len=4)
+    >>> len(source), source[1]["inputs"].tolist(), source[1]["targets"].tolist()
+    (2, [5, 6, 7, 8], [6, 7, 8, 9])
+    >>> source[1]["inputs_segmentation"].tolist(), source[1]["inputs"].flags.writeable
+    ([1, 1, 1, 1], False)
+    >>> ds = grain.MapDataset.source(source).batch(2)
+    >>> ds[0]["inputs"].shape
+    (2, 4)
+    """
+
+    def __init__(
+        self,
+        paths: PathSpec | RoxCorpus,
+        *,
+        seq_len: int,
+        eos_id: int | None = None,
+        dtype: Any = np.int32,
+    ) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
+        seq_len = int_arg(seq_len, "seq_len", where="RoxTokenSource")
+        if eos_id is not None:
+            eos_id = int_arg(eos_id, "eos_id", where="RoxTokenSource", minimum=0)
+        self.corpus = open_rox(paths)
+        self.seq_len = seq_len
+        self.eos_id = eos_id if eos_id is not None else self.corpus.eos_id
+        self.dtype = np.dtype(dtype)
+        self._len = max(0, (self.corpus.num_tokens - 1) // self.seq_len)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return self.corpus.paths
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        return (
+            f"RoxTokenSource(data={self.corpus.fingerprint}, seq_len={self.seq_len}, "
+            f"eos_id={self.eos_id}, dtype={self.dtype.name})"
+        )
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        start = record_index(index, self._len, "window") * self.seq_len
+        window = self.corpus.tokens(start, start + self.seq_len + 1).astype(self.dtype)
+        window.flags.writeable = False  # inputs and targets share it: read-only, like batches
+        record = {"inputs": window[:-1], "targets": window[1:]}
+        if self.eos_id is not None:
+            features = segment_features(window[None, :], int(self.eos_id), None)
+            record.update({k: v[0] for k, v in features.items()})
+        return record
+
+    def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        return [self[i] for i in indices]
+
+    __getitems__ = _getitems
+
+
+class RoxBlockSource:
+    """Record ``i`` = block ``i`` (roxxel's record) as a numpy array of the shard dtype.
+
+    >>> import tempfile, os
+    >>> from grain_rox import write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "b.rox")
+    >>> _ = write_rox(["abcdef"], path, block_size=4)
+    >>> source = RoxBlockSource(path)
+    >>> len(source), bytes(source[1])
+    (2, b'ef\\x00\\x00')
+    """
+
+    def __init__(self, paths: PathSpec | RoxCorpus) -> None:
+        make_grain_workers_usable()
+        self.corpus = open_rox(paths)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return self.corpus.paths
+
+    def __len__(self) -> int:
+        return len(self.corpus)
+
+    def __repr__(self) -> str:
+        return f"RoxBlockSource(data={self.corpus.fingerprint}, blocks={len(self.corpus)})"
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return np.array(self.corpus[record_index(index, len(self.corpus), "block")])
+
+    def _getitems(self, indices: Sequence[int]) -> list[np.ndarray]:
+        return [self[i] for i in indices]
+
+    __getitems__ = _getitems

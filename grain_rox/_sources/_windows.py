@@ -1,0 +1,263 @@
+"""Read the windows a :class:`~grain_rox._order._lanes.LaneOrder` names, a round at a time.
+
+A window is ``seq_len + 1`` tokens of an epoch stream; it can span a chunk boundary, where the
+epoch stream joins two unrelated chunks. For each round the reader computes, vectorised, every
+window's *pieces* (shard, start, length) once and caches that plan; a batch is then a handful
+of slice copies straight from the memory maps into one preallocated array, with the cast to
+the output dtype done by the copy.
+
+With an EOS id, windows also carry MaxText-style packing features, computed from the tokens
+themselves (no document index): a new segment starts after every EOS and at every chunk join;
+``*_position`` counts from 0 inside a segment; ``targets_segmentation`` is 0 where the target
+token lies across a chunk join (unrelated text: no loss there).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+
+import numpy as np
+
+from grain_rox._format._rox_corpus import RoxCorpus
+from grain_rox._order._lanes import LaneOrder
+
+_PLAN_CACHE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class _RoundPlan:
+    """Pieces of every window of one round, in slot order."""
+
+    seq_len: np.ndarray  # (R,)
+    first_piece: np.ndarray  # (R + 1,) row -> its pieces [first_piece[r], first_piece[r+1])
+    shard: np.ndarray  # (P,)
+    start: np.ndarray  # (P,) token offset inside the shard
+    length: np.ndarray  # (P,)
+    dest: np.ndarray  # (P,) offset inside the window
+    single: np.ndarray  # (R,) bool: the window lies in one chunk (one piece)
+    slot_shard: np.ndarray  # (R,) shard of the slot's first piece
+    slot_start: np.ndarray  # (R,) start of the slot's first piece
+
+
+class WindowReader:
+    """Reads samples of one source into (n, seq_len + 1) token windows (thread-safe)."""
+
+    def __init__(self, corpus: RoxCorpus, order: LaneOrder) -> None:
+        self.corpus = corpus
+        self.order = order
+        self._lock = threading.Lock()
+        self._plans: collections.OrderedDict[int, _RoundPlan] = collections.OrderedDict()
+        self._views: dict[tuple[int, int], np.ndarray] = {}
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"corpus": self.corpus, "order": self.order}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["corpus"], state["order"])  # type: ignore[misc]
+
+    def _plan(self, round_: int) -> _RoundPlan:
+        with self._lock:
+            plan = self._plans.get(round_)
+            if plan is not None:
+                self._plans.move_to_end(round_)
+                return plan
+        plan = self._make_plan(round_)
+        with self._lock:
+            self._plans[round_] = plan
+            while len(self._plans) > _PLAN_CACHE:
+                self._plans.popitem(last=False)
+        return plan
+
+    def _make_plan(self, round_: int) -> _RoundPlan:
+        order = self.order
+        lanes = order.lanes
+        rows = order.locate(np.arange(round_ * lanes, (round_ + 1) * lanes, dtype=np.int64))
+        c = order.chunk_tokens
+        first_q = rows.offset // c
+        last_q = (rows.offset + rows.seq_len) // c  # window = seq_len + 1 tokens
+        counts = last_q - first_q + 1
+        first_piece = np.concatenate([[0], np.cumsum(counts)])
+        row_of_piece = np.repeat(np.arange(lanes), counts)
+        k = np.arange(first_piece[-1]) - first_piece[row_of_piece]  # piece number in its row
+        q = first_q[row_of_piece] + k
+        epoch = rows.epoch[row_of_piece]
+        phys = np.empty_like(q)
+        for e in np.unique(epoch).tolist():
+            sel = epoch == e
+            phys[sel] = order.physical_chunks(e, q[sel])
+        shard, chunk_start = order.chunk_location(phys)
+        win_start = rows.offset[row_of_piece]
+        win_end = win_start + rows.seq_len[row_of_piece] + 1
+        piece_lo = np.maximum(q * c, win_start)
+        piece_hi = np.minimum((q + 1) * c, win_end)
+        start = chunk_start + (piece_lo - q * c)
+        head = first_piece[:-1]
+        single = counts == 1
+        slot_shard = shard[head]
+        return _RoundPlan(
+            seq_len=rows.seq_len,
+            first_piece=first_piece,
+            shard=shard,
+            start=start,
+            length=piece_hi - piece_lo,
+            dest=piece_lo - win_start,
+            single=single,
+            slot_shard=slot_shard,
+            slot_start=start[head],
+        )
+
+    def _windows_view(self, shard: int, width: int) -> np.ndarray:
+        """Shard ``shard``'s tokens as an (n - width + 1, width) strided view of all windows."""
+        key = (shard, width)
+        view = self._views.get(key)
+        if view is None:
+            tokens = self.corpus.shard_tokens(shard)
+            n = max(0, tokens.size - width + 1)
+            view = np.lib.stride_tricks.as_strided(
+                tokens, shape=(n, width), strides=(tokens.strides[0],) * 2, writeable=False
+            )
+            self._views[key] = view
+        return view
+
+    def _read_slots(
+        self, round_: int, lo: int, n: int, dtype: np.dtype
+    ) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """Fast path: consecutive slots ``[lo, lo + n)`` of one round, one seq_len."""
+        plan = self._plan(round_)
+        hi = lo + n
+        width = int(plan.seq_len[lo]) + 1
+        if n > 1 and not (plan.seq_len[lo:hi] == width - 1).all():
+            return None
+        out = np.empty((n, width), dtype=dtype)
+        single = plan.single[lo:hi]
+        all_single = bool(single.all())
+        shards, starts = plan.slot_shard[lo:hi], plan.slot_start[lo:hi]
+        if not all_single:
+            shards, starts = shards[single], starts[single]
+        first, last = (int(shards.min()), int(shards.max())) if shards.size else (0, -1)
+        for s in range(first, last + 1):
+            if first == last:
+                target = slice(None) if all_single else single
+                out[target] = self._windows_view(s, width)[starts]
+            else:
+                sel = shards == s
+                if sel.any():
+                    rows = np.flatnonzero(single)[sel]
+                    out[rows] = self._windows_view(s, width)[starts[sel]]
+        joins = None
+        if not all_single:
+            joins = np.zeros((n, width), dtype=bool)
+            for r in np.flatnonzero(~single).tolist():
+                self._copy_pieces(plan, lo + r, out, r, joins)
+        return out, joins
+
+    def _copy_pieces(
+        self, plan: _RoundPlan, slot: int, out: np.ndarray, row: int, joins: np.ndarray
+    ) -> None:
+        fp = plan.first_piece
+        for p in range(int(fp[slot]), int(fp[slot + 1])):
+            s, a, n, d = (
+                int(plan.shard[p]),
+                int(plan.start[p]),
+                int(plan.length[p]),
+                int(plan.dest[p]),
+            )
+            out[row, d : d + n] = self.corpus.shard_tokens(s)[a : a + n]
+            if d:
+                joins[row, d] = True
+
+    def read(self, samples: np.ndarray, *, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray | None]:
+        """Windows of ``samples`` as an (n, seq_len + 1) array of ``dtype``, plus a boolean
+        (n, seq_len + 1) mask of chunk joins (None when no window crosses one).
+
+        All samples must share one seq_len (one curriculum phase). Windows that lie in one
+        chunk (nearly all) are gathered per shard in one vectorised copy from a strided view
+        of the memory map; the few that cross a chunk join are copied piece by piece.
+        """
+        samples = np.asarray(samples, dtype=np.int64)
+        lanes = self.order.lanes
+        first, n = int(samples[0]), samples.size
+        if first // lanes == (first + n - 1) // lanes and int(samples[-1]) == first + n - 1:
+            fast = self._read_slots(first // lanes, first % lanes, n, dtype)
+            if fast is not None:
+                return fast
+        rounds = samples // lanes
+        out: np.ndarray | None = None
+        joins: np.ndarray | None = None
+        first_round, last_round = int(rounds[0]), int(rounds[-1])
+        round_ids = [first_round] if first_round == last_round else np.unique(rounds).tolist()
+        for j in round_ids:
+            plan = self._plan(j)
+            rows = np.arange(samples.size) if len(round_ids) == 1 else np.flatnonzero(rounds == j)
+            slots = samples[rows] - j * lanes
+            width = int(plan.seq_len[slots[0]]) + 1
+            if out is None:
+                out = np.empty((samples.size, width), dtype=dtype)
+            if np.any(plan.seq_len[slots] + 1 != width):
+                raise ValueError("one read holds windows of one seq_len (one phase)")
+            fp = plan.first_piece
+            pieces = fp[slots]
+            single = fp[slots + 1] - pieces == 1
+            shards = plan.shard[pieces]
+            starts = plan.start[pieces]
+            if single.all():
+                groups = [(rows, shards, starts)]
+            else:
+                groups = [(rows[single], shards[single], starts[single])]
+            for g_rows, g_shards, g_starts in groups:
+                if not g_rows.size:
+                    continue
+                lo, hi = int(g_shards.min()), int(g_shards.max())
+                for s in [lo] if lo == hi else np.unique(g_shards).tolist():
+                    sel = slice(None) if lo == hi else g_shards == s
+                    out[g_rows[sel]] = self._windows_view(s, width)[g_starts[sel]]
+            for r, slot in zip(rows[~single].tolist(), slots[~single].tolist(), strict=True):
+                if joins is None:
+                    joins = np.zeros((samples.size, width), dtype=bool)
+                self._copy_pieces(plan, slot, out, r, joins)
+        assert out is not None
+        return out, joins
+
+
+def segment_features(
+    windows: np.ndarray, eos_id: int, joins: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """MaxText packing features for (n, seq_len + 1) windows (see the module doc), as
+    read-only arrays: ``targets_position`` is ``inputs_position``, and without chunk joins
+    ``targets_segmentation`` is ``inputs_segmentation``.
+
+    >>> w = np.array([[5, 6, 0, 7, 8, 0, 9]])
+    >>> f = segment_features(w, eos_id=0, joins=None)
+    >>> f["inputs_segmentation"].tolist(), f["inputs_position"].tolist()
+    ([[1, 1, 1, 2, 2, 2]], [[0, 1, 2, 0, 1, 2]])
+    """
+    n, width = windows.shape
+    seq_len = width - 1
+    starts = np.empty((n, seq_len), dtype=bool)  # position t starts a new segment
+    starts[:, 0] = True
+    np.equal(windows[:, : seq_len - 1], eos_id, out=starts[:, 1:])
+    if joins is not None:
+        starts[:, 1:] |= joins[:, 1:seq_len]
+    # Segments are sparse: expand them from their start positions (one pass, no scans).
+    first = np.flatnonzero(starts)
+    lengths = np.diff(first, append=n * seq_len)
+    position = np.arange(n * seq_len, dtype=np.int32)
+    position -= np.repeat(first.astype(np.int32), lengths)
+    row_first = np.searchsorted(first, np.arange(n) * seq_len)
+    number = np.arange(1, first.size + 1, dtype=np.int32)
+    number -= np.repeat(row_first.astype(np.int32), np.diff(row_first, append=first.size))
+    segmentation = np.repeat(number, lengths).reshape(n, seq_len)
+    position = position.reshape(n, seq_len)
+    target_segmentation = segmentation
+    if joins is not None and joins[:, 1:].any():
+        target_segmentation = np.where(joins[:, 1:], 0, segmentation).astype(np.int32)
+    for array in (segmentation, position, target_segmentation):
+        array.flags.writeable = False  # shared between features (and records): read-only
+    return {
+        "inputs_segmentation": segmentation,
+        "inputs_position": position,
+        "targets_segmentation": target_segmentation,
+        "targets_position": position,
+    }

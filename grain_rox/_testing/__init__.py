@@ -1,0 +1,1 @@
+"""Helpers behind grain_rox.testing."""

@@ -1,0 +1,411 @@
+"""Read documents from text, JSONL or Parquet files and tokenize them on all cores, in order.
+
+Inputs are read exactly or refused loudly: compressed files (``.gz``, ``.bz2``, ``.xz``,
+``.zst``) are decompressed on the fly; binary files (a NUL byte or mostly control bytes in
+their first 8 KiB), empty files and special files (FIFOs, sockets) are skipped and counted
+in :class:`ReadStats` (or, with ``on_binary="error"``, binary files stop the run); text that
+is not UTF-8 is an error naming the file and the byte offset unless
+``encoding_errors="replace"``; records whose text is null are skipped and counted.
+
+Tokenization runs in a thread pool over chunks of about a megabyte of text: tiktoken and HF
+``tokenizers`` release the GIL inside their Rust cores, so threads use every core without
+pickling documents to worker processes, and chunks come back in input order, so the output
+shards are deterministic.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import glob
+import json
+import logging
+import os
+import stat
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from grain_rox._text._text_files import (
+    SNIFF,
+    binary_reason,
+    byte_chunks,
+    chain,
+    compression_of,
+    decode,
+    lines,
+)
+from grain_rox._text._tokenizers import Tokenizer
+
+FORMATS = ("auto", "text", "jsonl", "parquet", "hf", "array_record")
+ON_BINARY = ("skip", "error")
+ENCODING_ERRORS = ("strict", "replace")
+_JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+_ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
+
+logger = logging.getLogger("grain_rox")
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """What :func:`read_documents` read and skipped, filled in as it reads.
+
+    >>> stats = ReadStats(files_read=3, documents=5)
+    >>> stats.skip("a.bin", "binary", "it looks binary")
+    >>> stats.summary()
+    '3 files read, skipped 1 file (1 binary)'
+    """
+
+    files_read: int = 0
+    documents: int = 0
+    null_texts: int = 0
+    skipped: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    def skip(self, path: str, reason: str, detail: str) -> None:
+        """Count ``path`` as skipped for ``reason`` and log why (logger ``grain_rox``)."""
+        self.skipped.setdefault(reason, []).append(path)
+        logger.warning("skipped %s: %s", path, detail)
+
+    def summary(self) -> str:
+        """``"N files read"``, then what was skipped and why."""
+        text = f"{self.files_read} file{'' if self.files_read == 1 else 's'} read"
+        count = sum(len(v) for v in self.skipped.values())
+        skips = []
+        if count:
+            why = ", ".join(f"{len(v)} {k}" for k, v in sorted(self.skipped.items()))
+            skips.append(f"{count} file{'' if count == 1 else 's'} ({why})")
+        if self.null_texts:
+            skips.append(f"{self.null_texts} null text{'' if self.null_texts == 1 else 's'}")
+        return text + (f", skipped {' and '.join(skips)}" if skips else "")
+
+
+def require_documents(docs: Iterator[str], stats: ReadStats, what: str) -> Iterator[str]:
+    """``docs``, or an error saying why there are none (every input skipped or empty)."""
+    first = next(docs, None)
+    if first is None:
+        raise ValueError(
+            f"no documents to convert in {what}: {stats.summary()}; the lines logged above "
+            "say why each file was skipped"
+        )
+    return chain(first, docs)
+
+
+def expand_inputs(inputs: Sequence[str]) -> list[str]:
+    """Expand files, directories (recursively, sorted, hidden files skipped) and globs.
+
+    Everything that is not a directory is listed, special files too: :func:`read_documents`
+    counts those it skips instead of dropping them unseen.
+    """
+    files: list[str] = []
+    for spec in inputs:
+        if any(c in spec for c in "*?["):
+            matched = sorted(glob.glob(spec, recursive=True))
+            if not matched:
+                raise FileNotFoundError(f"the input glob {spec!r} matched no files")
+            files.extend(p for p in matched if not os.path.isdir(p) or is_hf_dataset_dir(p))
+        elif is_hf_dataset_dir(spec):
+            files.append(spec)  # a HuggingFace dataset saved with save_to_disk: one input
+        elif os.path.isdir(spec):
+            found: list[str] = []
+            for root, dirs, names in os.walk(spec):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                found.extend(os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
+            if not found:
+                raise FileNotFoundError(f"the input directory {spec!r} holds no files")
+            files.extend(found)
+        elif os.path.lexists(spec):
+            files.append(spec)
+        else:
+            raise FileNotFoundError(f"input {spec!r} does not exist")
+    return files
+
+
+def is_hf_dataset_dir(path: str) -> bool:
+    """Whether ``path`` is a dataset written by HF ``save_to_disk`` (a Dataset or DatasetDict)."""
+    return os.path.isdir(path) and any(
+        os.path.exists(os.path.join(path, name)) for name in ("state.json", "dataset_dict.json")
+    )
+
+
+def _hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("reading a HF dataset needs: pip install 'grain_rox[hf]'") from None
+    from grain_rox._text._hf_checks import load_saved
+
+    ds = load_saved(path)
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds:
+            raise ValueError(f"{path} holds splits {list(ds)} and no 'train'; pass one split")
+        ds = ds["train"]
+    if text_column not in ds.column_names:
+        raise KeyError(
+            f"{path} has no column {text_column!r} (it has {ds.column_names}); pass --text-column"
+        )
+    kind = ds.features[text_column]
+    if getattr(kind, "dtype", None) not in ("string", "large_string"):
+        raise TypeError(f"{path}: column {text_column!r} holds {kind}, not text")
+    for batch in ds.select_columns([text_column]).iter(batch_size=1024):
+        for value in batch[text_column]:
+            if value is None:
+                stats.null_texts += 1
+            else:
+                yield value
+
+
+def detect_format(path: str) -> str:
+    """Guess a file's format from its name (a compression suffix looked through): jsonl,
+    parquet, hf (a saved dataset), array_record (token documents) or text.
+
+    >>> detect_format("a/b.jsonl.gz"), detect_format("c.parquet"), detect_format("notes.gz")
+    ('jsonl', 'parquet', 'text')
+    """
+    if is_hf_dataset_dir(path):
+        return "hf"
+    lower = path.lower()
+    if compression_of(lower):
+        lower = os.path.splitext(lower)[0]
+    if lower.endswith(_ARRAY_RECORD_SUFFIXES) or ".array_record-" in lower:
+        return "array_record"
+    if lower.endswith(_JSONL_SUFFIXES):
+        return "jsonl"
+    if lower.endswith(_PARQUET_SUFFIXES):
+        return "parquet"
+    return "text"
+
+
+def _text_of(record: object, column: str, where: str) -> str | None:
+    if not isinstance(record, dict) or column not in record:
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise KeyError(f"{where} has no column {column!r} (it has {keys}); pass --text-column")
+    value = record[column]
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{where}: column {column!r} holds {type(value).__name__}, not text")
+    return value
+
+
+def _not_jsonl(path: str, errors: str) -> str | None:
+    """What ``path`` holds if it is one JSON document that is not a list, else ``None``."""
+    try:
+        value = json.loads(decode(b"".join(byte_chunks(path)), path, errors))
+    except json.JSONDecodeError:
+        return None
+    if isinstance(value, dict):
+        return f"one JSON object (keys {sorted(value)[:5]})"
+    return None if isinstance(value, list) else f"one JSON {type(value).__name__}"
+
+
+def _jsonl_documents(
+    path: str, chunks: Iterator[bytes], column: str, errors: str, stats: ReadStats
+) -> Iterator[str]:
+    """Records of a JSONL file, or of a JSON file that is one list of records."""
+    first = next(chunks)
+    if first.lstrip()[:1] == b"[":  # one JSON list of records
+        text = decode(first + b"".join(chunks), path, errors)
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(records, list):
+            raise ValueError(f"{path} is not a JSON list of records")
+        for i, record in enumerate(records):
+            value = _text_of(record, column, f"{path}[{i}]")
+            if value is None:
+                stats.null_texts += 1
+            else:
+                yield value
+        return
+    records_seen = 0
+    for lineno, (offset, raw) in enumerate(lines(chain(first, chunks)), 1):
+        line = decode(raw, path, errors, base=offset, line=lineno)
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            whole = _not_jsonl(path, errors) if records_seen == 0 else None
+            if whole is not None:
+                raise ValueError(
+                    f"{path} holds {whole}, not JSON Lines: expected one record per line, or "
+                    f"a JSON list of records, each with a {column!r} field; leave it out of the "
+                    "inputs (e.g. a glob such as DIR/**/*.jsonl) or pass --format text to read "
+                    "it as one text document"
+                ) from None
+            raise ValueError(f"{where} is not valid JSON: {e}") from None
+        records_seen += 1
+        value = _text_of(record, column, where)
+        if value is None:
+            stats.null_texts += 1
+        else:
+            yield value
+
+
+def _parquet_documents(path: str, column: str, stats: ReadStats) -> Iterator[str]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("reading Parquet needs pyarrow: pip install 'grain_rox[hf]'") from None
+
+    def damaged(e: Exception) -> ValueError:
+        return ValueError(
+            f"{path} is not a readable Parquet file ({type(e).__name__}: {e}); it is damaged "
+            "or not Parquet: regenerate it, or leave it out of the inputs"
+        )
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise damaged(e) from None
+    schema = pf.schema_arrow
+    if column not in schema.names:
+        raise KeyError(
+            f"{path} has no column {column!r} (it has {schema.names}); pass --text-column"
+        )
+    kind = schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise TypeError(f"{path}: column {column!r} holds {kind}, not text")
+    try:
+        for batch in pf.iter_batches(columns=[column], batch_size=1024):
+            for value in batch.column(0).to_pylist():
+                if value is None:
+                    stats.null_texts += 1
+                else:
+                    yield value
+    except (pa.ArrowException, OSError) as e:
+        raise damaged(e) from None
+
+
+def read_documents(
+    files: Iterable[str],
+    *,
+    fmt: str = "auto",
+    text_column: str = "text",
+    on_binary: str = "skip",
+    encoding_errors: str = "strict",
+    stats: ReadStats | None = None,
+) -> Iterator[str]:
+    """Yield one document per text file, JSONL line (or record of a JSON list), Parquet row or
+    HF dataset row.
+
+    Compressed files are read through; binary files are skipped (``on_binary="error"``: an
+    error), as are empty and special files, each logged and counted in ``stats``; text that
+    is not UTF-8 is an error unless ``encoding_errors="replace"``.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> files = {"a.txt": b"hi", "b.bin": b"\\x00\\x01", "c.jsonl": b'{"text": "x"}'}
+    >>> for name, data in files.items():
+    ...     _ = open(os.path.join(d, name), "wb").write(data)
+    >>> stats = ReadStats()
+    >>> list(read_documents(expand_inputs([d]), stats=stats)), stats.summary()
+    (['hi', 'x'], '2 files read, skipped 1 file (1 binary)')
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
+    if on_binary not in ON_BINARY:
+        raise ValueError(f"on_binary={on_binary!r} is not one of {ON_BINARY}")
+    if encoding_errors not in ENCODING_ERRORS:
+        raise ValueError(f"encoding_errors={encoding_errors!r} is not one of {ENCODING_ERRORS}")
+    stats = ReadStats() if stats is None else stats
+    for path in files:
+        kind = detect_format(path) if fmt == "auto" else fmt
+        if kind == "array_record":
+            raise ValueError(
+                f"{path} holds token documents, not text: convert ArrayRecord inputs on their "
+                "own, with --record-dtype"
+            )
+        if kind == "hf":
+            stats.files_read += 1
+            for doc in _hf_documents(path, text_column, stats):
+                stats.documents += 1
+                yield doc
+            continue
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            stats.skip(path, "not regular files", "not a regular file (a FIFO, socket or device)")
+            continue
+        if kind == "parquet":
+            if compression_of(path):
+                raise ValueError(
+                    f"{path}: compressed Parquet files are not read; decompress it first "
+                    "(Parquet compresses its own pages)"
+                )
+            stats.files_read += 1
+            docs = _parquet_documents(path, text_column, stats)
+        else:
+            chunks = byte_chunks(path)
+            head = next(chunks, b"")
+            if not head:
+                stats.skip(path, "empty", "it is empty")
+                continue
+            why = binary_reason(head[:SNIFF])
+            if why is not None:
+                if on_binary == "error":
+                    raise ValueError(
+                        f"{path} looks binary ({why}), not text; leave it out of the inputs, "
+                        "or pass --on-binary skip (on_binary='skip') to skip such files"
+                    )
+                stats.skip(
+                    path,
+                    "binary",
+                    f"it looks binary ({why}); pass --on-binary error to stop instead",
+                )
+                continue
+            stats.files_read += 1
+            if kind == "jsonl":
+                docs = _jsonl_documents(
+                    path, chain(head, chunks), text_column, encoding_errors, stats
+                )
+            else:
+                data = head + b"".join(chunks)
+                docs = iter([decode(data, path, encoding_errors)])
+        for doc in docs:
+            stats.documents += 1
+            yield doc
+
+
+def _chunks(docs: Iterable[str], chunk_chars: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    size = 0
+    for doc in docs:
+        chunk.append(doc)
+        size += len(doc)
+        if size >= chunk_chars:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def tokenize_in_order(
+    docs: Iterable[str],
+    tokenizer: Tokenizer,
+    *,
+    workers: int | None = None,
+    chunk_chars: int = 1 << 20,
+) -> Iterator[np.ndarray]:
+    """Yield ``tokenizer.encode(doc)`` for each doc, in order, tokenizing ahead on threads.
+
+    ``workers`` chunks are tokenized concurrently (default 1: tiktoken and HF tokenizers
+    already spread one ``encode_batch`` over all cores; more threads only oversubscribe).
+
+    >>> from grain_rox import ByteTokenizer
+    >>> [a.tolist() for a in tokenize_in_order(["ab", "c"], ByteTokenizer(), workers=2)]
+    [[97, 98], [99]]
+    """
+    workers = max(1, workers or 1)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        pending: collections.deque[concurrent.futures.Future[list[np.ndarray]]] = (
+            collections.deque()
+        )
+        for chunk in _chunks(docs, chunk_chars):
+            pending.append(pool.submit(tokenizer.encode_batch, chunk))
+            if len(pending) > workers:
+                yield from pending.popleft().result()
+        while pending:
+            yield from pending.popleft().result()

@@ -1,0 +1,325 @@
+"""What both HuggingFace sources share: local files only, column filters, numpy records.
+
+A record is a dict of numpy arrays: numbers and lists become arrays, images (``datasets``
+decodes them to PIL) become ``uint8`` arrays, nested features become nested dicts, and
+strings are kept (``np.str_``) or, for the columns named in ``tokenize``, turned into
+``int32`` token ids with an offline tokenizer (EOS appended, so documents stay apart when
+packed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from grain_rox._text._hf_checks import (
+    is_number,
+    null_rows,
+    read_errors,
+    unreadable,
+    without_nulls,
+)
+
+_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".json": "json", ".jsonl": "json",
+            ".arrow": "arrow"}  # fmt: skip
+
+
+def hf_datasets() -> Any:
+    """The ``datasets`` module, or an ImportError that names the extra to install."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(
+            "HuggingFace sources need the datasets package: pip install 'grain_rox[hf]'"
+        ) from None
+    return datasets
+
+
+def file_kind(files: Sequence[str]) -> str:
+    """The one format of ``files`` (parquet, json or arrow); errors name the bad files."""
+    missing = [f for f in files if not os.path.exists(f)]
+    if missing:
+        raise FileNotFoundError(
+            f"data files not found: {missing}; grain_rox reads local files only (never the Hub)"
+        )
+    kinds = {_FORMATS.get(os.path.splitext(f)[1].lower()) for f in files}
+    if len(kinds) != 1 or None in kinds:
+        raise ValueError(
+            f"data files {list(files)} must all be .parquet, .json/.jsonl or .arrow (one kind)"
+        )
+    return str(kinds.pop())
+
+
+def kept_columns(
+    columns: Sequence[str], include: Sequence[str] | None, exclude: Sequence[str] | None
+) -> list[str]:
+    """``columns`` filtered by include/exclude keys; unknown keys are errors."""
+    for name, keys in (("include_keys", include), ("exclude_keys", exclude)):
+        unknown = sorted(set(keys or ()) - set(columns))
+        if unknown:
+            raise ValueError(f"{name} names missing columns {unknown}; columns: {list(columns)}")
+    keep = [c for c in columns if (include is None or c in include) and c not in set(exclude or ())]
+    if not keep:
+        raise ValueError(f"no column left after include/exclude keys; columns: {list(columns)}")
+    return keep
+
+
+def load_files(files: Sequence[str]) -> Any:
+    """One ``datasets.Dataset`` over local Parquet, JSON or Arrow files; an unreadable file
+    is an error naming it (see :func:`unreadable`)."""
+    datasets = hf_datasets()
+    kind = file_kind(files)
+    try:
+        if kind == "arrow":
+            parts = [datasets.Dataset.from_file(f) for f in files]
+            return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        dataset = datasets.load_dataset(kind, data_files=list(files), split="train")
+        if kind == "json":  # HF's JSON reader stores bytes that are not UTF-8 as they are
+            dataset.data.table.validate(full=True)
+        return dataset
+    except read_errors() as e:
+        raise unreadable(files, kind, e) from None
+
+
+def to_numpy(value: Any) -> Any:
+    """A value from a numpy-formatted dataset as arrays (nested dicts stay dicts)."""
+    if isinstance(value, dict):
+        return {k: to_numpy(v) for k, v in value.items()}
+    return np.asarray(value)
+
+
+def _is_text(value: Any) -> bool:
+    if isinstance(value, str):
+        return True
+    return isinstance(value, np.ndarray) and value.dtype.kind in "US" and value.ndim == 0
+
+
+class RecordFormat:
+    """Turns numpy-formatted rows into records; tokenizes the ``tokenize`` columns.
+
+    >>> fmt = RecordFormat(columns=["t", "y"], tokenize=["t"], tokenizer="bytes")
+    >>> rec = fmt.rows({"t": np.array(["hi"]), "y": np.array([7])}, 1)[0]
+    >>> rec["t"].tolist(), rec["t"].dtype.name, int(rec["y"])
+    ([104, 105, 256], 'int32', 7)
+    """
+
+    def __init__(
+        self,
+        *,
+        columns: Sequence[str],
+        tokenize: Sequence[str] | None = None,
+        tokenizer: Any = None,
+        append_eos: bool = True,
+    ) -> None:
+        self.tokenize = list(tokenize or ())
+        unknown = sorted(set(self.tokenize) - set(columns))
+        if unknown:
+            raise ValueError(f"tokenize names columns {unknown} that are not kept: {list(columns)}")
+        if self.tokenize and tokenizer is None:
+            raise ValueError(
+                f"tokenize={self.tokenize} needs a tokenizer: tokenizer='cl100k_base', 'bytes' "
+                "or a path to a tokenizer.json"
+            )
+        if tokenizer is not None and not self.tokenize:
+            raise ValueError("a tokenizer was given but no column to tokenize: pass tokenize=[...]")
+        if tokenizer is not None:
+            from grain_rox._text._tokenizers import get_tokenizer
+
+            tokenizer = get_tokenizer(tokenizer)
+        self.tokenizer = tokenizer
+        self.append_eos = bool(append_eos)
+
+    def describe(self) -> dict[str, Any]:
+        """What the records depend on besides the data (for reprs)."""
+        if not self.tokenize:
+            return {}
+        return {"tokenize": self.tokenize, "tokenizer": self.tokenizer.name, "eos": self.append_eos}
+
+    def encode(self, column: str, texts: Sequence[Any]) -> list[np.ndarray]:
+        """Token ids (``int32``, EOS appended unless disabled) of ``column``'s texts."""
+        bad = next((t for t in texts if not _is_text(t)), None)
+        if bad is not None:
+            raise ValueError(
+                f"column {column!r} holds {type(bad).__name__}, not text: cannot tokenize"
+            )
+        ids = self.tokenizer.encode_batch([str(t) for t in texts])
+        tail = [self.tokenizer.eos_id] if self.append_eos else []
+        return [np.asarray([*row.tolist(), *tail], dtype=np.int32) for row in ids]
+
+    def rows(self, columns: dict[str, Any], count: int) -> list[dict[str, Any]]:
+        """``count`` records from a numpy-formatted batch (``ds[list_of_indices]``)."""
+        per_column: dict[str, list[Any]] = {}
+        for key, value in columns.items():
+            items = list(value) if isinstance(value, np.ndarray) and value.dtype == object else None
+            if key in self.tokenize:
+                per_column[key] = self.encode(key, items if items is not None else list(value))
+            elif items is not None:
+                per_column[key] = [to_numpy(v) for v in items]
+            else:
+                per_column[key] = [np.asarray(value[j]) for j in range(count)]
+        return [{k: v[j] for k, v in per_column.items()} for j in range(count)]
+
+    def row(self, record: dict[str, Any]) -> dict[str, Any]:
+        """One record from one numpy-formatted (or plain) row."""
+        out = {}
+        for key, value in record.items():
+            out[key] = self.encode(key, [value])[0] if key in self.tokenize else to_numpy(value)
+        return out
+
+
+def stack_column(key: str, values: Any, indices: Sequence[int]) -> Any:
+    """Rows of one column as one array (nested dicts: one array per leaf), or a clear error."""
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        if values.dtype.kind in "US":
+            raise ValueError(_text_problem(key))
+        return values
+    items = list(values)
+    if items and all(isinstance(v, dict) for v in items):
+        return {k: stack_column(f"{key}.{k}", [v[k] for v in items], indices) for k in items[0]}
+    arrays = [np.asarray(v) for v in items]
+    if any(a.dtype.kind in "USO" for a in arrays):
+        raise ValueError(_text_problem(key))
+    shapes = [a.shape for a in arrays]
+    if len(set(shapes)) > 1:
+        first = shapes[0]
+        rows = [int(indices[j]) for j, s in enumerate(shapes) if s != first][:5]
+        raise ValueError(
+            f"column {key!r} is ragged: row {int(indices[0])} has shape {first} but rows {rows} "
+            "differ; pack or pad it (grain_rox.pack_documents) or exclude it"
+        )
+    return np.stack(arrays)
+
+
+def _text_problem(key: str) -> str:
+    return (
+        f"column {key!r} holds text, not numbers, so it cannot be an array; tokenize it "
+        f"(tokenize=[{key!r}], tokenizer='cl100k_base') or leave it out (exclude_keys=[{key!r}])"
+    )
+
+
+def _innermost(arrow_type: Any) -> Any:
+    """The value type under every list level of ``arrow_type``."""
+    import pyarrow as pa
+
+    while (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    ):
+        arrow_type = arrow_type.value_type
+    return arrow_type
+
+
+def arrow_numeric(arrow_type: Any) -> bool:
+    """Whether a column of this Arrow type is numbers or (nested) lists of numbers: such
+    columns are read straight from Arrow (dtype kept), not through ``datasets``' formatter."""
+    return is_number(_innermost(arrow_type))
+
+
+def _flatten_uniform(array: Any) -> tuple[Any, list[int]] | None:
+    """(innermost values, shape after the row axis) if every list level has one length."""
+    shape: list[int] = []
+    while not is_number(array.type):
+        lengths = array.value_lengths().to_numpy(zero_copy_only=False)
+        if lengths.size and (lengths != lengths[0]).any():
+            return None
+        shape.append(int(lengths[0]) if lengths.size else 0)
+        array = array.flatten()
+    return array, shape
+
+
+class ArrowColumn:
+    """One numeric (list) column of a memory-mapped Arrow table, read with numpy.
+
+    Each chunk whose lists all have one length is a zero-copy ``(rows, *shape)`` view, so a
+    batch is one fancy-index gather per chunk it touches (no Arrow ``take``, which on a
+    chunked list column concatenates the chunks first); a chunk of variable-length lists keeps
+    its offsets and values, so a row is a slice. Nothing is copied until rows are read.
+    """
+
+    def __init__(self, column: Any, key: str, remap: np.ndarray | None = None) -> None:
+        import pyarrow as pa
+
+        self.key = key
+        self.remap = remap  # dataset row -> table row (an HF indices mapping), or None
+        self.starts = np.cumsum([0, *(len(c) for c in column.chunks)]).tolist()
+        self.views: list[np.ndarray | None] = []
+        self.ragged: list[tuple[np.ndarray, Any] | None] = []
+        for chunk in column.chunks:
+            if null_rows(chunk).size:  # in rows a filter left out: HFEagerSource checked
+                chunk = without_nulls(chunk)
+            flat = _flatten_uniform(chunk)
+            if flat is not None:
+                values, shape = flat
+                view = values.to_numpy(zero_copy_only=False).reshape(len(chunk), *shape)
+                self.views.append(view)
+                self.ragged.append(None)
+            else:
+                self.views.append(None)
+                inner = pa.types.is_list(chunk.type) and is_number(chunk.type.value_type)
+                offsets = chunk.offsets.to_numpy()
+                values = chunk.values.to_numpy(zero_copy_only=False) if inner else chunk
+                self.ragged.append((offsets, values))
+
+    def _split(self, rows: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """(chunk, positions in ``rows``, rows within the chunk) for each chunk touched."""
+        if self.remap is not None:
+            rows = self.remap[rows]
+        chunk_of = np.searchsorted(self.starts, rows, side="right") - 1
+        parts = []
+        for c in np.unique(chunk_of).tolist():
+            where = np.flatnonzero(chunk_of == c)
+            parts.append((c, where, rows[where] - self.starts[c]))
+        return parts
+
+    def row(self, chunk: int, i: int) -> np.ndarray:
+        view = self.views[chunk]
+        if view is not None:
+            return np.array(view[i])
+        ragged = self.ragged[chunk]
+        assert ragged is not None
+        offsets, values = ragged
+        if isinstance(values, np.ndarray):
+            return values[offsets[i] : offsets[i + 1]].copy()
+        flat = _flatten_uniform(values.slice(i, 1))  # nested lists, uniform inside the row
+        if flat is None:
+            raise ValueError(f"column {self.key!r}: row has nested lists of different lengths")
+        inner, shape = flat
+        return inner.to_numpy(zero_copy_only=False).reshape(shape)
+
+    def rows(self, rows: Sequence[int]) -> list[np.ndarray]:
+        """One array per row (rows may differ in length)."""
+        index = np.asarray(rows, dtype=np.int64)
+        out: list[np.ndarray] = [np.empty(0)] * index.size
+        for c, where, local in self._split(index):
+            for w, i in zip(where.tolist(), local.tolist(), strict=True):
+                out[w] = self.row(c, i)
+        return out
+
+    def stack(self, rows: Sequence[int]) -> np.ndarray:
+        """The rows as one array ``(len(rows), *shape)``; ragged rows are an error naming them."""
+        index = np.asarray(rows, dtype=np.int64)
+        parts = self._split(index)
+        if all(self.views[c] is not None for c, _, _ in parts):
+            shapes = {self.views[c].shape[1:] for c, _, _ in parts}  # type: ignore[union-attr]
+            if len(shapes) == 1:
+                first = self.views[parts[0][0]]
+                assert first is not None
+                out = np.empty((index.size, *first.shape[1:]), first.dtype)
+                for c, where, local in parts:
+                    out[where] = self.views[c][local]  # type: ignore[index]
+                return out
+        return stack_column(self.key, self.rows(rows), index.tolist())
+
+
+def arrow_dtypes(schema: Any) -> dict[str, np.dtype]:
+    """Numpy dtype of each numeric (list) column of an Arrow schema, for rows that arrive as
+    Python values (a stream): the same dtypes the eager source reads from Arrow."""
+    return {
+        field.name: np.dtype(_innermost(field.type).to_pandas_dtype())
+        for field in schema
+        if arrow_numeric(field.type)
+    }
