@@ -29,6 +29,7 @@ from grain_rox._text._convert import (
     ENCODING_ERRORS,
     FORMATS,
     ON_BINARY,
+    ON_NULL,
     ReadStats,
     detect_format,
     expand_inputs,
@@ -80,6 +81,13 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=ON_BINARY,
         default="skip",
         help="binary input files: skip them (counted and logged, the default) or stop",
+    )
+    conv.add_argument(
+        "--on-null",
+        choices=ON_NULL,
+        default="error",
+        help="records whose text is null: an error naming the record (the default) or skip "
+        "them (counted in the summary)",
     )
     conv.add_argument(
         "--encoding-errors",
@@ -182,6 +190,7 @@ def _convert(args: argparse.Namespace) -> int:
             text_column=args.text_column,
             on_binary=args.on_binary,
             encoding_errors=args.encoding_errors,
+            on_null=args.on_null,
             stats=stats,
         )
         label = ", ".join(args.inputs)[:60]

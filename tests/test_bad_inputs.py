@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from grain_rox import open_rox
+from grain_rox._text._convert import ReadStats, read_documents
 from grain_rox.cli import main
 
 
@@ -213,7 +214,7 @@ def test_skipped_binaries_empties_and_fifos_are_counted_logged_and_summarised(
     os.mkfifo(src / "f.rox")  # would block a reader forever
     out = str(tmp_path / "o.rox")
     with caplog.at_level(logging.WARNING, logger="grain_rox"):
-        assert main(["convert", str(src), "-o", out, "--no-progress"]) == 0
+        assert main(["convert", str(src), "-o", out, "--no-progress", "--on-null", "skip"]) == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("wrote 2 documents, 8 bytes tokens (uint16) into 1 shard(s) in ")
     assert line.endswith(
@@ -243,7 +244,7 @@ def test_a_json_list_of_records_is_read_record_by_record(tmp_path):
     path = tmp_path / "l.json"
     path.write_text(json.dumps([{"text": "ab"}, {"text": None}, {"text": "c"}], indent=1))
     out = str(tmp_path / "o.rox")
-    assert main(["convert", str(path), "-o", out]) == 0
+    assert main(["convert", str(path), "-o", out, "--on-null", "skip"]) == 0
     assert tokens_of(out) == [97, 98, 256, 99, 256]
 
 
@@ -483,7 +484,7 @@ def test_convert_a_saved_hf_dataset_checks_the_column_type_and_counts_null_texts
     saved = str(tmp_path / "hf")
     datasets.Dataset.from_dict({"text": ["ab", None, "c"], "n": [1, 2, 3]}).save_to_disk(saved)
     out = str(tmp_path / "o.rox")
-    assert main(["convert", saved, "-o", out, "--no-progress"]) == 0
+    assert main(["convert", saved, "-o", out, "--no-progress", "--on-null", "skip"]) == 0
     assert "; 1 file read, skipped 1 null text; manifest" in capsys.readouterr().out
     assert tokens_of(out) == [97, 98, 256, 99, 256]
     assert (
@@ -514,3 +515,37 @@ def test_a_damaged_saved_hf_dataset_names_its_arrow_file(tmp_path, capsys):
     assert main(["convert", str(saved), "-o", str(tmp_path / "o.rox")]) == 2
     err = capsys.readouterr().err
     assert re.match(expected[3:], err.removeprefix("grain-rox convert: error: ").strip()), err
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "where"),
+    [
+        ("a.jsonl", b'{"text": "x"}\n{"text": null}\n', "a.jsonl:2"),
+        ("b.json", b'[{"text": "x"}, {"text": null}]', "b.json[1]"),
+    ],
+)
+def test_a_null_text_stops_convert_unless_skipping_is_chosen(tmp_path, capsys, name, data, where):
+    path = tmp_path / name
+    path.write_bytes(data)
+    out = str(tmp_path / "o.rox")
+    assert main(["convert", str(path), "-o", out, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path}/{where}: the text is null (missing), and a document cannot be made" in err
+    assert "pass --on-null skip (on_null='skip') to skip such records (they are counted)" in err
+    assert not os.path.exists(out)
+    assert main(["convert", str(path), "-o", out, "--no-progress", "--on-null", "skip"]) == 0
+    assert "1 file read, skipped 1 null text;" in capsys.readouterr().out
+    assert tokens_of(out) == [120, 256]
+
+
+def test_a_null_parquet_text_names_its_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": ["a", "b", None]}), path)
+    with pytest.raises(ValueError, match=rf"^{path} row 2: the text is null"):
+        list(read_documents([str(path)]))
+    stats = ReadStats()
+    assert list(read_documents([str(path)], on_null="skip", stats=stats)) == ["a", "b"]
+    assert stats.null_texts == 1

@@ -72,7 +72,7 @@ def test_convert_parquet(tmp_path):
     src = str(tmp_path / "d.parquet")
     pq.write_table(pa.table({"text": ["xy", None, "z"], "n": [1, 2, 3]}), src)
     out = str(tmp_path / "p.rox")
-    assert main(["convert", src, "-o", out, "--block-size", "4"]) == 0
+    assert main(["convert", src, "-o", out, "--block-size", "4", "--on-null", "skip"]) == 0
     assert tokens_of(out) == [120, 121, 256, 122, 256, 256]
 
 
@@ -190,7 +190,8 @@ def test_convert_a_huggingface_dataset_saved_on_disk(tmp_path, capsys):
     saved = str(tmp_path / "hf_ds")
     datasets.Dataset.from_dict({"body": ["ab", "c", None], "n": [1, 2, 3]}).save_to_disk(saved)
     out = str(tmp_path / "h.rox")
-    assert main(["convert", saved, "-o", out, "--text-column", "body", "--block-size", "4"]) == 0
+    args = ["--text-column", "body", "--block-size", "4", "--on-null", "skip"]
+    assert main(["convert", saved, "-o", out, *args]) == 0
     assert tokens_of(out) == [97, 98, 256, 99, 256, 256]
     assert main(["convert", saved, "-o", str(tmp_path / "x.rox")]) == 2
     assert "has no column 'text'" in capsys.readouterr().err

@@ -5,7 +5,8 @@ Inputs are read exactly or refused loudly: compressed files (``.gz``, ``.bz2``, 
 their first 8 KiB), empty files and special files (FIFOs, sockets) are skipped and counted
 in :class:`ReadStats` (or, with ``on_binary="error"``, binary files stop the run); text that
 is not UTF-8 is an error naming the file and the byte offset unless
-``encoding_errors="replace"``; records whose text is null are skipped and counted.
+``encoding_errors="replace"``; a record whose text is null is an error naming it unless
+``on_null="skip"`` (then skipped and counted).
 
 Tokenization runs in a thread pool over chunks of about a megabyte of text: tiktoken and HF
 ``tokenizers`` release the GIL inside their Rust cores, so threads use every core without
@@ -40,6 +41,7 @@ from grain_rox._text._tokenizers import Tokenizer
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf", "array_record")
 ON_BINARY = ("skip", "error")
+ON_NULL = ("error", "skip")
 ENCODING_ERRORS = ("strict", "replace")
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -62,6 +64,17 @@ class ReadStats:
     documents: int = 0
     null_texts: int = 0
     skipped: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    on_null: str = "error"
+
+    def null_text(self, where: str) -> None:
+        """A record at ``where`` has a null text: an error, or (``on_null="skip"``) counted."""
+        if self.on_null != "skip":
+            raise ValueError(
+                f"{where}: the text is null (missing), and a document cannot be made of it; "
+                "pass --on-null skip (on_null='skip') to skip such records (they are counted), "
+                "or drop them from the input first"
+            )
+        self.null_texts += 1
 
     def skip(self, path: str, reason: str, detail: str) -> None:
         """Count ``path`` as skipped for ``reason`` and log why (logger ``grain_rox``)."""
@@ -148,12 +161,14 @@ def _hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str
     kind = ds.features[text_column]
     if getattr(kind, "dtype", None) not in ("string", "large_string"):
         raise TypeError(f"{path}: column {text_column!r} holds {kind}, not text")
+    row = 0
     for batch in ds.select_columns([text_column]).iter(batch_size=1024):
         for value in batch[text_column]:
             if value is None:
-                stats.null_texts += 1
+                stats.null_text(f"{path} row {row}")
             else:
                 yield value
+            row += 1
 
 
 def detect_format(path: str) -> str:
@@ -214,7 +229,7 @@ def _jsonl_documents(
         for i, record in enumerate(records):
             value = _text_of(record, column, f"{path}[{i}]")
             if value is None:
-                stats.null_texts += 1
+                stats.null_text(f"{path}[{i}]")
             else:
                 yield value
         return
@@ -239,7 +254,7 @@ def _jsonl_documents(
         records_seen += 1
         value = _text_of(record, column, where)
         if value is None:
-            stats.null_texts += 1
+            stats.null_text(where)
         else:
             yield value
 
@@ -270,12 +285,14 @@ def _parquet_documents(path: str, column: str, stats: ReadStats) -> Iterator[str
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise TypeError(f"{path}: column {column!r} holds {kind}, not text")
     try:
+        row = 0
         for batch in pf.iter_batches(columns=[column], batch_size=1024):
             for value in batch.column(0).to_pylist():
                 if value is None:
-                    stats.null_texts += 1
+                    stats.null_text(f"{path} row {row}")
                 else:
                     yield value
+                row += 1
     except (pa.ArrowException, OSError) as e:
         raise damaged(e) from None
 
@@ -287,6 +304,7 @@ def read_documents(
     text_column: str = "text",
     on_binary: str = "skip",
     encoding_errors: str = "strict",
+    on_null: str = "error",
     stats: ReadStats | None = None,
 ) -> Iterator[str]:
     """Yield one document per text file, JSONL line (or record of a JSON list), Parquet row or
@@ -294,7 +312,8 @@ def read_documents(
 
     Compressed files are read through; binary files are skipped (``on_binary="error"``: an
     error), as are empty and special files, each logged and counted in ``stats``; text that
-    is not UTF-8 is an error unless ``encoding_errors="replace"``.
+    is not UTF-8 is an error unless ``encoding_errors="replace"``; a null text is an error
+    naming its record unless ``on_null="skip"`` (then counted in ``stats``).
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp()
@@ -311,7 +330,10 @@ def read_documents(
         raise ValueError(f"on_binary={on_binary!r} is not one of {ON_BINARY}")
     if encoding_errors not in ENCODING_ERRORS:
         raise ValueError(f"encoding_errors={encoding_errors!r} is not one of {ENCODING_ERRORS}")
+    if on_null not in ON_NULL:
+        raise ValueError(f"on_null={on_null!r} is not one of {ON_NULL}")
     stats = ReadStats() if stats is None else stats
+    stats.on_null = on_null
     for path in files:
         kind = detect_format(path) if fmt == "auto" else fmt
         if kind == "array_record":
