@@ -121,3 +121,16 @@ def check_unchanged(
             "refers to. Restore the original file, or make a new source and start a new run"
         )
     return now
+
+
+def reopen(path: str, kind: str) -> IO[bytes]:
+    """Open a file that a source of ``kind`` was made on (lazily, in each process), or a
+    ``FileNotFoundError`` naming it and the fix; the caller checks its content with
+    :func:`check_unchanged`."""
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise FileNotFoundError(
+            f"{path}: cannot be reopened ({e.strerror}); it was part of this {kind} when it was "
+            f"made: restore the file, or make a new {kind}"
+        ) from None

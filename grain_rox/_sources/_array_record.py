@@ -33,6 +33,7 @@ from grain_rox._format._digest import (
     content_digest,
     facts_digest,
     file_changed,
+    reopen,
     stat_key,
 )
 from grain_rox._order._permutation import record_index
@@ -239,14 +240,7 @@ class ArrayRecordSource(BatchesMixin):
         """Refuse file ``f`` if its content changed since this source was made (readers are
         opened lazily, by path, in every process and thread)."""
         path = self.files[f]
-        try:
-            handle = open(path, "rb")
-        except OSError as e:
-            raise FileNotFoundError(
-                f"{path}: cannot be reopened ({e.strerror}); it was part of this "
-                "ArrayRecordSource when it was made: restore the file, or make a new source"
-            ) from None
-        with handle:
+        with reopen(path, "ArrayRecordSource") as handle:
             self._opened[f] = check_unchanged(
                 handle,
                 path,

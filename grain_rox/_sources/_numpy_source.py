@@ -24,6 +24,7 @@ from grain_rox._format._digest import (
     content_digest,
     facts_digest,
     file_changed,
+    reopen,
     stat_key,
 )
 from grain_rox._order._permutation import record_index
@@ -233,14 +234,7 @@ class NumpySource(BatchesMixin):
         """Memory-map file ``key`` (lazily, in every process), refusing a file whose content
         changed since this source was made: its rows are not the ones it promised."""
         path = self.paths[key]
-        try:
-            f = open(path, "rb")
-        except OSError as e:
-            raise FileNotFoundError(
-                f"{path}: cannot be reopened ({e.strerror}); it was part of this NumpySource "
-                "when it was made: restore the file, or make a new NumpySource"
-            ) from None
-        with f:
+        with reopen(path, "NumpySource") as f:
             self._check_open_file(key, f)
             f.seek(0)
             header = _read_header(f, path)
