@@ -24,13 +24,7 @@ import numpy as np
 
 from grain_rox._order._permutation import FeistelPermutation, derive_key, seed_arg
 from grain_rox._sources._grain_setup import make_grain_workers_usable
-from grain_rox._sources._identity import (
-    IdentifiedIterDataset,
-    IdentifiedMapDataset,
-    _IdentifiedIterator,
-    check_identity,
-    split_state,
-)
+from grain_rox._sources._identity import with_identity
 
 
 class BatchReadable(Protocol):
@@ -182,76 +176,11 @@ def shuffled_batches(
     batches = BatchSource(
         source, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
     )
-    return BatchesDataset(
+    return with_identity(
         grain.MapDataset.source(batches),
         batch_identity(batches),
         what=f"{type(source).__name__}.batches()",
     )
-
-
-class BatchesDataset(IdentifiedMapDataset):
-    """The dataset :func:`shuffled_batches` returns: element ``i`` is batch ``i``; its
-    iterators' states carry the data and order identity, and so do those of the datasets its
-    element-wise transformations (``map``, ``map_with_index``, ``random_map``, ``filter``)
-    return."""
-
-    def _keep(self, ds: grain.MapDataset) -> BatchesDataset:
-        return BatchesDataset(ds, self.identity, what=self.what)
-
-    def map(self, transform: Any) -> BatchesDataset:
-        return self._keep(super().map(transform))
-
-    def map_with_index(self, transform: Any) -> BatchesDataset:
-        return self._keep(super().map_with_index(transform))
-
-    def random_map(self, transform: Any, *, seed: int | None = None) -> BatchesDataset:
-        return self._keep(super().random_map(transform, seed=seed))
-
-    def filter(self, transform: Any) -> BatchesDataset:
-        return self._keep(super().filter(transform))
-
-    def to_iter_dataset(
-        self, read_options: grain.ReadOptions | None = None, *, allow_nones: bool = False
-    ) -> grain.IterDataset:
-        inner = self._parent.to_iter_dataset(read_options, allow_nones=allow_nones)
-        return _CheckedIterDataset(inner, self.identity, what=self.what, length=len(self))
-
-
-class _CheckedIterDataset(IdentifiedIterDataset):
-    """An identified iterator dataset whose iterators also type-check the position."""
-
-    def __init__(
-        self, parent: grain.IterDataset, identity: dict[str, Any], *, what: str, length: int
-    ):
-        super().__init__(parent, identity, what=what)
-        self.length = length
-
-    def __iter__(self) -> grain.DatasetIterator:
-        return _CheckedIterator(self._parent.__iter__(), self.identity, self.what, self.length)
-
-
-class _CheckedIterator(_IdentifiedIterator):
-    def __init__(
-        self, parent: grain.DatasetIterator, identity: dict[str, Any], what: str, length: int
-    ):
-        super().__init__(parent, identity, what)
-        self._length = length
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        saved, inner = split_state(state, what=self._what)
-        check_identity(saved, self._identity, what=self._what)
-        index = inner.get("next_index") if isinstance(inner, dict) else None
-        if not (
-            isinstance(index, int | np.integer)
-            and not isinstance(index, bool)
-            and 0 <= index <= self._length
-        ):
-            raise ValueError(
-                f"cannot restore this {self._what} state: its position {inner!r:.200} is not "
-                f"{{'next_index': <an int from 0 to {self._length}>}}; pass the state "
-                "get_state() returned, unchanged"
-            )
-        self._parent.set_state(inner)
 
 
 def source_identity(source: Any) -> str:

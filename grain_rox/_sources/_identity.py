@@ -65,12 +65,20 @@ def split_state(state: Any, *, what: str) -> tuple[Mapping[str, Any], Any]:
 
 
 class _IdentifiedIterator(grain.DatasetIterator):
-    """Grain's iterator of the wrapped dataset, with the identity in its state."""
+    """Grain's iterator of the wrapped dataset, with the identity in its state; over a
+    ``MapDataset`` of ``length`` elements, the position is type-checked too."""
 
-    def __init__(self, parent: grain.DatasetIterator, identity: dict[str, Any], what: str):
+    def __init__(
+        self,
+        parent: grain.DatasetIterator,
+        identity: dict[str, Any],
+        what: str,
+        length: int | None = None,
+    ):
         super().__init__(parent)
         self._identity = identity
         self._what = what
+        self._length = length
 
     def __next__(self) -> Any:
         return next(self._parent)
@@ -81,6 +89,8 @@ class _IdentifiedIterator(grain.DatasetIterator):
     def set_state(self, state: dict[str, Any]) -> None:
         saved, inner = split_state(state, what=self._what)
         check_identity(saved, self._identity, what=self._what)
+        if self._length is not None:
+            _check_position(inner, self._length, what=self._what)
         self._parent.set_state(inner)
 
     def close(self) -> None:
@@ -92,16 +102,36 @@ class _IdentifiedIterator(grain.DatasetIterator):
         return f"IdentifiedIterator({self._what})"
 
 
-class IdentifiedIterDataset(grain.IterDataset):
-    """``parent`` whose iterators carry ``identity`` in their state (see the module doc)."""
+def _check_position(inner: Any, length: int, *, what: str) -> None:
+    """A MapDataset iterator's position must be ``{"next_index": 0..length}``."""
+    index = inner.get("next_index") if isinstance(inner, dict) else None
+    if not (isinstance(index, int) and not isinstance(index, bool) and 0 <= index <= length):
+        raise ValueError(
+            f"cannot restore this {what} state: its position {inner!r:.200} is not "
+            f"{{'next_index': <an int from 0 to {length}>}}; pass the state "
+            "get_state() returned, unchanged"
+        )
 
-    def __init__(self, parent: grain.IterDataset, identity: dict[str, Any], *, what: str):
+
+class IdentifiedIterDataset(grain.IterDataset):
+    """``parent`` whose iterators carry ``identity`` in their state (see the module doc);
+    ``length``: that of the ``MapDataset`` it was made from, whose positions are checked."""
+
+    def __init__(
+        self,
+        parent: grain.IterDataset,
+        identity: dict[str, Any],
+        *,
+        what: str,
+        length: int | None = None,
+    ):
         super().__init__(parent)
         self.identity = dict(identity)
         self.what = what
+        self.length = length
 
     def __iter__(self) -> grain.DatasetIterator:
-        return _IdentifiedIterator(self._parent.__iter__(), self.identity, self.what)
+        return _IdentifiedIterator(self._parent.__iter__(), self.identity, self.what, self.length)
 
     def __str__(self) -> str:
         return f"IdentifiedIterDataset({self.what})"
@@ -109,7 +139,9 @@ class IdentifiedIterDataset(grain.IterDataset):
 
 class IdentifiedMapDataset(grain.MapDataset):
     """``parent``, element for element; its ``to_iter_dataset()`` (and ``iter()``) give
-    iterators whose state carries ``identity``."""
+    iterators whose state carries ``identity`` (and whose position is checked), and so do the
+    datasets its element-wise transformations (``map``, ``map_with_index``, ``random_map``,
+    ``filter``) return; other Grain transformations give Grain's own datasets."""
 
     def __init__(self, parent: grain.MapDataset, identity: dict[str, Any], *, what: str):
         super().__init__(parent)
@@ -127,11 +159,26 @@ class IdentifiedMapDataset(grain.MapDataset):
     def _getitems(self, indices: Sequence[int]) -> Sequence[Any]:
         return self._parent._getitems(indices)
 
+    def _keep(self, ds: grain.MapDataset) -> IdentifiedMapDataset:
+        return IdentifiedMapDataset(ds, self.identity, what=self.what)
+
+    def map(self, transform: Any) -> IdentifiedMapDataset:
+        return self._keep(super().map(transform))
+
+    def map_with_index(self, transform: Any) -> IdentifiedMapDataset:
+        return self._keep(super().map_with_index(transform))
+
+    def random_map(self, transform: Any, *, seed: int | None = None) -> IdentifiedMapDataset:
+        return self._keep(super().random_map(transform, seed=seed))
+
+    def filter(self, transform: Any) -> IdentifiedMapDataset:
+        return self._keep(super().filter(transform))
+
     def to_iter_dataset(
         self, read_options: grain.ReadOptions | None = None, *, allow_nones: bool = False
     ) -> grain.IterDataset:
         inner = self._parent.to_iter_dataset(read_options, allow_nones=allow_nones)
-        return IdentifiedIterDataset(inner, self.identity, what=self.what)
+        return IdentifiedIterDataset(inner, self.identity, what=self.what, length=len(self))
 
     def __iter__(self) -> grain.DatasetIterator:
         return self.to_iter_dataset().__iter__()
