@@ -352,3 +352,59 @@ def test_identity_is_content_and_a_rewritten_file_is_refused(tmp_path):
         worker.get_batch([7])  # its open reader: checked again at every batch
     with pytest.raises(ValueError, match=message):
         pickle.loads(pickle.dumps(src))[7]  # a new reader: checked as it opens
+
+
+_EXPORT_KILLER = """
+import os, signal, sys
+from grain_rox import export_array_record
+
+rox, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+count = [0]
+
+def hooked(fn):
+    def wrapper(*args, **kwargs):
+        count[0] += 1
+        if count[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fn(*args, **kwargs)
+    return wrapper
+
+for name in ("replace", "rename", "unlink", "remove", "fsync"):
+    setattr(os, name, hooked(getattr(os, name)))
+export_array_record(rox, out, overwrite=True)
+"""
+
+
+@pytest.mark.slow
+def test_export_killed_at_any_rename_or_fsync_leaves_the_old_file_or_the_new_one(tmp_path):
+    """SIGKILL before each os.replace/rename/unlink/remove/fsync of an overwriting export: the
+    output is always a whole file, the previous export or the new one, never a partial one."""
+    import subprocess
+    import sys
+
+    old_docs, new_docs = documents(30, seed=1), documents(50, seed=2)
+    old_rox, new_rox = str(tmp_path / "old.rox"), str(tmp_path / "new.rox")
+    write_rox(old_docs, old_rox, separator=0)
+    write_rox(new_docs, new_rox, separator=0)
+    out = tmp_path / "out.array_record"
+
+    def served() -> list[list[int]]:
+        return [d.tolist() for d in ArrayRecordSource(str(out), dtype=np.uint16).iter_arrays()]
+
+    old = [d.tolist() for d in old_docs]
+    new = [d.tolist() for d in new_docs]
+    outcomes = []
+    for n in range(1, 50):
+        if out.exists():
+            out.unlink()
+        export_array_record(old_rox, str(out))
+        run = subprocess.run([sys.executable, "-c", _EXPORT_KILLER, new_rox, str(out), str(n)])
+        got = served()
+        assert got in (old, new), f"kill point {n}: the output is neither export"
+        if run.returncode == 0:
+            assert got == new
+            outcomes.append("done")
+            break
+        assert run.returncode == -9, run.returncode
+        outcomes.append("old" if got == old else "new")
+    assert outcomes[-1] == "done" and "old" in outcomes, outcomes
