@@ -22,6 +22,7 @@ import pytest
 from shard_bytes import make_shard
 
 from grain_rox import RoxCorpus, RoxFormatError, open_rox, write_rox
+from grain_rox._format._verify import verify_rox
 
 FOOTER = struct.Struct("<qq8s8s")
 SIGNATURE = b"ROXXEL02"
@@ -383,8 +384,13 @@ def test_manifest_dtype_disagrees_with_footer(written):
     data = json.loads(Path(manifest_path).read_text())
     data["dtype"] = "int32"
     Path(manifest_path).write_text(json.dumps(data))
-    assert_open_fails(
-        path, f"the manifest {manifest_path} says dtype int32 but the shard's footer says uint16"
+    message = f"the manifest {manifest_path} says dtype int32 but the shard's footer says uint16"
+    assert_open_fails(path, message)
+    # verify_rox reports what open_rox refuses: it never says OK about a set that won't open.
+    [report] = verify_rox(path)
+    assert not report.ok
+    assert (
+        report.problem == f"{message}. Fix: delete the stale manifest or re-create the shard set."
     )
 
 

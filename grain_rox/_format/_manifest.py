@@ -91,6 +91,17 @@ class ShardRecord:
     mtime still match is taken to be unchanged without reading it; otherwise its sha256 is
     compared (see :attr:`grain_rox.RoxCorpus.fingerprint`).
 
+    Attributes:
+      file_size: the shard's size in bytes.
+      num_blocks: its blocks, as its footer says.
+      raw_size: the bytes of its raw (token) region, as its footer says.
+      sha256: the hex sha256 of the whole file, or None when not known (a shard written by
+        another tool).
+      num_tokens: the tokens in its raw region, padding included.
+      num_padding_tokens: how many of those pad the last block.
+      num_documents: the documents written to it, or None when not recorded.
+      mtime_ns: its modification time when written, or None (older manifests).
+
     >>> ShardRecord(file_size=64, num_blocks=2, raw_size=16, sha256=None, num_tokens=8).facts()
     (64, 2, 16)
     """
@@ -98,11 +109,11 @@ class ShardRecord:
     file_size: int
     num_blocks: int
     raw_size: int
-    sha256: str | None  # None: not known (a shard written by another tool)
+    sha256: str | None
     num_tokens: int
     num_padding_tokens: int = 0
     num_documents: int | None = None
-    mtime_ns: int | None = None  # None: not recorded (older manifests)
+    mtime_ns: int | None = None
 
     def facts(self) -> tuple[int, int, int]:
         return (self.file_size, self.num_blocks, self.raw_size)
@@ -142,6 +153,21 @@ class Manifest:
     ``write_id`` names the write that made the set; ``pending`` is the complete manifest of a
     write that is publishing its shards (present only while it runs, or after it was killed).
 
+    Attributes:
+      dtype: the token dtype's name, as in the shards' footers (empty when the records only
+        describe files that had no manifest).
+      block_size: the bytes per block the set was written with.
+      shards: one record per shard, by file name (``<set>.rox`` or ``<set>_NNNN.rox``).
+      eos_id: the EOS / separator token id, or None.
+      pad_id: the padding token id, or None.
+      tokenizer: the tokenizer's identity (its ``identity()`` dict), or None.
+      num_documents: the documents written to the whole set, or None.
+      write_id: the random id of the write that made the set.
+      pending: the complete manifest of a write still publishing its shards, or None.
+      version: the manifest format version.
+      refused: on the previous-set side of an overwrite's pending manifest, why the set it
+        replaces was refused (a mix, an invalid manifest), else None.
+
     >>> m = Manifest(dtype="uint16", block_size=8, shards={}, eos_id=256, write_id="ab")
     >>> Manifest.from_json(m.to_json(), "x.manifest.json") == m
     True
@@ -161,6 +187,22 @@ class Manifest:
     # was refused (a mix, an invalid manifest): the reason, so a kill before the renames
     # refuses again rather than opening those files.
     refused: str | None = None
+
+    def check_shard(self, header: ShardHeader, manifest_path: str) -> ShardRecord | None:
+        """Raise if shard ``header`` disagrees with this manifest (its record's sizes, or the
+        set's dtype); return its record, or None when the manifest does not list it."""
+        record = self.shards.get(os.path.basename(header.path))
+        if record is None:
+            return None
+        record.check(header, manifest_path)
+        if self.dtype != header.dtype.str and self.dtype != str(header.dtype):
+            raise RoxFormatError(
+                header.path,
+                f"the manifest {manifest_path} says dtype {self.dtype} but the shard's footer "
+                f"says {header.dtype}",
+                "delete the stale manifest or re-create the shard set",
+            )
+        return record
 
     def matches(self, name: str, header: ShardHeader) -> bool:
         """Whether shard ``name`` on disk is the one this manifest records."""

@@ -9,35 +9,40 @@ sent to Grain worker processes and reopens there.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
-import hashlib
 import json
-import mmap
-import os
 import threading
 from typing import Any
 
 import numpy as np
 
-from grain_rox._format._manifest import Manifest, ShardRecord, manifest_path_for
+from grain_rox._format._leftovers import leftovers_of
+from grain_rox._format._manifest import Manifest, ShardRecord
+from grain_rox._format._mapped_shard import FileIdentity, MappedShard
 from grain_rox._format._paths import PathSpec, resolve_shard_paths
 from grain_rox._format._rox_format import (
     FULL_INDEX_CHECK_LIMIT,
-    INDEX_DTYPE,
     RoxFormatError,
     ShardHeader,
     check_index,
-    read_header,
 )
-from grain_rox._format._shard_set import current_manifest, file_sha256, leftovers_of
-
-_SAMPLE_BYTES = 4096
+from grain_rox._format._shard_facts import content_fingerprint, load_shard_facts
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
     """Facts about one shard of a corpus (see :attr:`RoxCorpus.shards`).
+
+    Attributes:
+      path: the shard file.
+      file_size: its size in bytes (raw region, index and footer).
+      num_blocks: its blocks (roxxel's records).
+      num_tokens: the tokens in its raw region, padding included.
+      first_block: the corpus-wide index of its first block.
+      first_token: the corpus-wide offset of its first token.
+      block_size: bytes in its first block (roxxel's notion of block size).
+      sha256: its checksum from the manifest, or None without one.
+      num_documents: the documents written to it, from the manifest, or None.
 
     >>> import tempfile, os
     >>> from grain_rox import open_rox, write_rox
@@ -52,62 +57,11 @@ class ShardInfo:
     file_size: int
     num_blocks: int
     num_tokens: int
-    first_block: int  # global index of this shard's first block
-    first_token: int  # global offset of this shard's first token
-    block_size: int  # bytes in this shard's first block (roxxel's notion of block size)
-    sha256: str | None  # from the manifest, if any
-    num_documents: int | None  # from the manifest, if any
-
-
-FileIdentity = tuple[int, int, int, int]
-
-
-def file_identity(st: os.stat_result) -> FileIdentity:
-    """The (st_dev, st_ino, st_mtime_ns, st_size) of a file: which file version a path named
-    when a corpus was opened (a replacement or an in-place edit changes it)."""
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-
-
-class _MappedShard:
-    """One shard's memory map, opened on first use."""
-
-    __slots__ = ("ends", "mm", "tokens")
-
-    def __init__(self, header: ShardHeader, identity: FileIdentity) -> None:
-        self.mm: mmap.mmap | None = None
-        self.tokens: np.ndarray
-        self.ends: np.ndarray
-        if header.raw_size == 0:
-            self.tokens = np.empty((0,), header.dtype)
-            self.ends = np.empty((0,), INDEX_DTYPE)
-            return
-        with open(header.path, "rb") as f:
-            now = file_identity(os.fstat(f.fileno()))
-            if now != identity:
-                raise RoxFormatError(
-                    header.path,
-                    f"the shard is now {now[3]} bytes but was {identity[3]} when the corpus "
-                    "was opened: it was modified or replaced"
-                    if now[3] != identity[3]
-                    else "the shard was modified or replaced after the corpus was opened (its "
-                    f"(device, inode, mtime_ns) was {identity[:3]}, is {now[:3]})",
-                    "reopen the corpus (open_rox) / make a new pipeline; a checkpoint made on the "
-                    "data as opened cannot continue on these bytes",
-                )
-            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        with contextlib.suppress(AttributeError, OSError):
-            self.mm.madvise(mmap.MADV_RANDOM)
-        self.tokens = np.frombuffer(self.mm, header.dtype, count=header.num_tokens)
-        self.ends = np.frombuffer(
-            self.mm, INDEX_DTYPE, count=header.num_blocks, offset=header.raw_size
-        )
-
-    def close(self) -> None:
-        mm, self.mm = self.mm, None
-        if mm is not None:
-            # Views handed out stay valid: if any is alive the map is released with the last one.
-            with contextlib.suppress(BufferError):
-                mm.close()
+    first_block: int
+    first_token: int
+    block_size: int
+    sha256: str | None
+    num_documents: int | None
 
 
 class RoxCorpus:
@@ -116,6 +70,18 @@ class RoxCorpus:
     ``len(corpus)`` is the number of blocks (roxxel's records) over all shards in roxxel's
     order; ``corpus[i]`` is block ``i`` as a zero-copy numpy view; ``corpus.tokens(a, b)`` is a
     slice of the virtual concatenation of all shards' tokens (zero-copy inside one shard).
+
+    Args:
+      headers: each shard's checked footer (:func:`grain_rox._format._rox_format.read_header`),
+        in order; at least one.
+      records: each shard's manifest record, or None.
+      manifests: the manifests that describe some of the shards, by path.
+      uniform: per shard, whether all its blocks have its first block's size (None: its index
+        is walked when the shard is first mapped).
+      identities: each shard's file version when it was opened; a shard that is no longer
+        that version is refused when mapped.
+
+    :func:`open_rox` reads and checks all of these; build a corpus with it, not by hand.
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import open_rox, write_rox
@@ -148,7 +114,7 @@ class RoxCorpus:
         self._block_starts_list = self._block_starts.tolist()
         self._token_starts_list = self._token_starts.tolist()
         self._lock = threading.Lock()
-        self._maps: list[_MappedShard | None] = [None] * len(headers)
+        self._maps: list[MappedShard | None] = [None] * len(headers)
         self._fingerprint: str | None = None
 
     # ---- facts -----------------------------------------------------------------------------
@@ -255,18 +221,7 @@ class RoxCorpus:
         not detected.
         """
         if self._fingerprint is None:
-            h = hashlib.sha1()
-            for s, (header, record) in enumerate(zip(self._headers, self._records, strict=True)):
-                if record is not None:
-                    _check_unchanged(header.path, record)
-                h.update(json.dumps([*header.facts(), record.sha256 if record else None]).encode())
-                if header.raw_size:
-                    with open(header.path, "rb") as f:
-                        h.update(f.read(_SAMPLE_BYTES))
-                        f.seek(max(0, header.raw_size - _SAMPLE_BYTES))
-                        h.update(f.read(min(_SAMPLE_BYTES, header.raw_size)))
-                h.update(str(s).encode())
-            self._fingerprint = h.hexdigest()[:16]
+            self._fingerprint = content_fingerprint(self._headers, self._records)
         return self._fingerprint
 
     def __repr__(self) -> str:
@@ -279,21 +234,34 @@ class RoxCorpus:
         return self._block_starts_list[-1]
 
     # ---- reading ---------------------------------------------------------------------------
-    def _map(self, s: int) -> _MappedShard:
-        m = self._maps[s]
-        if m is None:
+    def _map(self, s: int) -> MappedShard:
+        mapped = self._maps[s]
+        if mapped is None:
             with self._lock:
-                m = self._maps[s]
-                if m is None:
-                    m = _MappedShard(self._headers[s], self._identities[s])
+                mapped = self._maps[s]
+                if mapped is None:
+                    mapped = MappedShard(self._headers[s], self._identities[s])
                     if self._uniform[s] is None:  # index not walked at open: walk it once now
-                        self._uniform[s] = check_index(self._headers[s], m.ends)
-                    self._maps[s] = m
-        return m
+                        self._uniform[s] = check_index(self._headers[s], mapped.ends)
+                    self._maps[s] = mapped
+        return mapped
 
     def shard_tokens(self, s: int) -> np.ndarray:
         """Shard ``s``'s whole token region as a zero-copy view."""
         return self._map(s).tokens
+
+    def shard_index(self, s: int) -> np.ndarray:
+        """Shard ``s``'s block index, walked and checked: where each block ends, in bytes from
+        the start of the shard (int64, a zero-copy view).
+
+        >>> import tempfile, os
+        >>> from grain_rox import open_rox, write_rox
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.rox")
+        >>> _ = write_rox(["abcdef"], path, block_size=4)
+        >>> open_rox(path).shard_index(0).tolist()
+        [4, 8]
+        """
+        return self._map(s).ends
 
     def locate_block(self, index: int) -> tuple[int, int]:
         """Return (shard number, block number within the shard) of global block ``index``."""
@@ -307,19 +275,21 @@ class RoxCorpus:
     def __getitem__(self, index: int) -> np.ndarray:
         """Block ``index`` (negative counts from the end) as a zero-copy view of its tokens."""
         s, j = self.locate_block(int(index))
-        m = self._map(s)
-        h = self._headers[s]
-        start = int(m.ends[j - 1]) if j else 0
-        end = int(m.ends[j])
-        isz = h.dtype.itemsize
-        if not (0 <= start < end <= h.raw_size and start % isz == 0 and end % isz == 0):
+        mapped = self._map(s)
+        header = self._headers[s]
+        start = int(mapped.ends[j - 1]) if j else 0
+        end = int(mapped.ends[j])
+        itemsize = header.dtype.itemsize
+        if not (
+            0 <= start < end <= header.raw_size and start % itemsize == 0 and end % itemsize == 0
+        ):
             raise RoxFormatError(
-                h.path,
-                f"block {j} spans bytes [{start}, {end}) of a {h.raw_size}-byte raw region: "
+                header.path,
+                f"block {j} spans bytes [{start}, {end}) of a {header.raw_size}-byte raw region: "
                 "the index is damaged",
                 "re-create the shard; grain-rox verify checks every shard's whole index",
             )
-        return m.tokens[start // isz : end // isz]
+        return mapped.tokens[start // itemsize : end // itemsize]
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` of the virtual stream (all shards' raw regions, in order).
@@ -350,20 +320,20 @@ class RoxCorpus:
 
         Raises :class:`RoxFormatError` naming the first damaged shard.
         """
-        for s, (h, r) in enumerate(zip(self._headers, self._records, strict=True)):
-            if h.num_blocks:
-                self._uniform[s] = check_index(h, self._map(s).ends)
-            if checksums and r is not None:
-                r.check_checksum(h.path)
+        for s, (header, record) in enumerate(zip(self._headers, self._records, strict=True)):
+            if header.num_blocks:
+                self._uniform[s] = check_index(header, self._map(s).ends)
+            if checksums and record is not None:
+                record.check_checksum(header.path)
 
     # ---- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
         """Drop the memory maps (views already handed out stay valid). Reopens on next read."""
         with self._lock:
             maps, self._maps = self._maps, [None] * len(self._headers)
-        for m in maps:
-            if m is not None:
-                m.close()
+        for mapped in maps:
+            if mapped is not None:
+                mapped.close()
 
     def __enter__(self) -> RoxCorpus:
         return self
@@ -382,80 +352,6 @@ class RoxCorpus:
         self._lock = threading.Lock()
 
 
-def _check_unchanged(path: str, record: ShardRecord) -> None:
-    """Raise if a shard's bytes are not the ones its manifest records (hashing only if its
-    size or mtime_ns changed since the write)."""
-    if record.sha256 is None or record.mtime_ns is None:
-        return  # a manifest from before grain_rox recorded mtimes: not checked (re-write it)
-    st = os.stat(path)
-    if st.st_size == record.file_size and st.st_mtime_ns == record.mtime_ns:
-        return
-    digest = file_sha256(path, st)
-    if digest != record.sha256:
-        raise RoxFormatError(
-            path,
-            f"its content changed after it was written: its sha256 is {digest} but "
-            f"{manifest_path_for(path)} records {record.sha256}",
-            "re-create the shard set (or restore the shard from a copy); a checkpoint made on "
-            "the data as written cannot continue on these bytes",
-        )
-
-
-def _load_shard_facts(
-    paths: list[str],
-) -> tuple[
-    list[ShardHeader],
-    list[ShardRecord | None],
-    dict[str, Manifest],
-    list[bool | None],
-    list[FileIdentity],
-]:
-    headers: list[ShardHeader] = []
-    identities: list[FileIdentity] = []
-    records: list[ShardRecord | None] = []
-    manifests: dict[str, Manifest] = {}
-    uniform: list[bool | None] = []
-    tried: dict[str, Manifest | None] = {}
-    index_budget = FULL_INDEX_CHECK_LIMIT
-    for path in paths:
-        # Before the footer is read: a file replaced after this stat is refused when mapped.
-        identities.append(file_identity(os.stat(path)))
-        header = read_header(path)
-        if headers and header.dtype != headers[0].dtype:
-            raise RoxFormatError(
-                path,
-                f"its dtype is {header.dtype} but {headers[0].path} (the corpus's first shard) "
-                f"is {headers[0].dtype}; one corpus holds one token dtype",
-                "open shard sets of different dtypes as separate corpora (and mix them)",
-            )
-        mpath = manifest_path_for(path)
-        if mpath not in tried:
-            tried[mpath] = current_manifest(mpath)
-        manifest = tried[mpath]
-        record = manifest.shards.get(os.path.basename(path)) if manifest else None
-        if manifest is not None and record is not None:
-            record.check(header, mpath)
-            if manifest.dtype != header.dtype.str and manifest.dtype != str(header.dtype):
-                raise RoxFormatError(
-                    path,
-                    f"the manifest {mpath} says dtype {manifest.dtype} but the shard's footer "
-                    f"says {header.dtype}",
-                    "delete the stale manifest or re-create the shard set",
-                )
-            manifests[mpath] = manifest
-        if 0 < header.num_blocks <= index_budget:
-            # Small corpora: walk every index now. Large ones: each shard's index is walked
-            # when the shard is first mapped, so opening stays O(1) per shard.
-            index_budget -= header.num_blocks
-            ends = np.fromfile(path, INDEX_DTYPE, count=header.num_blocks, offset=header.raw_size)
-            uniform.append(check_index(header, ends))
-        else:
-            uniform.append(True if header.num_blocks == 0 else None)
-        headers.append(header)
-        records.append(record)
-    return headers, records, manifests, uniform, identities
-
-
 def open_rox(
     paths: PathSpec | RoxCorpus, *, verify: bool = False, roxxel_names: bool = False
 ) -> RoxCorpus:
@@ -464,10 +360,18 @@ def open_rox(
     Globs, directories and lists are resolved and ordered as roxxel resolves them. A set name
     (``data/train.rox`` that is not a file) means ``data/train_NNNN.rox`` and nothing looser;
     ``roxxel_names=True`` restores roxxel's ``train*.rox`` fallback (see
-    :func:`grain_rox._format._paths.resolve_shard_paths`). A set written by grain_rox must be exactly
-    the set its manifest records (no extra, missing, resized or half-overwritten shards). Every shard's footer,
-    size and index are validated (see :class:`RoxFormatError`); ``verify=True`` also checks
-    sha256 checksums recorded in a manifest. Use it as a context manager.
+    :func:`grain_rox._format._paths.resolve_shard_paths`). A set written by grain_rox must be
+    exactly the set its manifest records (no extra, missing, resized or half-overwritten
+    shards). Every shard's footer, size and index are validated (see :class:`RoxFormatError`);
+    ``verify=True`` also checks sha256 checksums recorded in a manifest. Use it as a context
+    manager.
+
+    Args:
+      paths: the shards: a file, glob, directory, set name or list of them; an open
+        :class:`RoxCorpus` is returned as it is.
+      verify: also check every shard's whole index and, with a manifest, its sha256 now
+        (reads every byte; see :meth:`RoxCorpus.verify`).
+      roxxel_names: resolve a set name with roxxel's looser ``name*.rox`` fallback.
 
     >>> import tempfile, os
     >>> from grain_rox import write_rox
@@ -480,8 +384,9 @@ def open_rox(
     if isinstance(paths, RoxCorpus):
         return paths
     resolved = resolve_shard_paths(paths, roxxel_names=roxxel_names)
-    headers, records, manifests, uniform, identities = _load_shard_facts(resolved)
-    corpus = RoxCorpus(headers, records, manifests, uniform, identities)
+    # Read at call time, so a test can lower the limit to exercise the lazy walk.
+    facts = load_shard_facts(resolved, index_check_limit=FULL_INDEX_CHECK_LIMIT)
+    corpus = RoxCorpus(*facts)
     if verify:
         corpus.verify(checksums=True)
     return corpus

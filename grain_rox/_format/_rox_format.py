@@ -6,6 +6,8 @@ at the start of the file: byte 0 is the first data byte. Roxxel checks only the 
 the minimum size; we check everything that can make a read wrong, and every error names the
 file, what is wrong and what to do.
 
+This module is the one place that knows where the index sits (:func:`read_index`), how it is
+validated (:func:`check_index`) and what a set of shards must share (:func:`check_same_dtype`).
 Opening costs O(1) per shard (one 32-byte read and two index entries). The full index walk
 (monotone, in bounds, whole tokens per block) is vectorised; it runs at open while the
 corpus's indexes total at most :data:`FULL_INDEX_CHECK_LIMIT` entries, and otherwise once per
@@ -15,6 +17,7 @@ shard when that shard is first mapped. Every block read is also bounds-checked o
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import stat
 import struct
@@ -232,18 +235,43 @@ def read_header(path: str) -> ShardHeader:
     return ShardHeader(path, file_size, num_blocks, raw_size, dtype, first, last)
 
 
+def read_index(header: ShardHeader, mapped: mmap.mmap | None = None) -> np.ndarray:
+    """Return a shard's block index: the byte offset where each block ends, as int64.
+
+    The ``header.num_blocks`` entries sit right after the raw region (at
+    ``header.index_offset``). They are viewed in ``mapped`` (the whole shard, memory-mapped)
+    when given, else memory-mapped from the file on their own, so a huge index is paged in as
+    :func:`check_index` walks it, never read whole. The entries are not validated here: walk
+    them with :func:`check_index` before trusting them.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "i.rox")
+    >>> index = np.array([4, 6], INDEX_DTYPE).tobytes()
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(b"abcdef" + index + FOOTER.pack(2, 6, b"uint8", SIGNATURE))
+    >>> header = read_header(path)
+    >>> read_index(header).tolist(), check_index(header, read_index(header))
+    ([4, 6], False)
+    """
+    count = header.num_blocks
+    if count == 0:
+        return np.empty((0,), INDEX_DTYPE)
+    if mapped is not None:
+        return np.frombuffer(mapped, INDEX_DTYPE, count=count, offset=header.index_offset)
+    return np.memmap(header.path, INDEX_DTYPE, "r", offset=header.index_offset, shape=(count,))
+
+
 def check_index(header: ShardHeader, ends: np.ndarray) -> bool:
     """Walk a shard's whole index; return whether all blocks have the first block's size.
 
     Checks that end offsets strictly increase, stay within the raw region, end at it, and
     that every block holds whole tokens. Vectorised in 1M-entry chunks (bounded memory).
     """
-    n = header.num_blocks
     itemsize = header.dtype.itemsize
-    bs = header.first_block_bytes
+    block_bytes = header.first_block_bytes
     uniform = True
     prev = 0
-    for lo in range(0, n, _INDEX_CHUNK):
+    for lo in range(0, header.num_blocks, _INDEX_CHUNK):
         chunk = np.asarray(ends[lo : lo + _INDEX_CHUNK], dtype=np.int64)
         outside = np.flatnonzero((chunk <= 0) | (chunk > header.raw_size))
         if outside.size:
@@ -266,7 +294,7 @@ def check_index(header: ShardHeader, ends: np.ndarray) -> bool:
                 f"({itemsize} bytes)",
                 _REWRITE,
             )
-        uniform = uniform and bool(np.all(sizes == bs))
+        uniform = uniform and bool(np.all(sizes == block_bytes))
         prev = int(chunk[-1])
     if prev != header.raw_size:
         raise RoxFormatError(
@@ -275,3 +303,24 @@ def check_index(header: ShardHeader, ends: np.ndarray) -> bool:
             _REWRITE,
         )
     return uniform
+
+
+def check_same_dtype(first: ShardHeader, header: ShardHeader) -> None:
+    """Refuse a shard whose token dtype is not the dtype of the set's first shard ``first``.
+
+    A corpus (and a set checked by verify) holds one token dtype; blocks may differ in size.
+
+    >>> u8 = ShardHeader("a_0000.rox", 44, 1, 4, np.dtype("uint8"), 4, 4)
+    >>> u16 = dataclasses.replace(u8, path="a_0001.rox", dtype=np.dtype("uint16"))
+    >>> check_same_dtype(u8, u16)
+    Traceback (most recent call last):
+    ...
+    grain_rox._format._rox_format.RoxFormatError: a_0001.rox: its dtype is uint16 but a_0000.rox (the corpus's first shard) is uint8; one corpus holds one token dtype. Fix: open shard sets of different dtypes as separate corpora (and mix them).
+    """
+    if header.dtype != first.dtype:
+        raise RoxFormatError(
+            header.path,
+            f"its dtype is {header.dtype} but {first.path} (the corpus's first shard) "
+            f"is {first.dtype}; one corpus holds one token dtype",
+            "open shard sets of different dtypes as separate corpora (and mix them)",
+        )

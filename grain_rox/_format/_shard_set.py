@@ -14,8 +14,9 @@ neither record (e.g. a directory copied half-way), by its sha256:
 Without ``pending``, the files named like shards must be exactly the manifest's: an extra or
 missing shard is refused (cheap: one directory scan, no reads); each shard's size and footer
 are checked against its record when it is opened.
-Hidden temporary files of killed writers are listed by :func:`leftover_temps` and removed by
-the next write to the set (:func:`clean_leftovers`), which also deletes the uncommitted shards
+Hidden temporary files of killed writers are listed by
+:func:`grain_rox._format._leftovers.leftover_temps` and removed by the next write to the set
+(:func:`clean_leftovers`), which also deletes the uncommitted shards
 of a killed write that left the previous set intact (:func:`roll_back_interrupted`). An
 overwrite of a set that was refused records why in its pending manifest, so a kill before its
 renames refuses again instead of opening the refused files; an append checks the content of
@@ -30,16 +31,14 @@ import os
 import re
 from collections.abc import Callable
 
-from grain_rox._format._atomic import fsync_dir, set_writer_active
+from grain_rox._format._atomic import fsync_dir
 from grain_rox._format._hash_cache import cached_sha256
+from grain_rox._format._leftovers import matching_temps
 from grain_rox._format._manifest import (
-    MANIFEST_SUFFIX,
     Manifest,
     ShardRecord,
     load_manifest,
-    manifest_path_for,
     member_pattern,
-    set_name,
     write_manifest,
 )
 from grain_rox._format._rox_format import RoxFormatError, read_header, require_regular
@@ -72,64 +71,6 @@ def scan_set(manifest_path: str) -> dict[str, os.stat_result]:
     return {n: found[n] for n in sorted(found, key=shard_number)}
 
 
-def _temp_pattern(manifest_path: str) -> re.Pattern[str]:
-    base = re.escape(set_name(manifest_path))
-    names = rf"(?:{base}(?:_\d{{4,}})?\.rox|{base}{re.escape(MANIFEST_SUFFIX)})"
-    return re.compile(rf"\.{names}\.(\d+)\.[0-9a-f]+\.tmp")
-
-
-def _matching_temps(manifest_path: str) -> list[tuple[str, int]]:
-    directory = os.path.dirname(manifest_path) or "."
-    pattern = _temp_pattern(manifest_path)
-    found = []
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(directory):
-            m = pattern.fullmatch(entry.name)
-            if m:
-                found.append((entry.path, int(m.group(1))))
-    return sorted(found)
-
-
-def leftover_temps(manifest_path: str) -> list[str]:
-    """Return the hidden temporary files of writes to this set that are not running now:
-    all of them when no writer holds the set's lock (whatever their pid: a killed writer's
-    pid may be alive again, e.g. pid 1 in a container), else those of dead pids.
-
-    >>> import tempfile
-    >>> d = tempfile.mkdtemp()
-    >>> _ = open(os.path.join(d, ".t_0001.rox.1.ab12.tmp"), "wb")
-    >>> [os.path.basename(p) for p in leftover_temps(os.path.join(d, "t.manifest.json"))]
-    ['.t_0001.rox.1.ab12.tmp']
-    """
-    found = _matching_temps(manifest_path)  # before the lock check: see set_writer_active
-    active = set_writer_active(manifest_path)
-    return [
-        path
-        for path, pid in found
-        if (active is False or not _alive(pid)) and os.path.lexists(path)
-    ]
-
-
-def leftovers_of(paths: list[str]) -> list[str]:
-    """The killed writers' temporaries beside the sets that shard ``paths`` belong to."""
-    found: list[str] = []
-    for mpath in dict.fromkeys(manifest_path_for(p) for p in paths):
-        found += [t for t in leftover_temps(mpath) if t not in found]
-    return found
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # ours from an earlier, failed call in this process: not in use
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return pid < (1 << 31)
-    return True
-
-
 def clean_leftovers(manifest_path: str) -> list[str]:
     """Delete the temporaries that killed writers left for this set; return their paths.
 
@@ -137,17 +78,11 @@ def clean_leftovers(manifest_path: str) -> list[str]:
     other write of the set runs then, so every temporary of the set is a leftover.
     """
     removed = []
-    for path, _pid in _matching_temps(manifest_path):
+    for path, _pid in matching_temps(manifest_path):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
             removed.append(path)
     return removed
-
-
-def file_sha256(path: str, st: os.stat_result) -> str:
-    """sha256 of a file, hashed at most once per file version on this host (see
-    :mod:`grain_rox._format._hash_cache`)."""
-    return cached_sha256(path, st)
 
 
 def stat_matches(st: os.stat_result, rec: ShardRecord | None) -> bool:
@@ -178,7 +113,7 @@ def _classify(directory: str, disk: dict[str, os.stat_result], m: Manifest) -> _
             digest = None
             for rec in (new_rec, old_rec):
                 if rec is not None and rec.sha256 and st.st_size == rec.file_size:
-                    digest = digest or file_sha256(os.path.join(directory, name), st)
+                    digest = digest or cached_sha256(os.path.join(directory, name), st)
             is_new = new_rec is not None and digest is not None and digest == new_rec.sha256
             is_old = old_rec is not None and digest is not None and digest == old_rec.sha256
         out.new[name], out.old[name] = is_new, is_old
@@ -372,7 +307,7 @@ def publish_set(
 def _check_kept(path: str, st: os.stat_result, rec: ShardRecord, mpath: str) -> None:
     """A shard the write keeps whose size or mtime changed: its content must still be the
     recorded one before its new mtime is recorded beside the old sha256."""
-    digest = file_sha256(path, st)
+    digest = cached_sha256(path, st)
     if digest != rec.sha256:
         raise RoxFormatError(
             path,

@@ -5,25 +5,42 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import numpy as np
-
+from grain_rox._format._leftovers import leftovers_of
 from grain_rox._format._manifest import manifest_path_for
 from grain_rox._format._paths import PathSpec, resolve_shard_paths
-from grain_rox._format._rox_format import INDEX_DTYPE, RoxFormatError, check_index, read_header
-from grain_rox._format._shard_set import current_manifest, leftovers_of
+from grain_rox._format._rox_format import (
+    RoxFormatError,
+    ShardHeader,
+    check_index,
+    check_same_dtype,
+    read_header,
+    read_index,
+)
+from grain_rox._format._shard_set import current_manifest
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardReport:
-    """The outcome of checking one shard: ``problem`` is None when it is sound."""
+    """The outcome of checking one shard: ``problem`` is None when it is sound.
+
+    Attributes:
+      path: the shard (or leftover temporary file) checked.
+      problem: what is wrong and the fix, or None when it is sound.
+      num_blocks: its blocks (0 when it could not be read).
+      num_tokens: its tokens, padding included (0 when it could not be read).
+      checksum: ``"ok"`` when its sha256 matched the manifest's, ``"none"`` when not checked
+        (no manifest entry, or ``checksums=False``); a mismatch is a ``problem``.
+      kind: ``"shard"``, or ``"leftover"``: a killed writer's hidden temporary file (harmless).
+      note: what a ``"leftover"`` report says and how to remove it.
+    """
 
     path: str
     problem: str | None
     num_blocks: int = 0
     num_tokens: int = 0
-    checksum: str = "none"  # "ok", "mismatch", or "none" (no manifest entry)
-    kind: str = "shard"  # or "leftover": a killed writer's hidden temporary file (harmless)
-    note: str | None = None  # what a "leftover" report says and how to remove it
+    checksum: str = "none"
+    kind: str = "shard"
+    note: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -40,6 +57,15 @@ def verify_rox(
     one ``kind="leftover"`` report (ok, with a ``note``) per hidden temporary file that a
     killed writer left beside the sets (the next write to the set removes them).
 
+    Args:
+      paths: the shards: a file, glob, directory, set name or list of them (as for
+        :func:`open_rox`).
+      checksums: also hash every shard that its manifest records a sha256 for.
+      roxxel_names: resolve a set name with roxxel's looser ``name*.rox`` fallback.
+
+    Returns:
+      One :class:`ShardReport` per shard, in the corpus's order, then one per leftover.
+
     >>> import tempfile, os
     >>> from grain_rox import write_rox
     >>> path = os.path.join(tempfile.mkdtemp(), "v.rox")
@@ -48,33 +74,21 @@ def verify_rox(
     [(True, 3, 'ok')]
     """
     reports = []
-    first_dtype: tuple[str, np.dtype] | None = None
+    first: ShardHeader | None = None  # the first readable shard: the set's dtype
     resolved = resolve_shard_paths(paths, roxxel_names=roxxel_names)
     for path in resolved:
         try:
             header = read_header(path)
-            if header.num_blocks:
-                ends = np.memmap(
-                    path, INDEX_DTYPE, "r", offset=header.raw_size, shape=(header.num_blocks,)
-                )
-                check_index(header, ends)
-                del ends
-            if first_dtype is None:
-                first_dtype = (path, header.dtype)
-            elif header.dtype != first_dtype[1]:
-                raise RoxFormatError(
-                    path,
-                    f"its dtype {header.dtype} differs from {first_dtype[0]}'s {first_dtype[1]}",
-                    "keep one token dtype per corpus",
-                )
+            check_index(header, read_index(header))
+            if first is None:
+                first = header
+            check_same_dtype(first, header)
             checksum = "none"
             mpath = manifest_path_for(path)
             manifest = current_manifest(mpath)
-            record = manifest.shards.get(os.path.basename(path)) if manifest else None
-            if record is not None:
-                record.check(header, mpath)
-                if checksums and record.check_checksum(path):
-                    checksum = "ok"
+            record = manifest.check_shard(header, mpath) if manifest else None
+            if record is not None and checksums and record.check_checksum(path):
+                checksum = "ok"
             reports.append(ShardReport(path, None, header.num_blocks, header.num_tokens, checksum))
         except RoxFormatError as e:
             reports.append(ShardReport(path, f"{e.problem}. Fix: {e.fix}."))

@@ -5,7 +5,8 @@
 completed_phases=..., total_steps=..., dtype=...)``: record ``k`` is the ``k``-th batch that
 stream yields (as a numpy array instead of a JAX array), and ``len(dataset)`` is the number of
 batches it yields. A run trained with roxxel can therefore move to grain_rox mid-training and
-see exactly the data it would have seen (see roxxel-reference.md section 3.1).
+see exactly the data it would have seen: ``tests/test_roxxel_stream.py`` pins this by comparing
+every batch with roxxel 0.9.14's own ``stream()``, resumed runs and completed phases included.
 
 Roxxel's definition, re-implemented here with grain_rox's own reader:
 
@@ -42,9 +43,10 @@ from numpy.typing import DTypeLike
 
 from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
-from grain_rox._format._rox_format import FOOTER_SIZE, INDEX_DTYPE, INDEX_ENTRY_SIZE, RoxFormatError
 
-Phase = tuple[int, int, int]
+# One entry of ``completed_phases``: (steps, batch_size, seq_len) of an earlier training phase.
+# Not grain_rox.Phase (a curriculum phase of TokenPipeline): roxxel's resume arithmetic only.
+CompletedPhase = tuple[int, int, int]
 
 # Uniform batches spanning at least this many blocks are gathered with numpy fancy indexing
 # (one copy per shard) instead of a Python loop over blocks.
@@ -63,7 +65,7 @@ def _non_negative_int(name: str, value: Any, *, minimum: int = 0) -> int:
     return result
 
 
-def _check_phases(completed_phases: Sequence[Sequence[int]] | None) -> tuple[Phase, ...]:
+def _check_phases(completed_phases: Sequence[Sequence[int]] | None) -> tuple[CompletedPhase, ...]:
     if completed_phases is None:
         return ()
     if isinstance(completed_phases, str | bytes):
@@ -87,7 +89,11 @@ def _check_phases(completed_phases: Sequence[Sequence[int]] | None) -> tuple[Pha
 
 
 def skip_bytes(
-    *, start_step: int, completed_phases: Sequence[Phase], bytes_per_batch: int, itemsize: int
+    *,
+    start_step: int,
+    completed_phases: Sequence[CompletedPhase],
+    bytes_per_batch: int,
+    itemsize: int,
 ) -> int:
     """Bytes of the shuffled stream consumed before ``start_step`` (roxxel's resume loop)."""
     skipped = 0
@@ -105,6 +111,12 @@ class RoxxelStreamSource:
 
     Built by :func:`roxxel_stream`, which validates the arguments. Thread-safe; pickles
     without open handles and without the permutation (recomputed lazily); stable repr.
+
+    Args:
+      corpus: the open shards (at least one block).
+      seq_len, batch_size, seed, start_step, total_steps: as for :func:`roxxel_stream`.
+      completed_phases: the earlier phases as ``(steps, batch_size, seq_len)`` int triples.
+      dtype: the numpy dtype of the batches.
     """
 
     def __init__(
@@ -115,7 +127,7 @@ class RoxxelStreamSource:
         batch_size: int,
         seed: int,
         start_step: int,
-        completed_phases: tuple[Phase, ...],
+        completed_phases: tuple[CompletedPhase, ...],
         total_steps: int | None,
         dtype: np.dtype,
     ) -> None:
@@ -174,27 +186,14 @@ class RoxxelStreamSource:
         return perm
 
     def _block_lengths(self) -> np.ndarray:
-        """Bytes of every block, in global block order, read from each shard's index."""
-        itemsize = self._token_dtype.itemsize
+        """Bytes of every block, in global block order, from each shard's (checked) index."""
         lengths = np.empty(self._n_blocks, np.int64)
-        for shard in self.corpus.shards:
-            if not shard.num_blocks:
-                continue
-            offset = shard.file_size - FOOTER_SIZE - INDEX_ENTRY_SIZE * shard.num_blocks
-            ends = np.fromfile(shard.path, INDEX_DTYPE, count=shard.num_blocks, offset=offset)
-            block_lengths = np.diff(ends.astype(np.int64), prepend=np.int64(0))
-            if (
-                ends.size != shard.num_blocks
-                or int(ends[-1]) != shard.num_tokens * itemsize
-                or bool((block_lengths <= 0).any())
-                or bool(np.remainder(block_lengths, itemsize).any())
-            ):
-                raise RoxFormatError(
-                    shard.path,
-                    "its block index is damaged, or the file changed since it was opened",
-                    "re-open the corpus; grain-rox verify checks every shard's whole index",
+        for s, shard in enumerate(self.corpus.shards):
+            if shard.num_blocks:
+                ends = self.corpus.shard_index(s)
+                lengths[shard.first_block : shard.first_block + shard.num_blocks] = np.diff(
+                    ends, prepend=np.int64(0)
                 )
-            lengths[shard.first_block : shard.first_block + shard.num_blocks] = block_lengths
         return lengths
 
     def _block_starts(self) -> np.ndarray:

@@ -1,0 +1,127 @@
+"""What a corpus learns about each shard when it opens, and what identifies its content.
+
+:func:`load_shard_facts` reads every shard's footer (O(1) per shard), its file version, its
+manifest record (checked against the footer) and, while the total stays under a budget, walks
+its whole index. :func:`check_unchanged` tells whether a shard's bytes are still the ones its
+manifest records, hashing only a shard whose size or mtime changed, and
+:func:`content_fingerprint` hashes what identifies a corpus's data for checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import NamedTuple
+
+from grain_rox._format._hash_cache import cached_sha256
+from grain_rox._format._manifest import Manifest, ShardRecord, manifest_path_for
+from grain_rox._format._mapped_shard import FileIdentity, file_identity
+from grain_rox._format._rox_format import (
+    RoxFormatError,
+    ShardHeader,
+    check_index,
+    check_same_dtype,
+    read_header,
+    read_index,
+)
+from grain_rox._format._shard_set import current_manifest
+
+_SAMPLE_BYTES = 4096
+
+
+class ShardFacts(NamedTuple):
+    """Per-shard facts of a corpus, one entry per shard in order (see :func:`load_shard_facts`).
+
+    Attributes:
+      headers: each shard's footer facts.
+      records: each shard's manifest record, or None (no manifest, or not in it).
+      manifests: the manifests that describe some of the shards, by path.
+      uniform: whether every block of a shard has its first block's size; None while its
+        index has not been walked.
+      identities: each shard's file version when it was opened.
+    """
+
+    headers: list[ShardHeader]
+    records: list[ShardRecord | None]
+    manifests: dict[str, Manifest]
+    uniform: list[bool | None]
+    identities: list[FileIdentity]
+
+
+def load_shard_facts(paths: list[str], *, index_check_limit: int) -> ShardFacts:
+    """Read and check what a corpus needs to know about each shard of ``paths``.
+
+    Args:
+      paths: the shard files, in the corpus's order.
+      index_check_limit: walk each shard's whole index now while the indexes walked so far
+        total at most this many entries; the rest are walked when first mapped.
+
+    Raises :class:`RoxFormatError` naming the first shard that is damaged, disagrees with its
+    manifest, or has another token dtype than the first shard.
+    """
+    facts = ShardFacts([], [], {}, [], [])
+    tried: dict[str, Manifest | None] = {}
+    index_budget = index_check_limit
+    for path in paths:
+        # Before the footer is read: a file replaced after this stat is refused when mapped.
+        facts.identities.append(file_identity(os.stat(path)))
+        header = read_header(path)
+        if facts.headers:
+            check_same_dtype(facts.headers[0], header)
+        mpath = manifest_path_for(path)
+        if mpath not in tried:
+            tried[mpath] = current_manifest(mpath)
+        manifest = tried[mpath]
+        record = manifest.check_shard(header, mpath) if manifest else None
+        if manifest is not None and record is not None:
+            facts.manifests[mpath] = manifest
+        if 0 < header.num_blocks <= index_budget:
+            # Small corpora: walk every index now. Large ones: each shard's index is walked
+            # when the shard is first mapped, so opening stays O(1) per shard.
+            index_budget -= header.num_blocks
+            facts.uniform.append(check_index(header, read_index(header)))
+        else:
+            facts.uniform.append(True if header.num_blocks == 0 else None)
+        facts.headers.append(header)
+        facts.records.append(record)
+    return facts
+
+
+def check_unchanged(path: str, record: ShardRecord) -> None:
+    """Raise if a shard's bytes are not the ones its manifest records (hashing only if its
+    size or mtime_ns changed since the write)."""
+    if record.sha256 is None or record.mtime_ns is None:
+        return  # a manifest from before grain_rox recorded mtimes: not checked (re-write it)
+    st = os.stat(path)
+    if st.st_size == record.file_size and st.st_mtime_ns == record.mtime_ns:
+        return
+    digest = cached_sha256(path, st)
+    if digest != record.sha256:
+        raise RoxFormatError(
+            path,
+            f"its content changed after it was written: its sha256 is {digest} but "
+            f"{manifest_path_for(path)} records {record.sha256}",
+            "re-create the shard set (or restore the shard from a copy); a checkpoint made on "
+            "the data as written cannot continue on these bytes",
+        )
+
+
+def content_fingerprint(headers: list[ShardHeader], records: list[ShardRecord | None]) -> str:
+    """A short hash of a corpus's content (see :attr:`grain_rox.RoxCorpus.fingerprint`).
+
+    Per shard: its name, size and footer, the manifest's sha256 (after :func:`check_unchanged`)
+    and its first and last 4 KiB of tokens.
+    """
+    digest = hashlib.sha1()
+    for s, (header, record) in enumerate(zip(headers, records, strict=True)):
+        if record is not None:
+            check_unchanged(header.path, record)
+        digest.update(json.dumps([*header.facts(), record.sha256 if record else None]).encode())
+        if header.raw_size:
+            with open(header.path, "rb") as f:
+                digest.update(f.read(_SAMPLE_BYTES))
+                f.seek(max(0, header.raw_size - _SAMPLE_BYTES))
+                digest.update(f.read(min(_SAMPLE_BYTES, header.raw_size)))
+        digest.update(str(s).encode())
+    return digest.hexdigest()[:16]
