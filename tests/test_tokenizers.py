@@ -19,11 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grain_rox._text import _tokenizers as T
+from grain_rox._text import _tiktoken as T
+from grain_rox._text._hf_tokenizer import HFTokenizer
+from grain_rox._text._tiktoken import TiktokenTokenizer
 from grain_rox._text._tokenizers import (
     ByteTokenizer,
-    HFTokenizer,
-    TiktokenTokenizer,
     Tokenizer,
     get_tokenizer,
     smallest_token_dtype,

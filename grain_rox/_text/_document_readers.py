@@ -1,0 +1,205 @@
+"""The documents of one input file, by format (JSONL or a JSON list of records, Parquet, a saved
+HF dataset), and :class:`ReadStats`, the tally of what was read and skipped that they fill.
+
+Each reader yields the text of every record; a record without the text column, or whose text
+is not a string, is an error naming it; a null text is an error, or with ``on_null="skip"``
+counted in the stats.
+
+>>> import os, tempfile
+>>> path = os.path.join(tempfile.mkdtemp(), "a.jsonl")
+>>> _ = open(path, "wb").write(b'{"text": "x"}\\n{"text": null}\\n')
+>>> stats = ReadStats(on_null="skip")
+>>> list(jsonl_documents(path, byte_chunks(path), "text", "strict", stats)), stats.null_texts
+(['x'], 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Iterator
+
+from grain_rox._text._text_files import byte_chunks, chain, decode, lines
+
+logger = logging.getLogger("grain_rox")
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """What :func:`~grain_rox._text._convert.read_documents` read and skipped, filled in as it reads.
+
+    >>> stats = ReadStats(files_read=3, documents=5)
+    >>> stats.skip("a.bin", "binary", "it looks binary")
+    >>> stats.summary()
+    '3 files read, skipped 1 file (1 binary)'
+    """
+
+    files_read: int = 0
+    documents: int = 0
+    null_texts: int = 0
+    skipped: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    on_null: str = "error"
+
+    def null_text(self, where: str) -> None:
+        """A record at ``where`` has a null text: an error, or (``on_null="skip"``) counted."""
+        if self.on_null != "skip":
+            raise ValueError(
+                f"{where}: the text is null (missing), and a document cannot be made of it; "
+                "pass --on-null skip (on_null='skip') to skip such records (they are counted), "
+                "or drop them from the input first"
+            )
+        self.null_texts += 1
+
+    def skip(self, path: str, reason: str, detail: str) -> None:
+        """Count ``path`` as skipped for ``reason`` and log why (logger ``grain_rox``)."""
+        self.skipped.setdefault(reason, []).append(path)
+        logger.warning("skipped %s: %s", path, detail)
+
+    def summary(self) -> str:
+        """``"N files read"``, then what was skipped and why."""
+        text = f"{self.files_read} file{'' if self.files_read == 1 else 's'} read"
+        count = sum(len(v) for v in self.skipped.values())
+        skips = []
+        if count:
+            why = ", ".join(f"{len(v)} {k}" for k, v in sorted(self.skipped.items()))
+            skips.append(f"{count} file{'' if count == 1 else 's'} ({why})")
+        if self.null_texts:
+            skips.append(f"{self.null_texts} null text{'' if self.null_texts == 1 else 's'}")
+        return text + (f", skipped {' and '.join(skips)}" if skips else "")
+
+
+def hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str]:
+    """Texts of a dataset saved with HF ``save_to_disk`` (a DatasetDict's ``train`` split)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("reading a HF dataset needs: pip install 'grain_rox[hf]'") from None
+    from grain_rox._text._hf_checks import load_saved
+
+    ds = load_saved(path)
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds:
+            raise ValueError(f"{path} holds splits {list(ds)} and no 'train'; pass one split")
+        ds = ds["train"]
+    if text_column not in ds.column_names:
+        raise KeyError(
+            f"{path} has no column {text_column!r} (it has {ds.column_names}); pass --text-column"
+        )
+    kind = ds.features[text_column]
+    if getattr(kind, "dtype", None) not in ("string", "large_string"):
+        raise TypeError(f"{path}: column {text_column!r} holds {kind}, not text")
+    row = 0
+    for batch in ds.select_columns([text_column]).iter(batch_size=1024):
+        for value in batch[text_column]:
+            if value is None:
+                stats.null_text(f"{path} row {row}")
+            else:
+                yield value
+            row += 1
+
+
+def _text_of(record: object, column: str, where: str) -> str | None:
+    if not isinstance(record, dict) or column not in record:
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise KeyError(f"{where} has no column {column!r} (it has {keys}); pass --text-column")
+    value = record[column]
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{where}: column {column!r} holds {type(value).__name__}, not text")
+    return value
+
+
+def _not_jsonl(path: str, errors: str) -> str | None:
+    """What ``path`` holds if it is one JSON document that is not a list, else ``None``."""
+    try:
+        value = json.loads(decode(b"".join(byte_chunks(path)), path, errors))
+    except json.JSONDecodeError:
+        return None
+    if isinstance(value, dict):
+        return f"one JSON object (keys {sorted(value)[:5]})"
+    return None if isinstance(value, list) else f"one JSON {type(value).__name__}"
+
+
+def jsonl_documents(
+    path: str, chunks: Iterator[bytes], column: str, errors: str, stats: ReadStats
+) -> Iterator[str]:
+    """Records of a JSONL file, or of a JSON file that is one list of records."""
+    first = next(chunks)
+    if first.lstrip()[:1] == b"[":  # one JSON list of records
+        text = decode(first + b"".join(chunks), path, errors)
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(records, list):
+            raise ValueError(f"{path} is not a JSON list of records")
+        for i, record in enumerate(records):
+            value = _text_of(record, column, f"{path}[{i}]")
+            if value is None:
+                stats.null_text(f"{path}[{i}]")
+            else:
+                yield value
+        return
+    records_seen = 0
+    for lineno, (offset, raw) in enumerate(lines(chain(first, chunks)), 1):
+        line = decode(raw, path, errors, base=offset, line=lineno)
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            whole = _not_jsonl(path, errors) if records_seen == 0 else None
+            if whole is not None:
+                raise ValueError(
+                    f"{path} holds {whole}, not JSON Lines: expected one record per line, or "
+                    f"a JSON list of records, each with a {column!r} field; leave it out of the "
+                    "inputs (e.g. a glob such as DIR/**/*.jsonl) or pass --format text to read "
+                    "it as one text document"
+                ) from None
+            raise ValueError(f"{where} is not valid JSON: {e}") from None
+        records_seen += 1
+        value = _text_of(record, column, where)
+        if value is None:
+            stats.null_text(where)
+        else:
+            yield value
+
+
+def parquet_documents(path: str, column: str, stats: ReadStats) -> Iterator[str]:
+    """Texts of a Parquet file's string column; a damaged file is an error saying so."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("reading Parquet needs pyarrow: pip install 'grain_rox[hf]'") from None
+
+    def damaged(e: Exception) -> ValueError:
+        return ValueError(
+            f"{path} is not a readable Parquet file ({type(e).__name__}: {e}); it is damaged "
+            "or not Parquet: regenerate it, or leave it out of the inputs"
+        )
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise damaged(e) from None
+    schema = pf.schema_arrow
+    if column not in schema.names:
+        raise KeyError(
+            f"{path} has no column {column!r} (it has {schema.names}); pass --text-column"
+        )
+    kind = schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise TypeError(f"{path}: column {column!r} holds {kind}, not text")
+    try:
+        row = 0
+        for batch in pf.iter_batches(columns=[column], batch_size=1024):
+            for value in batch.column(0).to_pylist():
+                if value is None:
+                    stats.null_text(f"{path} row {row}")
+                else:
+                    yield value
+                row += 1
+    except (pa.ArrowException, OSError) as e:
+        raise damaged(e) from None

@@ -1,0 +1,157 @@
+"""Any Hugging Face ``tokenizer.json``, run by the ``tokenizers`` package: its EOS and pad ids
+found among the usual special tokens, and the file pinned by its sha256 across pickling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from grain_rox._text._tokenizer_base import INSTALL_FIX, check_text, identity_record, to_id_list
+
+if TYPE_CHECKING:
+    import tokenizers
+
+_HF_EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|end|>", "[EOS]", "<|end_of_text|>")
+_HF_PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>")
+
+
+def _resolve_tokenizer_json(path: str | os.PathLike[str]) -> Path:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"no tokenizer file at {p}; pass the path of a Hugging Face tokenizer.json "
+            "(or a directory containing one)"
+        )
+    return p
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` (a file, or a directory containing one).
+
+    Nothing is added around the text (``add_special_tokens=False``) and special-token strings
+    inside the text are encoded as ordinary text. EOS is ``eos_token`` if given, else the first
+    of ``</s>``, ``<|endoftext|>``, ``<eos>``, ``<|end|>``, ``[EOS]``, ``<|end_of_text|>``
+    present in the vocabulary. Pickling sends the path; the file is re-read lazily and must
+    still have the same sha256.
+
+    Args:
+      path: a ``tokenizer.json`` file, or a directory containing one.
+      eos_token: the token that ends a document; default the first of the usual EOS tokens
+        above that the vocabulary holds.
+
+    >>> HFTokenizer("/nonexistent/tokenizer.json")
+    Traceback (most recent call last):
+    FileNotFoundError: no tokenizer file at /nonexistent/tokenizer.json; pass the path of a Hugging Face tokenizer.json (or a directory containing one)
+    """
+
+    name: str
+    vocab_size: int
+    eos_id: int
+    pad_id: int | None
+
+    def __init__(self, path: str | os.PathLike[str], *, eos_token: str | None = None) -> None:
+        self.path = _resolve_tokenizer_json(path)
+        data = self.path.read_bytes()
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        self.eos_token = eos_token
+        self._tok: tokenizers.Tokenizer | None = None
+        tok = self._load(data)
+        parent = self.path.parent.name if self.path.name == "tokenizer.json" else ""
+        self.name = f"hf:{parent or self.path.name}"
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        if eos_token is not None:
+            eos = tok.token_to_id(eos_token)
+            if eos is None:
+                raise ValueError(
+                    f"eos_token {eos_token!r} is not in {self.path}; pass one of its "
+                    f"tokens, e.g. one of its special tokens {self._special_tokens(tok)}"
+                )
+        else:
+            found = [i for t in _HF_EOS_CANDIDATES if (i := tok.token_to_id(t)) is not None]
+            if not found:
+                raise ValueError(
+                    f"{self.path} has none of the usual EOS tokens {list(_HF_EOS_CANDIDATES)}; "
+                    f"pass HFTokenizer(..., eos_token=...) naming its end-of-document token, "
+                    f"e.g. one of its special tokens {self._special_tokens(tok)}"
+                )
+            eos = found[0]
+        self.eos_id = int(eos)
+        pads = [i for t in _HF_PAD_CANDIDATES if (i := tok.token_to_id(t)) is not None]
+        self.pad_id = int(pads[0]) if pads else None
+        self._tok = tok
+
+    @staticmethod
+    def _special_tokens(tok: tokenizers.Tokenizer) -> list[str]:
+        get = getattr(tok, "get_added_tokens_decoder", None)
+        if get is None:
+            return []
+        return [t.content for t in get().values() if getattr(t, "special", False)]
+
+    def _load(self, data: bytes) -> tokenizers.Tokenizer:
+        try:
+            import tokenizers
+        except ImportError:
+            raise ImportError(
+                f"HFTokenizer({str(self.path)!r}) needs the tokenizers package; fix: {INSTALL_FIX}"
+            ) from None
+        tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        if hasattr(tok, "encode_special_tokens"):
+            tok.encode_special_tokens = True  # literal "</s>" in text stays text
+        return tok
+
+    @property
+    def tokenizer(self) -> tokenizers.Tokenizer:
+        """The underlying ``tokenizers.Tokenizer`` (re-read lazily after unpickling)."""
+        if self._tok is None:
+            data = _resolve_tokenizer_json(self.path).read_bytes()
+            actual = hashlib.sha256(data).hexdigest()
+            if actual != self.sha256:
+                raise ValueError(
+                    f"{self.path} changed since this HFTokenizer was created (sha256 {actual}, "
+                    f"expected {self.sha256}); restore the file or create a new HFTokenizer"
+                )
+            self._tok = self._load(data)
+        return self._tok
+
+    def encode(self, text: str) -> np.ndarray:
+        """Ids of ``text`` without added special tokens."""
+        check_text(text, "HFTokenizer")
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return np.asarray(ids, dtype=np.int64)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Encode in parallel with ``tokenizers.Tokenizer.encode_batch``."""
+        texts = list(texts)
+        for t in texts:
+            check_text(t, "HFTokenizer")
+        out = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.int64) for e in out]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text for ``ids``; special tokens such as EOS are kept in the output."""
+        id_list = to_id_list(ids, vocab_size=self.vocab_size, who="HFTokenizer")
+        text: str = self.tokenizer.decode(id_list, skip_special_tokens=False)
+        return text
+
+    def identity(self) -> dict[str, Any]:
+        """JSON-serialisable description; ``sha256`` is that of the tokenizer.json bytes."""
+        return identity_record(self, "hf", self.sha256)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_tok"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({str(self.path)!r}, eos_token={self.eos_token!r})"

@@ -1,0 +1,62 @@
+"""What the tokenizers share: the checks on ``encode``/``decode`` arguments, the install hint
+for their optional packages and the identity record a shard set's manifest stores.
+
+>>> to_id_list([3, 1], vocab_size=4, who="Tok")
+[3, 1]
+>>> check_text(b"x", "Tok")
+Traceback (most recent call last):
+TypeError: Tok.encode expects str, got bytes; decode bytes first, e.g. data.decode('utf-8')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from grain_rox._text._tokenizers import Tokenizer
+
+INSTALL_FIX = "pip install 'grain_rox[tokenizers]'"
+
+
+def to_id_list(ids: Sequence[int] | np.ndarray, *, vocab_size: int, who: str) -> list[int]:
+    """Validate ``ids`` against ``0 .. vocab_size - 1`` and return them as Python ints."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise ValueError(f"{who}.decode expects a 1-D sequence of ids, got shape {arr.shape}")
+    if arr.size == 0:
+        return []
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{who}.decode expects integer ids, got dtype {arr.dtype}")
+    bad = (arr < 0) | (arr >= vocab_size)
+    if bad.any():
+        first = int(arr[int(np.argmax(bad))])
+        raise ValueError(
+            f"{who}.decode got id {first}, outside 0..{vocab_size - 1}; "
+            "decode only ids produced by this tokenizer"
+        )
+    out: list[int] = arr.tolist()
+    return out
+
+
+def check_text(text: object, who: str) -> None:
+    if not isinstance(text, str):
+        raise TypeError(
+            f"{who}.encode expects str, got {type(text).__name__}; "
+            "decode bytes first, e.g. data.decode('utf-8')"
+        )
+
+
+def identity_record(tok: Tokenizer, kind: str, sha256: str | None) -> dict[str, Any]:
+    """The JSON-serialisable identity of ``tok`` (``kind``, name, ids, ``sha256`` of its
+    vocabulary), which pins down exactly which ids it emits."""
+    return {
+        "kind": kind,
+        "name": tok.name,
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "pad_id": tok.pad_id,
+        "sha256": sha256,
+    }

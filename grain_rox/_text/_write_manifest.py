@@ -1,0 +1,93 @@
+"""The manifest one write publishes: an append's settings checked against the set's, and the
+new set's record (its kept shards plus this write's, with their checksums and counts)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from grain_rox._format._manifest import Manifest, ShardRecord, new_write_id
+from grain_rox._format._shard_set import shard_number
+from grain_rox._text._item_encoding import TokenLayout
+from grain_rox._text._shard_files import FinishedShard, ShardFile
+
+
+def check_append_compatible(old: Manifest, mpath: str, layout: TokenLayout) -> None:
+    """Refuse to add tokens laid out unlike the set ``old`` describes (dtype, EOS, tokenizer)."""
+    dtype, sep, tok = layout.dtype, layout.separator, layout.tokenizer
+    problems = []
+    if old.dtype != str(dtype):
+        problems.append(f"dtype {old.dtype} != {dtype}")
+    if old.eos_id != sep:
+        problems.append(f"eos/separator {old.eos_id} != {sep}")
+    new_tok = tok.identity() if tok is not None else None
+    if old.tokenizer != new_tok:
+        old_name = (old.tokenizer or {}).get("name")
+        new_name = (new_tok or {}).get("name")
+        problems.append(f"tokenizer {old_name} != {new_name}")
+    if problems:
+        raise ValueError(
+            f"cannot append to the shard set described by {mpath}: "
+            + "; ".join(problems)
+            + ". Write to a new path (and mix the two sets) or use the same settings"
+        )
+
+
+def build_manifest(
+    previous: Manifest,
+    kept: Mapping[str, ShardRecord],
+    files: Sequence[ShardFile],
+    finished: Sequence[FinishedShard],
+    docs_per_file: Mapping[int, int],
+    num_pad: int,
+    layout: TokenLayout,
+) -> Manifest:
+    """The new set's manifest: ``kept`` shards (an append's old ones) plus this write's.
+
+    ``docs_per_file`` counts the documents starting in each of ``files`` (by position); those
+    counted past the last file started in its final padding and belong to it.
+    """
+    shards = dict(kept)
+    itemsize = layout.dtype.itemsize
+    last = len(files) - 1
+    docs_in = dict(docs_per_file)
+    for k in [k for k in docs_in if k > last]:  # documents starting in the final padding
+        docs_in[last] = docs_in.get(last, 0) + docs_in.pop(k)
+    for k, (f, shard) in enumerate(zip(files, finished, strict=True)):
+        name = os.path.basename(f.final_path)
+        docs: int | None = docs_in.get(k, 0)
+        padding = num_pad if k == last else 0
+        if f.copied_from is not None:  # a copy-on-write append: add the old file's counts
+            prev = shards.get(name)
+            docs = (
+                None
+                if prev is None or prev.num_documents is None
+                else prev.num_documents + (docs or 0)
+            )
+            padding += prev.num_padding_tokens if prev is not None else 0
+        shards[name] = ShardRecord(
+            file_size=shard.file_size,
+            num_blocks=f.num_blocks,
+            raw_size=shard.raw_size,
+            sha256=shard.sha256,
+            num_tokens=shard.raw_size // itemsize,
+            num_padding_tokens=padding,
+            num_documents=docs,
+            mtime_ns=shard.mtime_ns,
+        )
+    shards = {n: shards[n] for n in sorted(shards, key=shard_number)}
+    total_docs: int | None = None
+    if all(r.num_documents is not None for r in shards.values()):
+        total_docs = sum(r.num_documents or 0 for r in shards.values())
+    appended = bool(kept) and previous.block_size > 0
+    tok = layout.tokenizer
+    return Manifest(
+        dtype=str(layout.dtype),
+        block_size=previous.block_size if appended else layout.block_size,
+        shards=shards,
+        eos_id=layout.separator,  # type: ignore[arg-type]
+        pad_id=layout.pad,  # type: ignore[arg-type]
+        tokenizer=tok.identity() if tok is not None else None,
+        num_documents=total_docs,
+        write_id=new_write_id(),
+    )
