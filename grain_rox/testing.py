@@ -36,48 +36,22 @@ AssertionError: record 0 of Shared: editing ['x'] in place changed a new read of
 
 from __future__ import annotations
 
+from grain_rox._testing._checks_distributed import check_processes_equal
 from grain_rox._testing._checks_processes import (
-    FreshProcess as FreshProcess,
-)
-from grain_rox._testing._checks_processes import (
-    check_dataloader_restore_in_fresh_process as check_dataloader_restore_in_fresh_process,
-)
-from grain_rox._testing._checks_processes import (
-    check_mp_prefetch_equal as check_mp_prefetch_equal,
-)
-from grain_rox._testing._checks_processes import (
-    check_orbax_roundtrip as check_orbax_roundtrip,
-)
-from grain_rox._testing._checks_processes import (
-    check_processes_equal as check_processes_equal,
-)
-from grain_rox._testing._checks_processes import (
-    check_stable_repr as check_stable_repr,
-)
-from grain_rox._testing._checks_processes import (
-    data_loader as data_loader,
+    check_dataloader_restore_in_fresh_process,
+    check_mp_prefetch_equal,
+    check_orbax_roundtrip,
+    check_stable_repr,
+    data_loader,
 )
 from grain_rox._testing._checks_records import (
-    as_numpy as as_numpy,
+    check_pickle,
+    check_random_access_source,
+    check_read_only_records,
 )
-from grain_rox._testing._checks_records import (
-    assert_tree_equal as assert_tree_equal,
-)
-from grain_rox._testing._checks_records import (
-    check_checkpoint_every_step as check_checkpoint_every_step,
-)
-from grain_rox._testing._checks_records import (
-    check_pickle as check_pickle,
-)
-from grain_rox._testing._checks_records import (
-    check_random_access_source as check_random_access_source,
-)
-from grain_rox._testing._checks_records import (
-    check_read_only_records as check_read_only_records,
-)
-from grain_rox._testing._checks_records import (
-    iterators as iterators,
-)
+from grain_rox._testing._fresh_process import FreshProcess
+from grain_rox._testing._iterating import check_checkpoint_every_step, iterators
+from grain_rox._testing._trees import as_numpy, assert_tree_equal
 
 __all__ = [
     "FreshProcess",

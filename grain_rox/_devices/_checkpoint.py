@@ -118,25 +118,41 @@ class RoxCheckpointHandler(ocp.CheckpointHandler):
         pass
 
 
-@ocp.args.register_with_handler(RoxCheckpointHandler, for_save=True)
 @dataclasses.dataclass
-class RoxCheckpointSave(ocp.args.CheckpointArgs):
+class IteratorArgs(ocp.args.CheckpointArgs):
+    """Orbax args that hand a data iterator to :class:`RoxCheckpointHandler`.
+
+    Args:
+      item: the iterator: a :class:`~grain_rox.MultiHostDataLoadIterator`, or any iterator
+        whose ``get_state()`` is JSON (text or bytes) and whose ``set_state`` takes it back.
+
+    >>> IteratorArgs(item=None).item is None
+    True
+    """
+
+    item: Any
+
+
+@ocp.args.register_with_handler(RoxCheckpointHandler, for_save=True)
+class RoxCheckpointSave(IteratorArgs):
     """Orbax args: save ``item``'s data state (a MultiHostDataLoadIterator).
+
+    Args:
+      item: the iterator whose state is saved (see :class:`IteratorArgs`).
 
     >>> isinstance(RoxCheckpointSave(item=None), ocp.args.CheckpointArgs)
     True
     """
 
-    item: Any
-
 
 @ocp.args.register_with_handler(RoxCheckpointHandler, for_restore=True)
-@dataclasses.dataclass
-class RoxCheckpointRestore(ocp.args.CheckpointArgs):
+class RoxCheckpointRestore(IteratorArgs):
     """Orbax args: restore ``item``'s data state in place (returns ``item``).
+
+    Args:
+      item: the iterator to restore, built the same way as the one saved (see
+        :class:`IteratorArgs`).
 
     >>> isinstance(RoxCheckpointRestore(item=None), ocp.args.CheckpointArgs)
     True
     """
-
-    item: Any

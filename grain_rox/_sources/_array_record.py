@@ -28,17 +28,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from grain_rox._format._digest import (
-    check_unchanged,
-    content_digest,
-    facts_digest,
-    file_changed,
-    reopen,
-    stat_key,
-)
+from grain_rox._format._digest import facts_digest
 from grain_rox._order._permutation import record_index
 from grain_rox._sources._batches import BatchesMixin
 from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._process_local import ProcessLocal, process_local
+from grain_rox._sources._watched_files import WatchedFiles
 
 READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 PathsSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -114,7 +109,7 @@ def close_quietly(reader: Any) -> None:
         reader.close()
 
 
-class ArrayRecordSource(BatchesMixin):
+class ArrayRecordSource(ProcessLocal, BatchesMixin):
     """Arrays stored one per ArrayRecord record, as a Grain ``RandomAccessDataSource``.
 
     Args:
@@ -142,6 +137,9 @@ class ArrayRecordSource(BatchesMixin):
     (2, [5, 6, 7], [[8, 9], [5, 6, 7]])
     """
 
+    PROCESS_LOCAL = process_local(_local=threading.local)  # readers are per process and per thread
+    _local: threading.local
+
     def __init__(
         self,
         paths: PathsSpec,
@@ -165,35 +163,22 @@ class ArrayRecordSource(BatchesMixin):
             raise ValueError(f"the ArrayRecord files {empty} hold no records")
         self.counts = counts
         self._starts = [0, *np.cumsum(counts).tolist()]  # record numbering over all files
-        self._opened: list[tuple[int, int, int, int]] = []  # each file's stat when opened
-        self._digests: list[str] = []  # and its content digest
-        for path in self.files:
-            with open(path, "rb") as f:
-                self._opened.append(stat_key(os.fstat(f.fileno())))
-                self._digests.append(content_digest(f, path, share=len(self.files)))
+        # each file's stat and content digest, checked as readers open it
+        self._watched = WatchedFiles(dict(enumerate(self.files)), what="ArrayRecordSource")
         self._identity = self._fingerprint()
-        self._local = threading.local()
+        self.start_process_local()
 
     def _fingerprint(self) -> str:
         """The content identity: each file's content digest and record count (whole files up
         to 256 MiB in all, 64 MiB of samples beyond: see ``grain_rox._format._digest``), not names or
         times: a byte-identical copy of the files elsewhere is the same data."""
         facts = [
-            [[d, n] for d, n in zip(self._digests, self.counts, strict=True)],
+            [[self._watched.digests[f], n] for f, n in enumerate(self.counts)],
             str(self.dtype),
             self.shape,
             self.encoding,
         ]
         return facts_digest(facts)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_local"]  # readers are per process and per thread
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -211,7 +196,7 @@ class ArrayRecordSource(BatchesMixin):
             readers = self._local.readers = {}
         reader = readers.get(f)
         if reader is None:
-            self._check_unchanged(f)
+            self._watched.reopen(f).close()  # refuse a file whose content changed
             reader = readers[f] = _reader_class()(self.files[f], READ_OPTIONS)
         return reader
 
@@ -227,28 +212,8 @@ class ArrayRecordSource(BatchesMixin):
             if last is not None and now - last < after:
                 continue
             checked[f] = now
-            if last is None:
-                continue  # no reader yet in this thread: _reader checks the file as it opens
-            try:
-                changed = file_changed(stat_key(os.stat(self.files[f])), self._opened[f])
-            except OSError:
-                changed = False  # removed or renamed away: the reader keeps what it opened
-            if changed:
-                self._check_unchanged(f)
-
-    def _check_unchanged(self, f: int) -> None:
-        """Refuse file ``f`` if its content changed since this source was made (readers are
-        opened lazily, by path, in every process and thread)."""
-        path = self.files[f]
-        with reopen(path, "ArrayRecordSource") as handle:
-            self._opened[f] = check_unchanged(
-                handle,
-                path,
-                self._opened[f],
-                self._digests[f],
-                what="this ArrayRecordSource",
-                share=len(self.files),
-            )
+            if last is not None:  # (a first read opens a reader, which checks the file)
+                self._watched.recheck(f)
 
     def _locate(self, indices: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
         """(file, record in that file) of each global record index."""

@@ -29,11 +29,11 @@ from grain_rox._sources._array_record import close_quietly, count_records, read_
 class ExportResult:
     """What :func:`export_array_record` wrote."""
 
-    path: str
-    num_documents: int
-    num_tokens: int
-    dtype: str
-    sha256: str
+    path: str  # the ArrayRecord file
+    num_documents: int  # records written (one per non-empty document)
+    num_tokens: int  # tokens in them (EOS left out)
+    dtype: str  # the records' dtype (the corpus's): pass it to ArrayRecordSource(dtype=)
+    sha256: str  # of all record bytes in order, as read back before the rename
 
 
 def rox_documents(corpus: RoxCorpus, eos_id: int) -> Iterator[np.ndarray]:
@@ -80,6 +80,19 @@ def export_array_record(
     progress: bool = False,
 ) -> ExportResult:
     """Write the documents of `.rox` shards to one ArrayRecord file (one raw record each).
+
+    Args:
+      paths: the `.rox` shards (a path, a glob, a list of them) or an open corpus.
+      output: the ArrayRecord file to write.
+      eos_id: the token that ends a document (default: the shards' manifest's EOS id).
+      group_size: records per ArrayRecord chunk (1: the fastest random access).
+      compression: ``"zstd"`` (default) or ``"uncompressed"``.
+      overwrite: replace an existing ``output`` (else a ``FileExistsError``).
+      progress: show a progress bar (``tqdm``).
+
+    Returns:
+      An :class:`ExportResult`: the path written, its document and token counts, the
+      records' dtype and the sha256 of all record bytes.
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import write_rox, ArrayRecordSource

@@ -38,6 +38,7 @@ from grain_rox._format._digest import content_digest, facts_digest
 from grain_rox._order._permutation import record_index
 from grain_rox._sources._batches import BatchesMixin
 from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._process_local import ProcessLocal, process_local
 from grain_rox._text._hf_checks import (
     check_nulls_arg,
     find_nulls,
@@ -178,15 +179,30 @@ def _release_copy(target: str, owner: int) -> None:
         shutil.rmtree(target, ignore_errors=True)
 
 
-class HFEagerSource(BatchesMixin):
+class HFEagerSource(ProcessLocal, BatchesMixin):
     """A HuggingFace dataset as a Grain ``RandomAccessDataSource`` of numpy dicts.
 
-    ``tokenize`` names text columns to serve as ``int32`` token ids (``tokenizer``: ``"bytes"``,
-    ``"cl100k_base"``, a ``tokenizer.json`` path or a :class:`~grain_rox.Tokenizer`; EOS
-    appended unless ``append_eos=False``); other text columns stay strings. Images become
-    ``uint8`` arrays and nested features nested dicts. A missing value (None) in a kept
-    column, or inside its lists, is an error naming the column and row; ``nulls="skip"``
-    leaves such rows out instead (counted in ``skipped_rows`` and logged).
+    Give exactly one of ``dataset``, ``data_files`` or ``data``.
+
+    Args:
+      dataset: a ``datasets.Dataset`` (one split), or the path of a ``save_to_disk``
+        directory or of a local data file (never a Hub name: nothing is downloaded).
+      data_files: local Parquet / JSON / Arrow files (a path or a list of them).
+      data: a dict of columns (``datasets.Dataset.from_dict``).
+      include_keys: the columns to keep (default: all).
+      exclude_keys: columns to leave out.
+      tokenize: text columns to serve as ``int32`` token ids; other text columns stay
+        strings.
+      tokenizer: for ``tokenize``: ``"bytes"``, ``"cl100k_base"``, a ``tokenizer.json``
+        path or a :class:`~grain_rox.Tokenizer`.
+      append_eos: append EOS to each tokenized text (default True).
+      cache_dir: where data held (partly) in memory is written as an Arrow copy that
+        workers map (default: the system's temporary directory).
+      nulls: ``"error"`` (default): a missing value (None) in a kept column, or inside its
+        lists, is an error naming the column and row; ``"skip"``: such rows are left out
+        (counted in ``skipped_rows`` and logged).
+
+    Images become ``uint8`` arrays and nested features nested dicts.
 
     >>> import datasets
     >>> ds = datasets.Dataset.from_dict({"ids": [[1, 2], [3, 4]], "label": [0, 1], "t": ["a", "b"]})
@@ -200,6 +216,17 @@ class HFEagerSource(BatchesMixin):
     >>> skipping.get_batch([0, 1])["y"].tolist(), skipping.skipped_rows
     ([1, 3], 1)
     """
+
+    PROCESS_LOCAL = process_local(
+        _lock=threading.Lock,
+        _columns=lambda: None,  # numpy views of the maps: rebuilt in each process
+        _formatted_view=lambda: None,
+        _cleanup=lambda: None,  # only the process that made a copy deletes it
+    )
+    _lock: threading.Lock
+    _columns: dict[str, ArrowColumn] | None
+    _formatted_view: Any
+    _cleanup: Any
 
     def __init__(
         self,
@@ -216,6 +243,7 @@ class HFEagerSource(BatchesMixin):
         nulls: str = "error",
     ) -> None:
         make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
+        self.start_process_local()
         given = [x is not None for x in (dataset, data_files, data)]
         if sum(given) != 1:
             raise ValueError("give exactly one of dataset=, data_files= or data=")
@@ -245,7 +273,6 @@ class HFEagerSource(BatchesMixin):
             columns=keep, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
         )
         copied = not _memory_mapped(dataset)
-        self._cleanup: Any = None
         if copied:  # (partly) in memory: an Arrow copy that workers can map
             target = _arrow_copy(dataset, cache_dir)
             self._cleanup = weakref.finalize(self, _release_copy, target, os.getpid())
@@ -259,7 +286,6 @@ class HFEagerSource(BatchesMixin):
         # of the data in another directory is the same source and other data is not.
         self._layout = [_chunk_layout(dataset.data), _chunk_layout(dataset._indices)]
         self._identity = self._fingerprint()
-        self._lock = threading.Lock()
         self._dataset: Any = dataset.select_columns(keep).with_format("numpy")
         schema = dataset.data.table.schema
         # Numbers and (nested) lists of numbers are read straight from Arrow, dtype kept;
@@ -268,8 +294,6 @@ class HFEagerSource(BatchesMixin):
             c for c in keep if c not in self.format.tokenize and arrow_numeric(schema.field(c).type)
         ]
         self._formatted_columns = [c for c in keep if c not in self._arrow_columns]
-        self._columns: dict[str, ArrowColumn] | None = None
-        self._formatted_view: Any = None
 
     def _fingerprint(self) -> str:
         facts = [_file_digest(f, share=len(self.files)) for f in self.files] + [
@@ -292,18 +316,6 @@ class HFEagerSource(BatchesMixin):
     def get_dataset_info(self) -> Any:
         """The dataset's ``datasets.DatasetInfo`` (features, description, ...), as in Datarax."""
         return self.dataset.info
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_columns"] = None  # numpy views of the maps: rebuilt in each process
-        state["_formatted_view"] = None
-        state["_cleanup"] = None  # only the process that made a copy deletes it
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self._num_rows
@@ -329,8 +341,7 @@ class HFEagerSource(BatchesMixin):
             with self._lock:
                 columns = self._columns
                 if columns is None:
-                    indices = self.dataset._indices  # rows remapped by select/shuffle/filter
-                    remap = None if indices is None else indices.column(0).to_numpy()
+                    remap = _remap(self.dataset)
                     columns = {
                         c: ArrowColumn(table.column(c), c, remap) for c in self._arrow_columns
                     }

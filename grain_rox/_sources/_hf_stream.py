@@ -1,19 +1,18 @@
-"""Local files streamed with HF ``IterableDataset`` as a resumable Grain ``IterDataset``."""
+"""Local files streamed with HF ``IterableDataset`` as a resumable Grain ``IterDataset``: the
+source's config, the files' identity, and how a streamed row becomes a record (the dataset and
+its window-shuffled iterator are in ``_hf_stream_windows``)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import grain
 import numpy as np
 
 from grain_rox._sources._grain_setup import make_grain_workers_usable
-from grain_rox._sources._identity import check_identity, split_state
+from grain_rox._sources._hf_stream_windows import StreamDataset
 from grain_rox._text._hf_checks import (
     check_nulls_arg,
     null_problem,
@@ -29,9 +28,7 @@ from grain_rox._text._hf_records import (
     kept_columns,
 )
 
-logger = logging.getLogger("grain_rox")
 _SAMPLE = 1 << 20  # bytes hashed at each end of a data file for its identity
-_WHAT = "HFStreamingSource"
 
 
 def file_digest(path: str) -> str:
@@ -49,6 +46,22 @@ def file_digest(path: str) -> str:
 
 class HFStreamingSource:
     """Local files streamed with HF ``IterableDataset`` as a Grain ``IterDataset``, resumable.
+
+    Args:
+      data_files: local ``.parquet``, ``.json``/``.jsonl`` or ``.arrow`` files, all of one
+        kind (a path or a list of them), read in that order.
+      shuffle_buffer: ``0`` (default): the files' order; ``B``: each window of ``B`` rows of
+        this host's stream served in a seeded permutation of its own, new every epoch.
+      seed: the shuffle's seed.
+      shard: ``(index, count)``: the part of the files' rows this host streams.
+      include_keys: the columns to keep (default: all).
+      exclude_keys: columns to leave out.
+      tokenize: text columns to serve as ``int32`` token ids (as :class:`HFEagerSource`).
+      tokenizer: for ``tokenize``: ``"bytes"``, ``"cl100k_base"``, a ``tokenizer.json``
+        path or a :class:`~grain_rox.Tokenizer`.
+      append_eos: append EOS to each tokenized text (default True).
+      nulls: ``"error"`` (default) or ``"skip"``: what a missing value (None) in a kept
+        column does (see below).
 
     For data larger than the disk cache. Per-host sharding (``shard=(index, count)``, HF's
     ``split_dataset_by_node``), key filtering, the same numpy records as
@@ -191,238 +204,4 @@ class HFStreamingSource:
     def dataset(self, *, num_epochs: int | None = 1) -> Any:
         """A ``grain.IterDataset`` over the stream (``num_epochs=None``: endless); under
         ``.mp_prefetch(...)`` each Grain worker serves its own rows (see the class doc)."""
-        return _Stream(self, num_epochs)
-
-
-class _Stream(grain.IterDataset):
-    """The stream as a Grain ``IterDataset``; Grain's worker slicing hook (``set_slice``, the
-    ``SupportsInPlaceSlicing`` protocol ``mp_prefetch`` uses) picks the rows one worker serves:
-    rows ``start, start + step, ...`` of this host's output stream."""
-
-    def __init__(self, source: HFStreamingSource, num_epochs: int | None) -> None:
-        super().__init__()
-        self.source = source
-        self.num_epochs = num_epochs
-        self.worker_slice = (0, 1)  # (start, step) over the output positions
-
-    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
-        """Serve only the output positions ``sl`` selects (Grain calls this in each worker
-        with ``slice(i, None, num_workers)``); slices of slices compose."""
-        if sequential_slice:
-            raise ValueError(
-                f"{_WHAT} cannot take mp_prefetch(sequential_slice=True): a worker's contiguous "
-                "part needs the stream's length, which a stream only knows once read; use "
-                "mp_prefetch(sequential_slice=False) (the default: worker i serves rows i, "
-                "i + num_workers, ..., in the same order as one process)"
-            )
-        first = 0 if sl.start is None else sl.start
-        every = 1 if sl.step is None else sl.step
-        if sl.stop is not None or first < 0 or every < 1:
-            raise ValueError(
-                f"{_WHAT} streams can be sliced as slice(start, None, step) with start >= 0 and "
-                f"step >= 1 (Grain's worker slices), not {sl!r}"
-            )
-        start, step = self.worker_slice
-        self.worker_slice = (start + first * step, step * every)
-
-    def __iter__(self) -> Any:
-        return _StreamIterator(self.source, self.num_epochs, self.worker_slice)
-
-    def __str__(self) -> str:
-        files, (start, step) = len(self.source.files), self.worker_slice
-        return f"HFStreamingSource({files} files, shard={self.source.shard}, rows {start}::{step})"
-
-
-class _StreamIterator(grain.DatasetIterator):
-    """Grain iterator over an HF stream, shuffled in windows of ``shuffle_buffer`` rows.
-
-    The stream is read in order (HF's ``state_dict`` is then exact) in windows; each window's
-    rows are served in a permutation seeded by (seed, epoch, window), so output position ``g``
-    of the stream is a pure function of the data and config. A worker serving the positions of
-    its slice reads every row but converts (tokenizes) only its own. The state is the HF
-    position at the window's start and the number of its outputs passed: a restore re-reads
-    at most one window, and the state's shape never changes.
-    """
-
-    def __init__(
-        self, source: HFStreamingSource, num_epochs: int | None, worker_slice: tuple[int, int]
-    ) -> None:
-        super().__init__()
-        self._source = source
-        self._num_epochs = num_epochs
-        self._start, self._step = worker_slice
-        self._identity = {**source.identity(), "worker_slice": [self._start, self._step]}
-        self._size = max(1, source.shuffle_buffer)
-        self._epoch = 0
-        self._kept_at = 0  # output positions (kept rows, all epochs) before the window
-        self._start_epoch()
-
-    def _start_epoch(self) -> None:
-        self._ds = self._source.build()
-        self._it: Any = None
-        self._pulled = 0  # rows read from the files this epoch (named by null errors)
-        self._skipped = 0  # of which left out for a missing value (nulls="skip")
-        self._begin_window(0)
-
-    def _begin_window(self, index: int) -> None:
-        self._window_index = index
-        self._window: list[tuple[int, dict[str, Any]]] | None = None  # read on demand
-        self._order: Any = None
-        self._offset = 0  # outputs of this window passed (served, or another worker's)
-        self._rows_at, self._skipped_at = self._pulled, self._skipped
-        self._window_hf = self._ds.state_dict()
-
-    def _mine(self, position: int) -> bool:
-        return position >= self._start and (position - self._start) % self._step == 0
-
-    def _next_row(self) -> dict[str, Any]:
-        try:
-            return next(self._it)
-        except StopIteration:
-            raise
-        except read_errors() as e:
-            raise unreadable(self._source.files, self._source.kind, e) from None
-
-    def _read_window(self) -> None:
-        if self._it is None:
-            self._it = iter(self._ds)
-        skip = self._source.nulls == "skip"  # a left-out row moves every later row's position
-        rows: list[tuple[int, dict[str, Any]]] = []
-        while len(rows) < self._size:
-            try:
-                row = self._next_row()
-            except StopIteration:
-                break
-            index = self._pulled
-            self._pulled += 1
-            if skip and self._source.has_null(row, index, self._epoch):
-                self._skipped += 1
-                continue
-            rows.append((index, row))
-        self._window = rows
-        if len(rows) > 1:
-            seed = [self._source.seed, self._epoch, self._window_index]
-            self._order = np.random.default_rng(seed).permutation(len(rows))
-        else:
-            self._order = range(len(rows))
-        if self._offset > len(rows):
-            raise ValueError(
-                _edited(f"'offset' is {self._offset}, past its window's {len(rows)} rows")
-            )
-
-    def _pass_others(self) -> None:
-        """Step over the window's outputs that other workers serve; at its end, start the next
-        window (so a state taken here restores without re-reading this one)."""
-        assert self._window is not None
-        while self._offset < len(self._window) and not self._mine(self._kept_at + self._offset):
-            self._offset += 1
-        if self._offset == len(self._window) and self._window:
-            self._kept_at += len(self._window)
-            self._begin_window(self._window_index + 1)
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        while True:
-            if self._num_epochs is not None and self._epoch >= self._num_epochs:
-                raise StopIteration
-            if self._window is None:
-                self._read_window()
-                self._pass_others()
-            if self._window:
-                index, row = self._window[self._order[self._offset]]
-                self._offset += 1
-                self._pass_others()
-                if self._source.nulls == "error":  # "skip" left such rows out when read
-                    self._source.has_null(row, index, self._epoch)  # raises on a None
-                return self._source.record(row)
-            if self._window is not None:  # an empty window: the epoch is over
-                self._end_epoch()
-
-    def _end_epoch(self) -> None:
-        if self._pulled == self._skipped:
-            left_out = f" (all {self._pulled} left out: nulls='skip')" if self._skipped else ""
-            raise ValueError(
-                f"{self._source.files} give this host no rows{left_out} "
-                f"(shard={self._source.shard}): an epoch would be empty; use fewer hosts than "
-                "files' rows, or more data"
-            )
-        if self._skipped and self._start == 0:  # every worker counts them: one logs
-            logger.warning(
-                "HFStreamingSource(nulls='skip') left out %d of %d rows of epoch %d "
-                "(shard=%s): they have a missing value (None)",
-                self._skipped,
-                self._pulled,
-                self._epoch,
-                self._source.shard,
-            )
-        self._epoch += 1
-        self._start_epoch()
-
-    def get_state(self) -> dict[str, Any]:
-        return {
-            "identity": self._identity,
-            "state": {
-                "epoch": self._epoch,
-                "window": self._window_index,
-                "offset": self._offset,
-                "hf": json.dumps(self._window_hf),  # a string: HF's dict changes shape
-                "rows": self._rows_at,
-                "skipped": self._skipped_at,
-                "kept": self._kept_at,
-            },
-        }
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        saved, inner = split_state(state, what=_WHAT)
-        check_identity(saved, self._identity, what=_WHAT)
-        _check_inner(inner)
-        if inner["offset"] >= self._size or inner["skipped"] > inner["rows"]:
-            raise ValueError(
-                _edited(
-                    f"'offset' {inner['offset']} must be below the window size {self._size} "
-                    f"and 'skipped' {inner['skipped']} at most 'rows' {inner['rows']}"
-                )
-            )
-        self._epoch = inner["epoch"]
-        self._start_epoch()
-        try:
-            hf = json.loads(inner["hf"])
-            self._ds.load_state_dict(hf)
-        except (TypeError, ValueError, KeyError, AttributeError) as e:
-            raise ValueError(_edited(f"its hf position does not load ({e!r})")) from None
-        self._pulled, self._skipped = inner["rows"], inner["skipped"]
-        self._kept_at = inner["kept"]
-        self._begin_window(inner["window"])
-        self._window_hf = hf
-        self._offset = inner["offset"]
-
-
-def _edited(problem: str) -> str:
-    return (
-        f"not a {_WHAT} state: {problem}; pass the state get_state() returned, unchanged "
-        "(a JSON round trip is fine)"
-    )
-
-
-_STATE_TYPES: dict[str, tuple[type, ...]] = {
-    "epoch": (int,),
-    "window": (int,),
-    "offset": (int,),
-    "hf": (str,),
-    "rows": (int,),
-    "skipped": (int,),
-    "kept": (int,),
-}
-
-
-def _check_inner(inner: Any) -> None:
-    """Type-check a (possibly hand-edited) inner state: keys, types, non-negative counts."""
-    if not isinstance(inner, Mapping) or set(inner) != set(_STATE_TYPES):
-        shown = sorted(inner) if isinstance(inner, Mapping) else type(inner).__name__
-        raise ValueError(_edited(f"its 'state' has keys {shown}, expected {sorted(_STATE_TYPES)}"))
-    for key, types in _STATE_TYPES.items():
-        value = inner[key]
-        wrong_bool = isinstance(value, bool) and bool not in types
-        negative = isinstance(value, int) and value < 0
-        if wrong_bool or negative or not isinstance(value, types):
-            expected = "an int >= 0" if types == (int,) else types[0].__name__
-            raise ValueError(_edited(f"{key!r} is {value!r}, expected {expected}"))
+        return StreamDataset(self, num_epochs)

@@ -65,20 +65,14 @@ def split_state(state: Any, *, what: str) -> tuple[Mapping[str, Any], Any]:
 
 
 class _IdentifiedIterator(grain.DatasetIterator):
-    """Grain's iterator of the wrapped dataset, with the identity in its state; over a
-    ``MapDataset`` of ``length`` elements, the position is type-checked too."""
+    """Grain's iterator of the wrapped dataset, with ``owner``'s identity in its state; over a
+    ``MapDataset`` of ``owner.length`` elements, the position is type-checked too."""
 
-    def __init__(
-        self,
-        parent: grain.DatasetIterator,
-        identity: dict[str, Any],
-        what: str,
-        length: int | None = None,
-    ):
+    def __init__(self, parent: grain.DatasetIterator, owner: IdentifiedIterDataset):
         super().__init__(parent)
-        self._identity = identity
-        self._what = what
-        self._length = length
+        self._identity = owner.identity
+        self._what = owner.what
+        self._length = owner.length
 
     def __next__(self) -> Any:
         return next(self._parent)
@@ -131,7 +125,7 @@ class IdentifiedIterDataset(grain.IterDataset):
         self.length = length
 
     def __iter__(self) -> grain.DatasetIterator:
-        return _IdentifiedIterator(self._parent.__iter__(), self.identity, self.what, self.length)
+        return _IdentifiedIterator(self._parent.__iter__(), self)
 
     def __str__(self) -> str:
         return f"IdentifiedIterDataset({self.what})"

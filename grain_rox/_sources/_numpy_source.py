@@ -19,17 +19,12 @@ from typing import IO, Any
 
 import numpy as np
 
-from grain_rox._format._digest import (
-    check_unchanged,
-    content_digest,
-    facts_digest,
-    file_changed,
-    reopen,
-    stat_key,
-)
+from grain_rox._format._digest import facts_digest
 from grain_rox._order._permutation import record_index
 from grain_rox._sources._batches import BatchesMixin
 from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._process_local import ProcessLocal, process_local
+from grain_rox._sources._watched_files import WatchedFiles
 
 ArraySpec = str | os.PathLike[str] | np.ndarray
 
@@ -104,11 +99,13 @@ def _read_only(rows: Any) -> np.ndarray:
     return view
 
 
-class NumpySource(BatchesMixin):
+class NumpySource(ProcessLocal, BatchesMixin):
     """Rows of ``.npy`` files (or arrays) as a Grain ``RandomAccessDataSource``.
 
-    ``arrays`` is one path/array (records are arrays) or a mapping of names to paths/arrays
-    (records are dicts), all with the same number of rows.
+    Args:
+      arrays: one path or array (records are arrays) or a mapping of names to paths or
+        arrays (records are dicts), all with the same number of rows. A whole ``.npy`` file
+        opened with ``np.load(mmap_mode=...)`` is served by its path.
 
     The repr's fingerprint (which Grain's ``DataLoader`` and ``.batches()`` states compare on
     restore) is a digest of the content, shapes and dtypes: whole files up to 256 MiB in all,
@@ -128,8 +125,15 @@ class NumpySource(BatchesMixin):
     (6, [4, 5], [1, 0])
     """
 
+    # memory maps of the files (opened lazily in each process), and when each was last checked
+    PROCESS_LOCAL = process_local(_lock=threading.Lock, _maps=dict, _checked=dict)
+    _lock: threading.Lock
+    _maps: dict[str, np.ndarray]
+    _checked: dict[str, float]
+
     def __init__(self, arrays: ArraySpec | Mapping[str, ArraySpec]) -> None:
         make_grain_workers_usable()  # a user's own mp_prefetch / DataLoader workers start
+        self.start_process_local()
         self._single = not isinstance(arrays, Mapping)
         specs: dict[str, ArraySpec] = dict(arrays) if isinstance(arrays, Mapping) else {"": arrays}
         if not specs:
@@ -140,18 +144,18 @@ class NumpySource(BatchesMixin):
         if missing:
             raise FileNotFoundError(f"these .npy files do not exist: {missing}")
         self.paths = paths
+        self._watched = WatchedFiles(paths, what="NumpySource")  # each file's stat and digest
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, str] = {}
-        self._arrays: dict[str, np.ndarray] = {}
-        self._digests: dict[str, str] = {}  # each array's content digest
-        self._opened: dict[str, tuple[int, int, int, int]] = {}  # each file's stat when opened
+        self._arrays: dict[str, np.ndarray] = {}  # the arrays given in memory (pickled)
+        self._digests: dict[str, str] = dict(self._watched.digests)  # each array's content digest
         for key, spec in specs.items():
             if isinstance(spec, np.ndarray):
                 shape, dtype = spec.shape, spec.dtype
                 self._arrays[key] = spec
                 self._digests[key] = hashlib.sha1(np.ascontiguousarray(spec).data).hexdigest()
             else:
-                shape, dtype = self._open_file(key)
+                shape, dtype = _npy_header(paths[key])
             if len(shape) == 0:
                 raise ValueError(f"{self._name(key)} is a 0-d array: it has no rows to serve")
             self.shapes[key], self.dtypes[key] = tuple(shape), str(dtype)
@@ -162,20 +166,9 @@ class NumpySource(BatchesMixin):
         if self._num_rows == 0:
             raise ValueError(f"{lengths}: no rows: a Grain source needs at least one")
         self._identity = self._fingerprint()
-        self._lock = threading.Lock()
-        self._checked: dict[str, float] = {}  # when each mapped file was last checked
 
     def _name(self, key: str) -> str:
         return self.paths.get(key) or (f"array {key!r}" if key else "the array")
-
-    def _open_file(self, key: str) -> tuple[tuple[int, ...], np.dtype]:
-        """Read file ``key``'s header and content digest, and record its stat."""
-        path = self.paths[key]
-        with open(path, "rb") as f:
-            header = _read_header(f, path)
-            self._opened[key] = stat_key(os.fstat(f.fileno()))
-            self._digests[key] = content_digest(f, path, share=len(self.paths))
-        return header.shape, header.dtype
 
     def _fingerprint(self) -> str:
         """The content identity: each array's digest, shape and dtype (not file names, sizes
@@ -191,52 +184,27 @@ class NumpySource(BatchesMixin):
         seconds passed since its last check: a file rewritten in place shows its new bytes
         through the existing map, and those are refused too."""
         array = self._arrays.get(key)
+        if array is not None:
+            return array
+        array = self._maps.get(key)
         if array is None:
             with self._lock:
-                array = self._arrays.get(key)
+                array = self._maps.get(key)
                 if array is None:
-                    array = self._arrays[key] = self._map_file(key)
+                    array = self._maps[key] = self._map_file(key)
                     self._checked[key] = time.monotonic()
-        elif key in self.paths:
+        else:
             now = time.monotonic()
             if now - self._checked.get(key, 0.0) >= recheck_after:
-                self._recheck(key)
+                self._watched.recheck(key)
                 self._checked[key] = now
         return array
-
-    def _recheck(self, key: str) -> None:
-        path = self.paths[key]
-        try:
-            changed = file_changed(stat_key(os.stat(path)), self._opened[key])
-        except OSError:
-            changed = True  # gone or replaced: the open map still holds the opened file
-        if changed:
-            try:
-                f = open(path, "rb")
-            except OSError:
-                return  # removed or renamed away: the map serves the bytes it opened
-            with f:
-                self._check_open_file(key, f)
-
-    def _check_open_file(self, key: str, f: Any) -> None:
-        """Refuse the opened file ``key`` if its content is not the one this source was made
-        on; remember its new stat when only its mtime moved (a copy, a touch)."""
-        self._opened[key] = check_unchanged(
-            f,
-            self.paths[key],
-            self._opened[key],
-            self._digests[key],
-            what="this NumpySource",
-            share=len(self.paths),
-        )
 
     def _map_file(self, key: str) -> np.ndarray:
         """Memory-map file ``key`` (lazily, in every process), refusing a file whose content
         changed since this source was made: its rows are not the ones it promised."""
         path = self.paths[key]
-        with reopen(path, "NumpySource") as f:
-            self._check_open_file(key, f)
-            f.seek(0)
+        with self._watched.reopen(key) as f:
             header = _read_header(f, path)
             mapped = np.memmap(
                 f,
@@ -247,17 +215,6 @@ class NumpySource(BatchesMixin):
                 order="F" if header.fortran else "C",
             )
         return mapped.view(np.ndarray)  # same pages; skips np.memmap's overhead
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_arrays"] = {k: v for k, v in self._arrays.items() if k not in self.paths}
-        del state["_lock"]  # memory maps are reopened in each process
-        state["_checked"] = {}
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self._num_rows
