@@ -23,8 +23,8 @@ _LAZY: dict[str, str] = {
     "WriteResult": "grain_rox._text._rox_writer",
     "ByteTokenizer": "grain_rox._text._tokenizers",
     "get_tokenizer": "grain_rox._text._tokenizers",
-    "HFTokenizer": "grain_rox._text._tokenizers",
-    "TiktokenTokenizer": "grain_rox._text._tokenizers",
+    "HFTokenizer": "grain_rox._text._hf_tokenizer",
+    "TiktokenTokenizer": "grain_rox._text._tiktoken",
     "Tokenizer": "grain_rox._text._tokenizers",
     "Phase": "grain_rox._order._curriculum",
     "ArrayRecordSource": "grain_rox._sources._array_record",
@@ -33,15 +33,15 @@ _LAZY: dict[str, str] = {
     "HFEagerSource": "grain_rox._sources._hf_source",
     "HFStreamingSource": "grain_rox._sources._hf_stream",
     "NumpySource": "grain_rox._sources._numpy_source",
+    "RoxDocumentSource": "grain_rox._sources._rox_documents",
     "RoxBlockSource": "grain_rox._sources._rox_source",
     "RoxTokenSource": "grain_rox._sources._rox_source",
+    "unpack_windows": "grain_rox._sources._segments",
+    "GlobalBatchSource": "grain_rox._pipeline._batch_source",
     "mix_datasets": "grain_rox._pipeline._mixing",
     "pack_documents": "grain_rox._pipeline._packing",
     "padding_efficiency": "grain_rox._pipeline._packing",
-    "RoxDocumentSource": "grain_rox._pipeline._packing",
-    "GlobalBatchSource": "grain_rox._pipeline._pipeline",
     "TokenPipeline": "grain_rox._pipeline._pipeline",
-    "unpack_windows": "grain_rox._pipeline._pipeline",
     "RoxCheckpointHandler": "grain_rox._devices._checkpoint",
     "RoxCheckpointRestore": "grain_rox._devices._checkpoint",
     "RoxCheckpointSave": "grain_rox._devices._checkpoint",
@@ -63,13 +63,11 @@ if TYPE_CHECKING:  # the same names for type checkers; tests/test_public_api.py 
     from grain_rox._format._rox_corpus import open_rox as open_rox
     from grain_rox._format._rox_format import RoxFormatError as RoxFormatError
     from grain_rox._order._curriculum import Phase as Phase
+    from grain_rox._pipeline._batch_source import GlobalBatchSource as GlobalBatchSource
     from grain_rox._pipeline._mixing import mix_datasets as mix_datasets
-    from grain_rox._pipeline._packing import RoxDocumentSource as RoxDocumentSource
     from grain_rox._pipeline._packing import pack_documents as pack_documents
     from grain_rox._pipeline._packing import padding_efficiency as padding_efficiency
-    from grain_rox._pipeline._pipeline import GlobalBatchSource as GlobalBatchSource
     from grain_rox._pipeline._pipeline import TokenPipeline as TokenPipeline
-    from grain_rox._pipeline._pipeline import unpack_windows as unpack_windows
     from grain_rox._roxxel._roxxel_stream import roxxel_stream as roxxel_stream
     from grain_rox._sources._array_record import ArrayRecordSource as ArrayRecordSource
     from grain_rox._sources._array_record_export import export_array_record as export_array_record
@@ -77,13 +75,15 @@ if TYPE_CHECKING:  # the same names for type checkers; tests/test_public_api.py 
     from grain_rox._sources._hf_source import HFEagerSource as HFEagerSource
     from grain_rox._sources._hf_stream import HFStreamingSource as HFStreamingSource
     from grain_rox._sources._numpy_source import NumpySource as NumpySource
+    from grain_rox._sources._rox_documents import RoxDocumentSource as RoxDocumentSource
     from grain_rox._sources._rox_source import RoxBlockSource as RoxBlockSource
     from grain_rox._sources._rox_source import RoxTokenSource as RoxTokenSource
+    from grain_rox._sources._segments import unpack_windows as unpack_windows
+    from grain_rox._text._hf_tokenizer import HFTokenizer as HFTokenizer
     from grain_rox._text._rox_writer import WriteResult as WriteResult
     from grain_rox._text._rox_writer import write_rox as write_rox
+    from grain_rox._text._tiktoken import TiktokenTokenizer as TiktokenTokenizer
     from grain_rox._text._tokenizers import ByteTokenizer as ByteTokenizer
-    from grain_rox._text._tokenizers import HFTokenizer as HFTokenizer
-    from grain_rox._text._tokenizers import TiktokenTokenizer as TiktokenTokenizer
     from grain_rox._text._tokenizers import Tokenizer as Tokenizer
     from grain_rox._text._tokenizers import get_tokenizer as get_tokenizer
 

@@ -166,6 +166,17 @@ def mix_datasets(
     replayed or skipped at a phase change. Any element is still found in O(#sources), so a
     Grain iterator over the mixture restores at once.
 
+    Args:
+        datasets: ``{name: grain.MapDataset}``, the sources (a data source goes in as
+            ``grain.MapDataset.source(source)``).
+        weights: ``{name: weight}``, the proportions (a missing name has weight 0; may be
+            left out for a single dataset).
+        phases: ``[(num_samples, weights), ..., (None, weights)]``, a curriculum, instead of
+            ``weights``.
+        seed: Seeds each source's per-epoch shuffle.
+        length: Elements of the mixture (default: see above; with ``phases`` ending in a
+            fixed count, their sum).
+
     >>> import grain
     >>> ds = mix_datasets({"a": grain.MapDataset.range(100), "b": grain.MapDataset.range(1000, 1010)},
     ...                   {"a": 0.75, "b": 0.25}, seed=0, length=8)

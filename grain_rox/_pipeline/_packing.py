@@ -2,18 +2,13 @@
 
 Concat-then-split windows (:class:`~grain_rox.TokenPipeline`) use 100% of tokens but cut
 documents at window edges; packing keeps every document (or piece of one) whole inside a row
-and pads the rest. Here:
-
-* :class:`RoxDocumentSource` turns a `.rox` corpus into documents: the tokens up to and
-  including each EOS (found with one vectorised scan per shard, cached; O(#documents) index
-  memory). A document longer than ``seq_len + 1`` tokens is split into pieces of
-  ``seq_len + 1`` that overlap by one token (every next-token pair kept), truncated (the
-  dropped tokens are counted and logged) or refused (``long_documents=``).
-* :func:`pack_documents` shuffles the documents per epoch (Grain's Feistel ``shuffle``),
-  packs them with ``grain.experimental.BestFitPackIterDataset`` (or first-fit), renames the
-  features to MaxText's names and batches. The result is a Grain ``IterDataset`` whose
-  iterator state checkpoints and restores exactly, and whose stream under ``mp_prefetch`` is
-  the in-process one whatever the worker count (each worker keeps every n-th packed batch).
+and pads the rest. :class:`~grain_rox.RoxDocumentSource` (``grain_rox._sources._rox_documents``)
+turns a `.rox` corpus into documents; :func:`pack_documents` shuffles the documents per epoch
+(Grain's Feistel ``shuffle``), packs them with ``grain.experimental.BestFitPackIterDataset``
+(or first-fit), renames the features to MaxText's names and batches. The result is a Grain
+``IterDataset`` whose iterator state checkpoints and restores exactly, and whose stream under
+``mp_prefetch`` is the in-process one whatever the worker count (each worker keeps every n-th
+packed batch: ``_worker_share``).
 
 Any Grain source of ``{"inputs", "targets"}`` token records (for example HF records) packs the
 same way through :func:`pack_documents`, with the same ``long_documents=`` choice: nothing is
@@ -32,183 +27,19 @@ from typing import Any, Literal
 import grain
 import numpy as np
 
-from grain_rox._format._paths import PathSpec
-from grain_rox._format._rox_corpus import RoxCorpus, open_rox
-from grain_rox._order._permutation import int_arg, record_index, seed_arg
+from grain_rox._order._permutation import int_arg, seed_arg
 from grain_rox._pipeline._mixing import describe_dataset
+from grain_rox._pipeline._worker_share import WorkerShare
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._identity import with_identity
+from grain_rox._sources._rox_documents import LongDocuments, check_long_documents, too_long
+from grain_rox._sources._segments import INPUTS, INPUTS_SEGMENTATION, TARGETS
 
 logger = logging.getLogger("grain_rox")
 
+# Grain's packers name the packing features <feature>_segment_ids and <feature>_positions;
+# MaxText's names end in _segmentation and _position.
 _RENAME = {"_segment_ids": "_segmentation", "_positions": "_position"}
-LONG_DOCUMENTS = ("split", "truncate", "error")
-LongDocuments = Literal["split", "truncate", "error"]
-
-
-def _check_long_documents(value: Any, where: str) -> None:
-    if value not in LONG_DOCUMENTS:
-        raise ValueError(
-            f"{where}: long_documents={value!r} is not one of 'split' (default: a long "
-            "document becomes several pieces), 'truncate' (keep its first seq_len tokens) or "
-            "'error'"
-        )
-
-
-def _too_long(where: str, index: int, tokens: int, seq_len: int) -> ValueError:
-    return ValueError(
-        f"{where}: document {index} has {tokens} tokens, more than the {seq_len + 1} a row of "
-        f"seq_len={seq_len} holds, and long_documents='error'; pass long_documents='split' "
-        "(every token kept, in pieces) or long_documents='truncate' (the tail dropped and "
-        "counted), or a larger seq_len"
-    )
-
-
-class RoxDocumentSource:
-    """Record ``i`` = document piece ``i``: ``inputs`` = tokens[:-1], ``targets`` = tokens[1:].
-
-    A document (its tokens and its EOS) longer than ``seq_len + 1`` tokens is, by
-    ``long_documents``: ``"split"`` into pieces of ``seq_len + 1`` tokens overlapping by one
-    (every next-token pair served once), ``"truncate"``: cut to its first ``seq_len + 1`` tokens
-    (``tokens_dropped`` counts the rest, and a warning is logged to ``"grain_rox"``), or an
-    ``"error"`` naming the document.
-
-    >>> import tempfile, os, numpy as np
-    >>> from grain_rox import write_rox
-    >>> path = os.path.join(tempfile.mkdtemp(), "d.rox")
-    >>> _ = write_rox([np.array([5, 6, 7], np.uint16), np.array([8], np.uint16)], path,
-    ...               separator=0, block_size=16)
-    >>> docs = RoxDocumentSource(path, seq_len=8)
-    >>> len(docs), docs[0]["inputs"].tolist(), docs[0]["targets"].tolist()
-    (2, [5, 6, 7], [6, 7, 0])
-    >>> short = RoxDocumentSource(path, seq_len=2, long_documents="truncate")
-    >>> short[0]["inputs"].tolist(), short.tokens_dropped
-    ([5, 6], 1)
-    """
-
-    def __init__(
-        self,
-        paths: PathSpec | RoxCorpus,
-        *,
-        seq_len: int,
-        eos_id: int | None = None,
-        long_documents: LongDocuments = "split",
-        dtype: Any = np.int32,
-    ) -> None:
-        make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
-        seq_len = int_arg(seq_len, "seq_len", where="RoxDocumentSource")
-        _check_long_documents(long_documents, "RoxDocumentSource")
-        if eos_id is not None:
-            eos_id = int_arg(eos_id, "eos_id", where="RoxDocumentSource", minimum=0)
-        self.corpus = open_rox(paths)
-        eos = eos_id if eos_id is not None else self.corpus.eos_id
-        if eos is None:
-            raise ValueError(
-                f"{self.corpus.paths[0]}: no EOS id to split documents at (the shards have no "
-                "manifest); pass eos_id="
-            )
-        self.eos_id = int(eos)
-        self.seq_len = int(seq_len)
-        self.long_documents = long_documents
-        self.dtype = np.dtype(dtype)
-        self._lock = threading.Lock()
-        self._index: tuple[np.ndarray, np.ndarray] | None = None
-        self._dropped: tuple[int, int] | None = None
-
-    @property
-    def tokens_dropped(self) -> int:
-        """Tokens that ``long_documents="truncate"`` leaves out (0 otherwise)."""
-        self._pieces()
-        assert self._dropped is not None
-        return self._dropped[1]
-
-    @property
-    def documents_truncated(self) -> int:
-        """Documents that ``long_documents="truncate"`` cut (0 otherwise)."""
-        self._pieces()
-        assert self._dropped is not None
-        return self._dropped[0]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_index"] = None
-        state["_dropped"] = None
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    def _pieces(self) -> tuple[np.ndarray, np.ndarray]:
-        """(start, length) of every piece, in corpus order; built once per process."""
-        if self._index is None:
-            with self._lock:
-                if self._index is None:
-                    self._index = self._build_index()
-        return self._index
-
-    def _build_index(self) -> tuple[np.ndarray, np.ndarray]:
-        ends = [
-            np.flatnonzero(self.corpus.shard_tokens(s) == self.eos_id) + sh.first_token
-            for s, sh in enumerate(self.corpus.shards)
-        ]
-        eos = np.concatenate(ends) if ends else np.empty(0, np.int64)
-        starts = np.concatenate([[0], eos[:-1] + 1]).astype(np.int64)
-        lengths = eos - starts + 1  # the document and its EOS
-        keep = lengths > 1  # a lone EOS (padding runs) is no document
-        starts, lengths = starts[keep], lengths[keep]
-        window = self.seq_len + 1
-        long = np.flatnonzero(lengths > window)
-        self._dropped = (0, 0)
-        if long.size and self.long_documents == "error":
-            i = int(long[0])
-            where = f"RoxDocumentSource({self.corpus.paths[0]}, ...)"
-            raise _too_long(where, i, int(lengths[i]), self.seq_len)
-        if self.long_documents == "truncate":
-            dropped = int((lengths[long] - window).sum())
-            self._dropped = (int(long.size), dropped)
-            if long.size:
-                logger.warning(
-                    "RoxDocumentSource(%s, seq_len=%d, long_documents='truncate'): %d of %d "
-                    "documents are longer than %d tokens; %d tokens are dropped",
-                    self.corpus.paths[0],
-                    self.seq_len,
-                    long.size,
-                    lengths.size,
-                    window,
-                    dropped,
-                )
-            return starts, np.minimum(lengths, window)
-        # Split: pieces of `window` tokens overlapping by one, so no next-token pair is lost.
-        counts = np.maximum(1, -(-(lengths - 1) // self.seq_len))
-        doc = np.repeat(np.arange(starts.size), counts)
-        k = np.arange(doc.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        piece_start = starts[doc] + k * self.seq_len
-        piece_len = np.minimum(window, starts[doc] + lengths[doc] - piece_start)
-        return piece_start, piece_len
-
-    def __len__(self) -> int:
-        return int(self._pieces()[0].size)
-
-    def __repr__(self) -> str:
-        return (
-            f"RoxDocumentSource(data={self.corpus.fingerprint}, seq_len={self.seq_len}, "
-            f"eos_id={self.eos_id}, long_documents={self.long_documents})"
-        )
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        starts, lengths = self._pieces()
-        index = record_index(index, int(starts.size), "document piece")
-        a = int(starts[index])
-        tokens = self.corpus.tokens(a, a + int(lengths[index])).astype(self.dtype)
-        tokens.flags.writeable = False  # inputs and targets share it: read-only, like batches
-        return {"inputs": tokens[:-1], "targets": tokens[1:]}
-
-    def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        return [self[i] for i in indices]
-
-    __getitems__ = _getitems
 
 
 def _rename(record: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -282,11 +113,11 @@ class _AsDocument(grain.transforms.MapWithIndex):
             tokens = record
         elif self.key is not None and self.key in record:
             tokens = np.asarray(record[self.key])
-        elif "inputs" in record and "targets" in record:
+        elif INPUTS in record and TARGETS in record:
             # one dtype for every document: Grain's packer casts to the first one's dtype
-            rest = {k: v for k, v in record.items() if k not in ("inputs", "targets")}
-            inputs = np.asarray(record["inputs"], np.int32)
-            targets = np.asarray(record["targets"], np.int32)
+            rest = {k: v for k, v in record.items() if k not in (INPUTS, TARGETS)}
+            inputs = np.asarray(record[INPUTS], np.int32)
+            targets = np.asarray(record[TARGETS], np.int32)
             return rest, inputs, targets, False
         else:
             raise KeyError(
@@ -305,10 +136,10 @@ class _AsDocument(grain.transforms.MapWithIndex):
         rest, inputs, targets, bare = self._pairs(record)
         n, length = inputs.shape[0], self.seq_len
         if n <= length:
-            return [{**rest, "inputs": inputs, "targets": targets}]
+            return [{**rest, INPUTS: inputs, TARGETS: targets}]
         size = n + 1 if bare else n  # a token document's own length
         if self.long_documents == "error":
-            raise _too_long("pack_documents", index, size, length)
+            raise too_long("pack_documents", index, size, length)
         if self.long_documents == "truncate":
             self.stats._add(truncated=1, dropped=n - length)
             if not self._warned:
@@ -322,9 +153,9 @@ class _AsDocument(grain.transforms.MapWithIndex):
                     size,
                     n - length,
                 )
-            return [{**rest, "inputs": inputs[:length], "targets": targets[:length]}]
+            return [{**rest, INPUTS: inputs[:length], TARGETS: targets[:length]}]
         pieces = [
-            {**rest, "inputs": inputs[i : i + length], "targets": targets[i : i + length]}
+            {**rest, INPUTS: inputs[i : i + length], TARGETS: targets[i : i + length]}
             for i in range(0, n, length)
         ]
         self.stats._add(split=1, pieces=len(pieces))
@@ -338,73 +169,6 @@ class _Unlist(grain.experimental.FlatMapTransform):
 
     def flat_map(self, element: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return element
-
-
-class _WorkerShare(grain.IterDataset):
-    """Batches ``start, start + step, ...`` of the packed stream (all of them in-process).
-
-    Grain's ``mp_prefetch`` gives worker ``i`` of ``n`` the slice ``i::n`` of the dataset's
-    source, and packing worker ``i``'s documents alone gives other batches than packing all
-    of them (the stream would depend on the worker count). Here the slice stops at the packed
-    batches: each worker packs the whole stream and keeps batches ``i, i + n, ...``, which
-    Grain interleaves back in order, so the stream equals the in-process one for any number of
-    workers. Packing then runs beside the training loop but is not split between workers."""
-
-    def __init__(self, parent: grain.IterDataset) -> None:
-        super().__init__(parent)
-        self._start, self._step = 0, 1
-
-    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
-        """Grain's in-worker slicing hook (``SupportsInPlaceSlicing``)."""
-        start, step = sl.start or 0, sl.step or 1
-        if sequential_slice or sl.stop is not None or start < 0 or step < 1:
-            raise ValueError(
-                f"pack_documents: cannot take the slice {sl} (sequential_slice="
-                f"{sequential_slice}) of a packed stream, whose length is not known before "
-                "packing; use mp_prefetch(...) without sequential_slice (each worker then keeps "
-                "every n-th packed batch), or pack_documents(..., shard=(index, count))"
-            )
-        self._start, self._step = self._start + start * self._step, self._step * step
-
-    def __iter__(self) -> grain.DatasetIterator:
-        return _WorkerShareIterator(self._parent.__iter__(), self._start, self._step)
-
-    def __str__(self) -> str:
-        return f"WorkerShare(start={self._start}, step={self._step})"
-
-
-class _WorkerShareIterator(grain.DatasetIterator):
-    def __init__(self, parent: grain.DatasetIterator, start: int, step: int) -> None:
-        super().__init__(parent)
-        self._skip = start  # packed batches to pass over before the next one served
-        self._step = step
-
-    def __next__(self) -> Any:
-        while self._skip:
-            next(self._parent)
-            self._skip -= 1
-        value = next(self._parent)
-        self._skip = self._step - 1
-        return value
-
-    def get_state(self) -> dict[str, Any]:
-        return {"parent": self._parent.get_state(), "skip": self._skip}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        ok = isinstance(state, dict) and set(state) == {"parent", "skip"}
-        skip = state["skip"] if ok else None
-        if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
-            raise ValueError(
-                f"not a pack_documents state: {str(state)[:200]}; pass the state get_state() "
-                "returned, unchanged"
-            )
-        self._parent.set_state(state["parent"])
-        self._skip = skip
-
-    def close(self) -> None:
-        closer = getattr(self._parent, "close", None)
-        if callable(closer):
-            closer()
 
 
 def pack_documents(
@@ -448,8 +212,24 @@ def pack_documents(
     between workers (to split the reading, give each process its ``shard=``). An endless
     source (``len == sys.maxsize``) is packed once through (``num_epochs`` must be None).
 
+    Args:
+        source: A Grain source or ``MapDataset`` of documents or ``{"inputs", "targets"}``
+            records (see above).
+        seq_len: The row length: next-token pairs per row.
+        batch_size: Rows per batch.
+        seed: Seeds the per-epoch shuffle and the packer (32 bits).
+        num_epochs: Passes over ``source`` (None: endless; required for an endless source).
+        method: ``"best_fit"`` (default) or ``"first_fit"``, Grain's two packers.
+        num_packing_bins: Rows the packer fills at once (default ``batch_size``); more bins
+            pad less and cost more memory.
+        shard: ``(index, count)``: this process's slice of the documents (default all).
+        shuffle: Shuffle the documents (per epoch) and the packed bins (default True).
+        tokens_key: The record key holding a document's token array (for dict records that
+            are not ``{"inputs", "targets"}``).
+        long_documents: ``"split"`` (default), ``"truncate"`` or ``"error"``, as above.
+
     >>> import tempfile, os, numpy as np
-    >>> from grain_rox import write_rox
+    >>> from grain_rox import RoxDocumentSource, write_rox
     >>> path = os.path.join(tempfile.mkdtemp(), "p.rox")
     >>> docs = [np.arange(1, n, dtype=np.uint16) for n in (4, 6, 3, 8, 5, 2, 7)]
     >>> _ = write_rox(docs, path, separator=0, block_size=64)
@@ -476,7 +256,7 @@ def pack_documents(
         num_packing_bins = int_arg(num_packing_bins, "num_packing_bins", where=where)
     if method not in ("best_fit", "first_fit"):
         raise ValueError(f"{where}: method={method!r}; use 'best_fit' or 'first_fit'")
-    _check_long_documents(long_documents, where)
+    check_long_documents(long_documents, where)
     if not isinstance(shard, (tuple, list)) or len(shard) != 2:
         raise TypeError(f"{where}: shard={shard!r} must be (index, count), e.g. shard=(0, 2)")
     index = int_arg(shard[0], "shard index", where=where, minimum=0)
@@ -519,13 +299,13 @@ def pack_documents(
     )
     packed = packer(
         it_ds,
-        length_struct={"inputs": seq_len, "targets": seq_len},
+        length_struct={INPUTS: seq_len, TARGETS: seq_len},
         num_packing_bins=num_packing_bins or batch_size,
         seed=seed,
         shuffle_bins=shuffle,
     )
     batched = packed.map(_rename).batch(batch_size, drop_remainder=True)
-    result = with_identity(_WorkerShare(batched), identity, what="pack_documents")
+    result = with_identity(WorkerShare(batched), identity, what="pack_documents")
     result.packing_stats = stats
     return result
 
@@ -536,6 +316,6 @@ def padding_efficiency(batches: Sequence[dict[str, np.ndarray]]) -> float:
     >>> padding_efficiency([{"inputs_segmentation": np.array([[1, 1, 2, 0]])}])
     0.75
     """
-    real = sum(int(np.count_nonzero(b["inputs_segmentation"])) for b in batches)
-    total = sum(int(b["inputs_segmentation"].size) for b in batches)
+    real = sum(int(np.count_nonzero(b[INPUTS_SEGMENTATION])) for b in batches)
+    total = sum(int(b[INPUTS_SEGMENTATION].size) for b in batches)
     return real / total if total else 0.0

@@ -17,7 +17,7 @@ from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
-from grain_rox._sources._windows import segment_features
+from grain_rox._sources._segments import maxtext_record, segment_features
 
 
 class RoxTokenSource:
@@ -28,6 +28,15 @@ class RoxTokenSource:
     inside the window. ``inputs`` and ``targets`` are read-only views of one window (like
     :class:`~grain_rox.TokenPipeline` batches): a map that edits them copies first. Thread-safe;
     pickles without open handles; stable repr.
+
+    Args:
+        paths: The `.rox` shards: a file, glob, directory, base path, list of them, or an
+            open :class:`~grain_rox.RoxCorpus`.
+        seq_len: Tokens per record in ``inputs`` (and in ``targets``); a window reads
+            ``seq_len + 1`` tokens, and consecutive records overlap by one.
+        eos_id: The EOS token that ends a document, for the segment features (default: the
+            manifest's; None in both: no features).
+        dtype: The dtype of ``inputs`` and ``targets`` (default ``int32``).
 
     >>> import tempfile, os, numpy as np, grain
     >>> from grain_rox import write_rox
@@ -78,11 +87,10 @@ class RoxTokenSource:
         start = record_index(index, self._len, "window") * self.seq_len
         window = self.corpus.tokens(start, start + self.seq_len + 1).astype(self.dtype)
         window.flags.writeable = False  # inputs and targets share it: read-only, like batches
-        record = {"inputs": window[:-1], "targets": window[1:]}
+        features: dict[str, np.ndarray] = {}
         if self.eos_id is not None:
             features = segment_features(window[None, :], int(self.eos_id), None)
-            record.update({k: v[0] for k, v in features.items()})
-        return record
+        return maxtext_record(window, {k: v[0] for k, v in features.items()})
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         return [self[i] for i in indices]

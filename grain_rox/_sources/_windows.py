@@ -4,12 +4,8 @@ A window is ``seq_len + 1`` tokens of an epoch stream; it can span a chunk bound
 epoch stream joins two unrelated chunks. For each round the reader computes, vectorised, every
 window's *pieces* (shard, start, length) once and caches that plan; a batch is then a handful
 of slice copies straight from the memory maps into one preallocated array, with the cast to
-the output dtype done by the copy.
-
-With an EOS id, windows also carry MaxText-style packing features, computed from the tokens
-themselves (no document index): a new segment starts after every EOS and at every chunk join;
-``*_position`` counts from 0 inside a segment; ``targets_segmentation`` is 0 where the target
-token lies across a chunk join (unrelated text: no loss there).
+the output dtype done by the copy. Each read also says where its windows cross a chunk join,
+for the segment features (``grain_rox._sources._segments``).
 """
 
 from __future__ import annotations
@@ -219,45 +215,3 @@ class WindowReader:
                 self._copy_pieces(plan, slot, out, r, joins)
         assert out is not None
         return out, joins
-
-
-def segment_features(
-    windows: np.ndarray, eos_id: int, joins: np.ndarray | None
-) -> dict[str, np.ndarray]:
-    """MaxText packing features for (n, seq_len + 1) windows (see the module doc), as
-    read-only arrays: ``targets_position`` is ``inputs_position``, and without chunk joins
-    ``targets_segmentation`` is ``inputs_segmentation``.
-
-    >>> w = np.array([[5, 6, 0, 7, 8, 0, 9]])
-    >>> f = segment_features(w, eos_id=0, joins=None)
-    >>> f["inputs_segmentation"].tolist(), f["inputs_position"].tolist()
-    ([[1, 1, 1, 2, 2, 2]], [[0, 1, 2, 0, 1, 2]])
-    """
-    n, width = windows.shape
-    seq_len = width - 1
-    starts = np.empty((n, seq_len), dtype=bool)  # position t starts a new segment
-    starts[:, 0] = True
-    np.equal(windows[:, : seq_len - 1], eos_id, out=starts[:, 1:])
-    if joins is not None:
-        starts[:, 1:] |= joins[:, 1:seq_len]
-    # Segments are sparse: expand them from their start positions (one pass, no scans).
-    first = np.flatnonzero(starts)
-    lengths = np.diff(first, append=n * seq_len)
-    position = np.arange(n * seq_len, dtype=np.int32)
-    position -= np.repeat(first.astype(np.int32), lengths)
-    row_first = np.searchsorted(first, np.arange(n) * seq_len)
-    number = np.arange(1, first.size + 1, dtype=np.int32)
-    number -= np.repeat(row_first.astype(np.int32), np.diff(row_first, append=first.size))
-    segmentation = np.repeat(number, lengths).reshape(n, seq_len)
-    position = position.reshape(n, seq_len)
-    target_segmentation = segmentation
-    if joins is not None and joins[:, 1:].any():
-        target_segmentation = np.where(joins[:, 1:], 0, segmentation).astype(np.int32)
-    for array in (segmentation, position, target_segmentation):
-        array.flags.writeable = False  # shared between features (and records): read-only
-    return {
-        "inputs_segmentation": segmentation,
-        "inputs_position": position,
-        "targets_segmentation": target_segmentation,
-        "targets_position": position,
-    }

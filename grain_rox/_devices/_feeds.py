@@ -1,0 +1,265 @@
+"""The two inputs of :class:`~grain_rox.MultiHostDataLoadIterator`, behind one interface.
+
+* :class:`PipelineFeed`: a :class:`~grain_rox.TokenPipeline`. Each process reads only its
+  devices' rows of every global batch, so the position is the step alone, and a state (the
+  step and the pipeline's identity) restores on any number of processes.
+* :class:`GrainFeed`: a user's ``grain.DataLoader``, ``MapDataset`` or ``IterDataset`` whose
+  elements are this process's rows. Its position is Grain's own iterator state, and its data
+  and config are checked by Grain (a ``.batches()`` state names them; a ``grain.DataLoader``
+  compares ``repr(data_source)`` and the sampler).
+
+A feed makes the iterator of this process's batches from a start step (and position), knows
+its length, says how many rows a global batch has, and checks a saved state before it is used:
+that it comes from the same kind of input, and from the same data and config.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import grain
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from grain_rox._devices._iterator_state import check_step, history_problems
+from grain_rox._devices._placement import data_shards, process_rows
+from grain_rox._order._curriculum import ENDLESS
+from grain_rox._pipeline._pipeline import TokenPipeline
+
+
+class Feed(Protocol):
+    """What the iterator needs of its input (see the module doc)."""
+
+    state_key: str  # the key of the input's part of a saved state
+
+    @property
+    def length(self) -> int | None:
+        """Global batches in all (None: endless or unknown)."""
+
+    def no_length(self) -> TypeError:
+        """The error ``len()`` raises when :meth:`length` is None."""
+
+    def host_iterator(self, start_step: int, position: Any) -> Iterator[Any]:
+        """This process's batches from global batch ``start_step`` (at ``position``)."""
+
+    def position(self, host_iterator: Any) -> Any:
+        """Where ``host_iterator`` stands after the batch it just gave (None: at the step)."""
+
+    def global_rows(self, local_rows: int) -> int:
+        """Rows of a global batch of which this process holds ``local_rows``."""
+
+    def check_rows(self, arrays: list[np.ndarray]) -> None:
+        """Refuse a batch whose rows the mesh cannot split evenly, saying what to change."""
+
+    def saved(self, position: Any) -> Any:
+        """The input's part of a state taken at ``position`` (JSON-able)."""
+
+    def restore(self, decoded: dict[str, Any]) -> Any:
+        """The position to resume from in a decoded state (None: its step says it all), after
+        checking that the state fits this input."""
+
+
+def _finite(n: int | None) -> int | None:
+    return None if n is None or n >= min(ENDLESS, sys.maxsize) else int(n)
+
+
+class PipelineFeed:
+    """A :class:`~grain_rox.TokenPipeline`, read in this process's rows of each batch."""
+
+    state_key = "pipeline"
+
+    def __init__(self, pipeline: TokenPipeline, sharding: NamedSharding, worker_count: int):
+        self.pipeline = pipeline
+        self.worker_count = worker_count
+        shards, axes = data_shards(sharding)
+        sizes = sorted({p.batch_size for p in pipeline.schedule.phases})
+        bad = [b for b in sizes if b % shards]
+        if bad:
+            fix = -(-bad[0] // shards) * shards
+            raise ValueError(
+                f"global_batch_size={bad[0]} cannot be split evenly over the "
+                f"{shards} devices of the mesh's {axes} axis: use a "
+                f"global_batch_size that is a multiple of {shards} (e.g. {fix}), or a "
+                "mesh with fewer devices on that axis"
+            )
+        # each phase batch size -> the rows [lo, hi) this process reads
+        self.rows = {b: process_rows(sharding, b) for b in sizes}
+        lo, hi = self.rows[sizes[0]]
+        # global rows / this process's rows: the same in every phase
+        self.global_per_local = sizes[0] // (hi - lo)
+        self.identity = pipeline.describe()
+
+    @functools.cached_property
+    def length(self) -> int | None:
+        return _finite(self.pipeline.num_batches)
+
+    def no_length(self) -> TypeError:
+        return TypeError("this iterator is endless (num_epochs=None): it has no len()")
+
+    def host_iterator(self, start_step: int, position: Any) -> Iterator[Any]:
+        ds = self.pipeline.iter_dataset(
+            rows=self.rows, first_step=start_step, worker_count=self.worker_count
+        )
+        return iter(ds)
+
+    def position(self, host_iterator: Any) -> Any:
+        return None
+
+    def global_rows(self, local_rows: int) -> int:
+        return local_rows * self.global_per_local
+
+    def check_rows(self, arrays: list[np.ndarray]) -> None:
+        pass  # the rows were chosen to split evenly (checked when the feed was made)
+
+    def saved(self, position: Any) -> Any:
+        return self.identity
+
+    def restore(self, decoded: dict[str, Any]) -> Any:
+        saved = decoded.get("pipeline")
+        if not isinstance(saved, dict):
+            raise ValueError(
+                "cannot restore this data state on an iterator over a TokenPipeline: it was "
+                "saved from an iterator fed by a Grain loader or dataset; restore it on an "
+                "iterator over that same Grain input"
+            )
+        now = self.identity
+        changed = {
+            k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v and k != "phases"
+        }
+        changed.update({k: (v, None) for k, v in saved.items() if k not in now})
+        history = history_problems(saved.get("phases", []), now["phases"], decoded["step"])
+        if history:
+            changed["phases"] = (history, "")
+        if changed:
+            details = ", ".join(
+                f"{k}: {a}" if k == "phases" else f"{k}: saved {a!r} -> now {b!r}"
+                for k, (a, b) in changed.items()
+            )
+            raise ValueError(
+                f"cannot restore this data state: the pipeline changed ({details}). Restore "
+                "with the same data and config, or start a new run"
+            )
+        length = self.length
+        limit = self.pipeline.step_limit if length is None else ENDLESS
+        check_step(decoded["step"], length, limit=limit, what="this TokenPipeline")
+        return None
+
+
+class GrainFeed:
+    """A user's Grain loader or dataset whose elements are this process's rows."""
+
+    state_key = "grain"
+
+    def __init__(self, source: Any, sharding: NamedSharding):
+        self.source = source
+        self.shards, self.axes = data_shards(sharding)
+        self.first_rows: int | None = None  # a batch's global rows, from the first batch
+
+    @functools.cached_property
+    def length(self) -> int | None:
+        try:
+            return _finite(len(self.source))
+        except TypeError:
+            return None
+
+    def no_length(self) -> TypeError:
+        if not hasattr(self.source, "__len__"):
+            return TypeError(
+                f"len() is unknown for a {type(self.source).__name__} input (it has no "
+                "len()); pass a grain.MapDataset to know it, or count the batches"
+            )
+        return TypeError("this iterator is endless (num_epochs=None): it has no len()")
+
+    def host_iterator(self, start_step: int, position: Any) -> Iterator[Any]:
+        it = iter(self.source)
+        if position is not None:
+            try:
+                it.set_state(position)
+            except BaseException:
+                closer = getattr(it, "close", None)
+                if callable(closer):
+                    closer()
+                raise
+        return it
+
+    def position(self, host_iterator: Any) -> Any:
+        return host_iterator.get_state() if hasattr(host_iterator, "get_state") else None
+
+    def global_rows(self, local_rows: int) -> int:
+        return local_rows * jax.process_count()
+
+    def check_rows(self, arrays: list[np.ndarray]) -> None:
+        """A Grain input's batch must split evenly over the data axis: say which batch does
+        not, and what to change, instead of JAX's error about a shape the user never made."""
+        if not arrays:
+            return
+        local = {a.shape[0] if a.ndim else 0 for a in arrays}
+        rows = self.global_rows(max(local))
+        if self.first_rows is None:
+            self.first_rows = rows
+        if len(local) == 1 and rows % self.shards == 0 and rows > 0:
+            return
+        where = f"the {self.shards} devices of the mesh's {self.axes} axis"
+        if len(local) > 1 or rows == 0:
+            raise ValueError(
+                f"a batch's arrays have different (or no) leading sizes {sorted(local)}: every "
+                f"array of a batch needs the same number of rows, split over {where}"
+            )
+        if rows < self.first_rows:
+            raise ValueError(
+                f"the last batch has {rows} rows (the earlier ones had {self.first_rows}), "
+                f"which cannot be split evenly over {where}: drop the partial batch (use "
+                "drop_remainder=True in grain.transforms.Batch / .batch())"
+            )
+        raise ValueError(
+            f"the batches have {rows} rows, which cannot be split evenly over {where}: use a "
+            f"batch size that is a multiple of {self.shards} (in total over all processes)"
+        )
+
+    def saved(self, position: Any) -> Any:
+        if isinstance(position, bytes):  # a grain.DataLoader's state
+            return {"bytes": position.decode("utf-8")}
+        return position
+
+    def restore(self, decoded: dict[str, Any]) -> Any:
+        """Grain's iterator state inside ``decoded``, checked against this input's kind (its
+        data and config are checked by the Grain iterator, see the module doc)."""
+        if "pipeline" in decoded:
+            raise ValueError(
+                "cannot restore this data state on an iterator fed by a Grain loader or "
+                "dataset: it was saved from an iterator over a TokenPipeline "
+                f"({str(decoded['pipeline'])[:200]}); restore it on an iterator over that "
+                "same TokenPipeline"
+            )
+        position, step = decoded["grain"], decoded["step"]
+        loader = isinstance(self.source, grain.DataLoader)
+        if position is None:
+            if step > 0:
+                raise ValueError(
+                    f"this data state says {step} batches were served but holds no Grain "
+                    "position (its input's iterator had no get_state), so it cannot resume "
+                    "there; give an input whose iterator has get_state/set_state"
+                )
+        else:
+            position = self._position_in(position, loader)
+        check_step(step, self.length, limit=sys.maxsize, what="this Grain input")
+        return position
+
+    def _position_in(self, saved: Any, loader: bool) -> Any:
+        """The Grain state a saved part holds: bytes for a ``grain.DataLoader``, else a dict."""
+        from_loader = isinstance(saved, dict) and set(saved) == {"bytes"}
+        if from_loader and not isinstance(saved["bytes"], str):
+            raise ValueError(f"this data state's Grain part is damaged: {saved!r:.200}")
+        if not isinstance(saved, dict) or from_loader != loader:
+            saved_kind = "a grain.DataLoader" if from_loader else "a Grain dataset"
+            now_kind = "a grain.DataLoader" if loader else f"a {type(self.source).__name__}"
+            raise ValueError(
+                f"cannot restore this data state: it was saved from an iterator over "
+                f"{saved_kind}, but this one reads {now_kind}; restore it on the same kind "
+                "of input with the same data and config"
+            )
+        return saved["bytes"].encode("utf-8") if from_loader else saved

@@ -1,0 +1,59 @@
+"""Where a batch's rows live on the mesh: the default mesh, and this process's share of rows.
+
+A batch's leading axis is split over the mesh axes of the data sharding's first entry; each
+process reads and places only the rows its own devices hold, which must be one contiguous
+range (``process_rows``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+
+def default_mesh(axis: str = "data") -> Mesh:
+    """A 1-D mesh over every device of every process, named ``axis``."""
+    return Mesh(np.asarray(jax.devices()), (axis,))
+
+
+def data_shards(sharding: NamedSharding) -> tuple[int, str]:
+    """How many pieces ``sharding`` cuts a batch's rows into, and the mesh axes that do it.
+
+    >>> from jax.sharding import PartitionSpec
+    >>> mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    >>> data_shards(NamedSharding(mesh, PartitionSpec("data")))
+    (1, "'data'")
+    """
+    spec = sharding.spec
+    first = spec[0] if len(spec) else None
+    if first is None:
+        return 1, "(none: rows are not split)"
+    axes = first if isinstance(first, tuple) else (first,)
+    return math.prod(sharding.mesh.shape[a] for a in axes), "/".join(map(repr, axes))
+
+
+def process_rows(sharding: NamedSharding, global_batch: int, ndim: int = 2) -> tuple[int, int]:
+    """The contiguous rows ``[lo, hi)`` of a global batch that this process's devices hold."""
+    shape = (global_batch,) + (1,) * (ndim - 1)
+    index_map = sharding.addressable_devices_indices_map(shape)
+    starts, stops = [], []
+    for index in index_map.values():
+        assert index is not None
+        rows = index[0]
+        start, stop, _ = rows.indices(global_batch)
+        starts.append(start)
+        stops.append(stop)
+    lo, hi = min(starts), max(stops)
+    covered = np.zeros(global_batch, dtype=bool)
+    for a, b in zip(starts, stops, strict=True):
+        covered[a:b] = True
+    if not covered[lo:hi].all():
+        raise ValueError(
+            f"this process's devices hold non-contiguous rows of the batch under {sharding}; "
+            "use a mesh whose data axis keeps each process's devices together "
+            "(e.g. jax.make_mesh or mesh_utils.create_device_mesh)"
+        )
+    return lo, hi

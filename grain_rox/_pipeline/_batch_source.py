@@ -1,0 +1,196 @@
+"""GlobalBatchSource: a :class:`~grain_rox.TokenPipeline`'s Grain source, one record a batch.
+
+Record ``i`` is global batch ``first_step + i`` (or this process's rows ``[lo, hi)`` of it):
+the schedule says which source serves each row and which of that source's samples it is; each
+source's window reader copies those windows out of the memory maps; the segment features
+follow from the windows (``_sources._segments``). Everything opened comes from the pipeline's
+resolved plan (``_plan``), so making a source is cheap after the first.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grain_rox._format._digest import facts_digest
+from grain_rox._order._curriculum import Phase
+from grain_rox._order._permutation import int_arg, record_index
+from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._segments import maxtext_record, segment_features, windows_record
+from grain_rox._sources._windows import WindowReader
+
+if TYPE_CHECKING:
+    from grain_rox._pipeline._pipeline import TokenPipeline
+
+RowSpec = tuple[int, int] | Mapping[int, tuple[int, int]] | None
+
+
+def _rows_by_batch_size(rows: RowSpec, phases: Sequence[Phase]) -> dict[int, tuple[int, int]]:
+    """Each phase batch size -> the rows ``[lo, hi)`` read of its batches (``rows`` gives one
+    pair for all, a pair per batch size, or None: every row)."""
+    out = {}
+    for p in phases:
+        b = p.batch_size
+        r = rows.get(b) if isinstance(rows, Mapping) else rows
+        if r is not None and (not isinstance(r, (tuple, list)) or len(r) != 2):
+            raise TypeError(f"TokenPipeline: rows={r!r} must be (lo, hi), e.g. rows=(0, {b})")
+        lo, hi = r if r is not None else (0, b)
+        lo = int_arg(lo, "rows lo", where="TokenPipeline", minimum=None)
+        hi = int_arg(hi, "rows hi", where="TokenPipeline", minimum=None)
+        if not 0 <= lo < hi <= b:
+            raise ValueError(f"rows={r} must satisfy 0 <= lo < hi <= batch size {b}")
+        out[b] = (int(lo), int(hi))
+    return out
+
+
+class GlobalBatchSource:
+    """A Grain ``RandomAccessDataSource`` of (this process's rows of) global batches.
+
+    Thread-safe, picklable without open handles, with a repr that identifies data and config
+    (not the process's rows, so a DataLoader checkpoint restores on another host count).
+
+    >>> import tempfile, os, numpy as np
+    >>> from grain_rox import TokenPipeline, write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "g.rox")
+    >>> _ = write_rox([np.arange(9000, dtype=np.uint16)], path)
+    >>> source = TokenPipeline(path, seq_len=16, global_batch_size=4).batch_source(rows=(2, 4))
+    >>> source[0]["inputs"].shape, repr(source).startswith("GlobalBatchSource(data=")
+    ((2, 16), True)
+    >>> import sys; len(source) == sys.maxsize  # endless, as Grain's MapDataset.repeat()
+    True
+    """
+
+    def __init__(self, pipeline: TokenPipeline, *, rows: RowSpec, first_step: int) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
+        self.pipeline = pipeline
+        self.schedule = pipeline.schedule
+        self.first_step = int_arg(first_step, "first_step", where="TokenPipeline", minimum=0)
+        self._rows = _rows_by_batch_size(rows, self.schedule.phases)
+        # Kept here, not looked up through the pipeline: a pickled source (a Grain worker's)
+        # then reads at once, without resolving the pipeline again.
+        plan = pipeline.plan
+        self.corpora = plan.corpora
+        self.orders = plan.orders
+        self.readers = [
+            WindowReader(c, o) for c, o in zip(self.corpora.values(), self.orders, strict=True)
+        ]
+        self.eos_ids = plan.eos_ids
+        self.features = plan.has_segments  # whether batches carry segment features
+        self.dtype = pipeline.dtype
+        self.num_batches: int | None = plan.num_batches
+        self.step_limit = plan.step_limit
+        plan.check_step(self.first_step, "first_step")
+        # Grain's "endless" is len == sys.maxsize (as MapDataset.repeat() reports it)
+        total = self.num_batches
+        self._len = sys.maxsize if total is None else max(0, total - self.first_step)
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        """This process's rows of the first phase's batches."""
+        return self._rows[self.schedule.phases[0].batch_size]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        p = self.pipeline
+        data = {n: c.fingerprint for n, c in self.corpora.items()}
+        digest = facts_digest(
+            [
+                data,
+                self.schedule.describe(),
+                int(p.seed),
+                p.num_epochs,
+                list(self.eos_ids),
+                [(o.chunk_tokens, o.lanes) for o in self.orders],
+                p.dtype.name,
+                self.first_step,
+            ]
+        )
+        shown = ",".join(f"{n}:{f}" if n else f for n, f in data.items())
+        return (
+            f"GlobalBatchSource(data={shown}, phases={len(self.schedule.phases)}, "
+            f"seed={p.seed}, first_step={self.first_step}, config={digest})"
+        )
+
+    def _index(self, index: int) -> int:
+        """``index`` as a record number in ``[0, len)``: a negative one counts from the end
+        (as for a list or ``MapDataset``); an endless pipeline serves records below
+        ``step_limit - first_step`` and has no end to count from."""
+        if self.num_batches is not None:
+            return record_index(index, self._len, "batch", "batches")
+        index = operator.index(index)
+        last = self.step_limit - 1 - self.first_step
+        endless = (
+            "Its len is sys.maxsize, Grain's 'endless'. Its batches are already shuffled (by "
+            "the pipeline's seed); to shuffle them again or index from the end, take a finite "
+            "prefix first: ds[:n].shuffle(seed=...), or pass num_epochs= or finite phases"
+        )
+        if index < 0:
+            raise IndexError(
+                f"batch {index}: an endless pipeline has no last batch to count from. {endless}"
+            )
+        if index > last:
+            raise IndexError(
+                f"batch {index} is past the last batch this endless pipeline serves, {last} "
+                f"(step {self.step_limit - 1}: sample numbers stay below 2**61). {endless}"
+            )
+        return index
+
+    def sources_of(self, step: int) -> np.ndarray:
+        """Which source (index into ``pipeline.names``) serves each row of global ``step``."""
+        p = self.schedule.phases[self.schedule.phase_of_step(step)]
+        return self.schedule.step_samples(step, 0, p.batch_size)[1]
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        step = self.first_step + self._index(index)
+        phase = self.schedule.phases[self.schedule.phase_of_step(step)]
+        lo, hi = self._rows[phase.batch_size]
+        # each row's source, and its sample number in that source's own order
+        _, sources, samples = self.schedule.step_samples(step, lo, hi)
+        if len(self.readers) == 1:
+            windows, joins = self.readers[0].read(samples, dtype=self.dtype)
+        else:
+            windows = np.empty((hi - lo, phase.seq_len + 1), dtype=self.dtype)
+            joins = None
+            for s in np.unique(sources).tolist():
+                sel = np.flatnonzero(sources == s)
+                part, part_joins = self.readers[s].read(samples[sel], dtype=self.dtype)
+                windows[sel] = part
+                if part_joins is not None:
+                    if joins is None:
+                        joins = np.zeros(windows.shape, dtype=bool)
+                    joins[sel] = part_joins
+        features = self._features(windows, joins, sources)
+        windows.flags.writeable = False  # inputs and targets are views of one buffer
+        if self.pipeline.layout == "windows":
+            return windows_record(windows, features)
+        return maxtext_record(windows, features)
+
+    def _features(
+        self, windows: np.ndarray, joins: np.ndarray | None, sources: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        if not self.features:
+            return {}
+        eos_ids = [int(e) for e in self.eos_ids if e is not None]
+        if len(set(eos_ids)) == 1:  # one EOS id for all sources: one pass over the batch
+            return segment_features(windows, eos_ids[0], joins)
+        out: dict[str, np.ndarray] = {}
+        for s in np.unique(sources).tolist():
+            sel = np.flatnonzero(sources == s)
+            part_joins = None if joins is None else joins[sel]
+            part = segment_features(windows[sel], eos_ids[s], part_joins)
+            for key, value in part.items():
+                if key not in out:
+                    out[key] = np.empty((windows.shape[0], windows.shape[1] - 1), np.int32)
+                out[key][sel] = value
+        return out
+
+    def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        return [self[i] for i in indices]
+
+    __getitems__ = _getitems

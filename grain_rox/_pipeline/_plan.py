@@ -1,0 +1,179 @@
+"""A :class:`~grain_rox.TokenPipeline` resolved against its data: opened once, shared by all.
+
+Resolving a pipeline opens every source's shards (validated against their indexes and
+manifests), checks that the sources share one tokenizer, and builds every source's shuffled
+lane order (``_order._lanes``) for the schedule. :class:`PipelinePlan` holds the result and
+what follows from it (each source's EOS id for the segment features, the number of batches,
+the first step past the end). ``TokenPipeline.plan`` builds it lazily, once per pipeline
+object, and ``describe``, ``num_batches``, ``estimate_steps``, ``batch_source`` and
+:class:`~grain_rox.MultiHostDataLoadIterator` all read that one; it is not pickled with the
+pipeline (a Grain worker process that needs it builds its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import zlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._order._curriculum import SAMPLE_LIMIT
+from grain_rox._order._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
+from grain_rox._order._permutation import derive_key, int_arg
+
+if TYPE_CHECKING:
+    from grain_rox._pipeline._pipeline import TokenPipeline
+
+
+def auto_chunk_tokens(num_tokens: int) -> int:
+    """Chunk size from the corpus size: 64K tokens, smaller for corpora under 4M tokens.
+
+    >>> auto_chunk_tokens(10**9), auto_chunk_tokens(100_000)
+    (65536, 1562)
+    """
+    return int(min(DEFAULT_CHUNK_TOKENS, max(64, num_tokens // 64)))
+
+
+def _source_seed(seed: int, name: str) -> int:
+    # By name, so adding or reordering sources leaves every other source's order alone.
+    return derive_key(seed, zlib.crc32(name.encode("utf-8")))
+
+
+def _tokenizer_label(corpus: RoxCorpus) -> str:
+    tok = corpus.tokenizer or {}
+    sha = f" sha256 {tok['sha256'][:12]}" if tok.get("sha256") else ""
+    return f"tokenizer {tok.get('name')!r}{sha}, EOS id {corpus.eos_id}"
+
+
+def _check_one_tokenizer(corpora: Mapping[str, RoxCorpus]) -> None:
+    """Refuse sources whose manifests record different tokenizers or EOS ids."""
+    recorded = {n: c for n, c in corpora.items() if c.tokenizer is not None}
+    facts = {json.dumps([c.tokenizer, c.eos_id], sort_keys=True) for c in recorded.values()}
+    if len(facts) <= 1:
+        return
+    shown = "; ".join(
+        f"{n!r} ({c.paths[0]}{', ...' if len(c.paths) > 1 else ''}): {_tokenizer_label(c)}"
+        for n, c in recorded.items()
+    )
+    raise ValueError(
+        f"TokenPipeline: the sources were tokenized differently ({shown}): the same token id "
+        "means different text in each. Re-tokenize them with one tokenizer (grain-rox convert "
+        "--tokenizer ...), or pass allow_mixed_tokenizers=True if mixing them is intended"
+    )
+
+
+def open_sources(
+    sources: Mapping[str, Any], *, allow_mixed_tokenizers: bool
+) -> dict[str, RoxCorpus]:
+    """Every named source's shards, opened (validated; cheap), and checked to share one
+    tokenizer unless ``allow_mixed_tokenizers``."""
+    corpora = {name: open_rox(spec) for name, spec in sources.items()}
+    if not allow_mixed_tokenizers:
+        _check_one_tokenizer(corpora)
+    return corpora
+
+
+def lane_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> list[LaneOrder]:
+    """Each source's lane order under ``pipeline``'s schedule, seed, chunk and lane counts;
+    a source too small for them is an error naming it."""
+    orders = []
+    schedule = pipeline.schedule
+    assert pipeline.phases is not None
+    longest = pipeline.max_seq_len or max(p.seq_len for p in pipeline.phases)
+    batch = math.lcm(*(p.batch_size for p in pipeline.phases))
+    for s, (name, corpus) in enumerate(corpora.items()):
+        chunk = pipeline.chunk_tokens or auto_chunk_tokens(corpus.num_tokens)
+        usable = sum((sh.num_tokens // chunk) * chunk for sh in corpus.shards)
+        try:
+            orders.append(
+                LaneOrder(
+                    [sh.num_tokens for sh in corpus.shards],
+                    seed=_source_seed(int(pipeline.seed), name),
+                    chunk_tokens=chunk,
+                    lanes=pipeline.lanes or auto_lanes(usable, longest, multiple_of=batch),
+                    runs=schedule.source_runs(s),
+                    max_seq_len=longest,
+                )
+            )
+        except ValueError as e:
+            label = f"source {name!r} ({corpus.paths[0]}...)" if name else corpus.paths[0]
+            raise ValueError(f"{label}: {e}") from None
+    return orders
+
+
+def check_step(step: Any, argument: str, total: int | None, limit: int) -> int:
+    """``step`` as an int if a pipeline of ``total`` batches (None: endless, serving steps
+    below ``limit``) can start there; else an error naming ``argument`` and the largest step
+    that works."""
+    step = int_arg(step, argument, where="TokenPipeline", minimum=0)
+    if total is not None and step > total:
+        raise ValueError(
+            f"TokenPipeline: {argument}={step} is past the end of this pipeline ({total} "
+            f"batches: steps 0 to {total - 1}, and {total} means done); pass a step <= "
+            f"{total}, or the state saved with this pipeline"
+        )
+    if total is None and step >= limit:
+        raise ValueError(
+            f"TokenPipeline: {argument}={step} is past the largest step this endless pipeline "
+            f"supports, {limit - 1} (its sample numbers stay below 2**61 = {SAMPLE_LIMIT}); "
+            f"pass a step <= {limit - 1}, or the state saved with this pipeline"
+        )
+    return step
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PipelinePlan:
+    """A pipeline's data, opened, and everything that follows from it (see the module doc).
+
+    >>> import tempfile, os, numpy as np
+    >>> from grain_rox import TokenPipeline, write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "plan.rox")
+    >>> _ = write_rox([np.arange(5000, dtype=np.uint16)], path, separator=0)
+    >>> pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, num_epochs=1)
+    >>> plan = resolve_plan(pipe)
+    >>> plan.num_batches, plan.eos_ids, plan.orders[0].lanes
+    (95, (0,), 4)
+    """
+
+    corpora: dict[str, RoxCorpus]  # name -> its opened shards, in the pipeline's order
+    orders: tuple[LaneOrder, ...]  # each source's lane order, in the same order
+    eos_ids: tuple[int | None, ...]  # each source's EOS id for segment features (None: none)
+    num_batches: int | None  # global batches in all (None: endless)
+    step_limit: int  # the first step the pipeline cannot start at (num_batches when finite)
+
+    @property
+    def has_segments(self) -> bool:
+        """Whether batches carry segment features (every source has an EOS id)."""
+        return all(e is not None for e in self.eos_ids)
+
+    def check_step(self, step: Any, argument: str = "first_step") -> int:
+        """``step`` as an int if the pipeline can start there (see :func:`check_step`)."""
+        return check_step(step, argument, self.num_batches, self.step_limit)
+
+
+def resolve_plan(
+    pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus] | None = None
+) -> PipelinePlan:
+    """``pipeline`` resolved against its data (``corpora``: its sources already opened)."""
+    corpora = dict(pipeline.open() if corpora is None else corpora)
+    orders = tuple(lane_orders(pipeline, corpora))
+    eos_ids = tuple(
+        (pipeline.eos_id if pipeline.eos_id is not None else c.eos_id)
+        if pipeline.segmentation
+        else None
+        for c in corpora.values()
+    )
+    schedule = pipeline.schedule
+    total = schedule.total_steps
+    if pipeline.num_epochs is not None:
+        total = orders[0].windows_per_epoch * pipeline.num_epochs // schedule.phases[0].batch_size
+    return PipelinePlan(
+        corpora=corpora,
+        orders=orders,
+        eos_ids=eos_ids,
+        num_batches=total,
+        step_limit=schedule.step_limit if total is None else total,
+    )

@@ -1,0 +1,206 @@
+"""RoxDocumentSource: a `.rox` corpus as a Grain source of whole documents, for packing.
+
+A document is the tokens up to and including each EOS, found with one vectorised scan per
+shard (cached; O(#documents) index memory). A document longer than ``seq_len + 1`` tokens is,
+by ``long_documents=``, split into pieces of ``seq_len + 1`` that overlap by one token (every
+next-token pair kept), truncated (the dropped tokens are counted and logged) or refused; the
+same choice, with the same words, applies to any source :func:`~grain_rox.pack_documents`
+packs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from grain_rox._format._paths import PathSpec
+from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._order._permutation import int_arg, record_index
+from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._segments import maxtext_record
+
+logger = logging.getLogger("grain_rox")
+
+LONG_DOCUMENTS = ("split", "truncate", "error")  # what may become of a document too long for a row
+LongDocuments = Literal["split", "truncate", "error"]
+
+
+def check_long_documents(value: Any, where: str) -> None:
+    """Refuse a ``long_documents=`` that is not one of :data:`LONG_DOCUMENTS`, naming them."""
+    if value not in LONG_DOCUMENTS:
+        raise ValueError(
+            f"{where}: long_documents={value!r} is not one of 'split' (default: a long "
+            "document becomes several pieces), 'truncate' (keep its first seq_len tokens) or "
+            "'error'"
+        )
+
+
+def too_long(where: str, index: int, tokens: int, seq_len: int) -> ValueError:
+    """The error for document ``index`` of ``tokens`` tokens under ``long_documents='error'``."""
+    return ValueError(
+        f"{where}: document {index} has {tokens} tokens, more than the {seq_len + 1} a row of "
+        f"seq_len={seq_len} holds, and long_documents='error'; pass long_documents='split' "
+        "(every token kept, in pieces) or long_documents='truncate' (the tail dropped and "
+        "counted), or a larger seq_len"
+    )
+
+
+class RoxDocumentSource:
+    """Record ``i`` = document piece ``i``: ``inputs`` = tokens[:-1], ``targets`` = tokens[1:].
+
+    A document (its tokens and its EOS) longer than ``seq_len + 1`` tokens is, by
+    ``long_documents``: ``"split"`` into pieces of ``seq_len + 1`` tokens overlapping by one
+    (every next-token pair served once), ``"truncate"``: cut to its first ``seq_len + 1`` tokens
+    (``tokens_dropped`` counts the rest, and a warning is logged to ``"grain_rox"``), or an
+    ``"error"`` naming the document.
+
+    Args:
+        paths: The `.rox` shards (a file, glob, directory, base path, list of them) or an open
+            :class:`~grain_rox.RoxCorpus`.
+        seq_len: The longest piece served has ``seq_len`` next-token pairs (``seq_len + 1``
+            tokens): the row length it will be packed into.
+        eos_id: The token that ends every document (default: the manifest's; one of the two
+            is needed).
+        long_documents: ``"split"`` (default), ``"truncate"`` or ``"error"``, as above.
+        dtype: The dtype of ``inputs`` and ``targets`` (default ``int32``).
+
+    >>> import tempfile, os, numpy as np
+    >>> from grain_rox import write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "d.rox")
+    >>> _ = write_rox([np.array([5, 6, 7], np.uint16), np.array([8], np.uint16)], path,
+    ...               separator=0, block_size=16)
+    >>> docs = RoxDocumentSource(path, seq_len=8)
+    >>> len(docs), docs[0]["inputs"].tolist(), docs[0]["targets"].tolist()
+    (2, [5, 6, 7], [6, 7, 0])
+    >>> short = RoxDocumentSource(path, seq_len=2, long_documents="truncate")
+    >>> short[0]["inputs"].tolist(), short.tokens_dropped
+    ([5, 6], 1)
+    """
+
+    def __init__(
+        self,
+        paths: PathSpec | RoxCorpus,
+        *,
+        seq_len: int,
+        eos_id: int | None = None,
+        long_documents: LongDocuments = "split",
+        dtype: Any = np.int32,
+    ) -> None:
+        make_grain_workers_usable()  # a user's own mp_prefetch/DataLoader workers start
+        seq_len = int_arg(seq_len, "seq_len", where="RoxDocumentSource")
+        check_long_documents(long_documents, "RoxDocumentSource")
+        if eos_id is not None:
+            eos_id = int_arg(eos_id, "eos_id", where="RoxDocumentSource", minimum=0)
+        self.corpus = open_rox(paths)
+        eos = eos_id if eos_id is not None else self.corpus.eos_id
+        if eos is None:
+            raise ValueError(
+                f"{self.corpus.paths[0]}: no EOS id to split documents at (the shards have no "
+                "manifest); pass eos_id="
+            )
+        self.eos_id = int(eos)
+        self.seq_len = int(seq_len)
+        self.long_documents = long_documents
+        self.dtype = np.dtype(dtype)
+        self._lock = threading.Lock()
+        self._index: tuple[np.ndarray, np.ndarray] | None = None
+        self._dropped: tuple[int, int] | None = None
+
+    @property
+    def tokens_dropped(self) -> int:
+        """Tokens that ``long_documents="truncate"`` leaves out (0 otherwise)."""
+        self._pieces()
+        assert self._dropped is not None
+        return self._dropped[1]
+
+    @property
+    def documents_truncated(self) -> int:
+        """Documents that ``long_documents="truncate"`` cut (0 otherwise)."""
+        self._pieces()
+        assert self._dropped is not None
+        return self._dropped[0]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_index"] = None
+        state["_dropped"] = None
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start, length) of every piece, in corpus order; built once per process."""
+        if self._index is None:
+            with self._lock:
+                if self._index is None:
+                    self._index = self._build_index()
+        return self._index
+
+    def _build_index(self) -> tuple[np.ndarray, np.ndarray]:
+        ends = [
+            np.flatnonzero(self.corpus.shard_tokens(s) == self.eos_id) + sh.first_token
+            for s, sh in enumerate(self.corpus.shards)
+        ]
+        eos = np.concatenate(ends) if ends else np.empty(0, np.int64)
+        starts = np.concatenate([[0], eos[:-1] + 1]).astype(np.int64)
+        lengths = eos - starts + 1  # the document and its EOS
+        keep = lengths > 1  # a lone EOS (padding runs) is no document
+        starts, lengths = starts[keep], lengths[keep]
+        window = self.seq_len + 1
+        long = np.flatnonzero(lengths > window)
+        self._dropped = (0, 0)
+        if long.size and self.long_documents == "error":
+            i = int(long[0])
+            where = f"RoxDocumentSource({self.corpus.paths[0]}, ...)"
+            raise too_long(where, i, int(lengths[i]), self.seq_len)
+        if self.long_documents == "truncate":
+            dropped = int((lengths[long] - window).sum())
+            self._dropped = (int(long.size), dropped)
+            if long.size:
+                logger.warning(
+                    "RoxDocumentSource(%s, seq_len=%d, long_documents='truncate'): %d of %d "
+                    "documents are longer than %d tokens; %d tokens are dropped",
+                    self.corpus.paths[0],
+                    self.seq_len,
+                    long.size,
+                    lengths.size,
+                    window,
+                    dropped,
+                )
+            return starts, np.minimum(lengths, window)
+        # Split: pieces of `window` tokens overlapping by one, so no next-token pair is lost.
+        counts = np.maximum(1, -(-(lengths - 1) // self.seq_len))
+        doc = np.repeat(np.arange(starts.size), counts)
+        k = np.arange(doc.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        piece_start = starts[doc] + k * self.seq_len
+        piece_len = np.minimum(window, starts[doc] + lengths[doc] - piece_start)
+        return piece_start, piece_len
+
+    def __len__(self) -> int:
+        return int(self._pieces()[0].size)
+
+    def __repr__(self) -> str:
+        return (
+            f"RoxDocumentSource(data={self.corpus.fingerprint}, seq_len={self.seq_len}, "
+            f"eos_id={self.eos_id}, long_documents={self.long_documents})"
+        )
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        starts, lengths = self._pieces()
+        index = record_index(index, int(starts.size), "document piece")
+        a = int(starts[index])
+        tokens = self.corpus.tokens(a, a + int(lengths[index])).astype(self.dtype)
+        tokens.flags.writeable = False  # inputs and targets share it: read-only, like batches
+        return maxtext_record(tokens, {})
+
+    def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        return [self[i] for i in indices]
+
+    __getitems__ = _getitems
