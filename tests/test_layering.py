@@ -9,11 +9,14 @@ An import inside a layer is fine; an import of a layer ranked higher is not.
 from __future__ import annotations
 
 import ast
+import collections
 import pathlib
+import sys
 
 import grain_rox
 
 PACKAGE = pathlib.Path(grain_rox.__file__).parent
+DRAWING = PACKAGE.parent / "docs" / "architecture.md"
 
 # A module may import a layer only of a lower rank (or its own layer).
 RANK = {
@@ -91,3 +94,55 @@ def test_the_bottom_layers_import_nothing_of_ours():
         for path in sorted((PACKAGE / layer).rglob("*.py")):
             outside = [m for _, m in _imports(path) if _layer(m) != layer]
             assert outside == [], f"{path.relative_to(PACKAGE)} imports {outside}"
+
+
+def _layer_graph() -> dict[tuple[str, str], int]:
+    """(importing layer, imported layer) -> number of module-level import lines."""
+    edges: collections.Counter[tuple[str, str]] = collections.Counter()
+    for path in _modules():
+        here = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for _, module in _imports(path):
+            there = _layer(module)
+            if there == "__init__" and module != "grain_rox":
+                there = module.split(".")[1]
+            if there in RANK and there != here:
+                edges[here, there] += 1
+    return dict(sorted(edges.items()))
+
+
+def render_drawing() -> str:
+    """docs/architecture.md: the layers and every import between them, drawn from the code."""
+    modules = collections.Counter(
+        p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in _modules()
+    )
+    lines = [
+        "# The package's layers",
+        "",
+        "Drawn from the code by `python tests/test_layering.py --write`; `tests/test_layering.py`",
+        "fails when this drawing is stale or an arrow points up. An arrow `A --> B` means modules",
+        "of `A` import `B` (the label counts the import statements). Layers further down the",
+        "drawing import nothing above them; `_format` and `_order` import nothing of ours.",
+        "",
+        "```mermaid",
+        "flowchart TD",
+    ]
+    lines += [
+        f'    n{layer}["{layer} ({modules[layer]} module{"s" * (modules[layer] > 1)})"]'
+        for layer in sorted(RANK, key=lambda name: (-RANK[name], name))
+        if modules[layer]
+    ]
+    lines += [f"    n{src} -->|{count}| n{dst}" for (src, dst), count in _layer_graph().items()]
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def test_the_architecture_drawing_is_current():
+    assert DRAWING.exists() and DRAWING.read_text() == render_drawing(), (
+        f"{DRAWING} is stale: run `python tests/test_layering.py --write`"
+    )
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    DRAWING.parent.mkdir(exist_ok=True)
+    DRAWING.write_text(render_drawing())
+    print(f"wrote {DRAWING}")

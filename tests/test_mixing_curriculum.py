@@ -210,7 +210,7 @@ def test_estimate_steps_and_bad_schedules(sources):
 
 
 def test_schedule_history_rules():
-    from grain_rox._devices._iterator_state import history_problems as _history_problems
+    from grain_rox._order._curriculum import history_problems as _history_problems
 
     def ph(*steps, seq=16):
         return [Phase(s, 8, seq, {"a": 1}).describe() for s in steps]

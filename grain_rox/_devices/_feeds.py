@@ -25,9 +25,9 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from grain_rox._devices._iterator_state import check_step, history_problems
+from grain_rox._devices._iterator_state import check_step
 from grain_rox._devices._placement import data_shards, process_rows
-from grain_rox._order._curriculum import ENDLESS
+from grain_rox._order._curriculum import ENDLESS, history_problems
 from grain_rox._pipeline._pipeline import TokenPipeline
 
 

@@ -163,3 +163,43 @@ class Schedule:
 
     def describe(self) -> list[dict[str, Any]]:
         return [p.describe() for p in self.phases]
+
+
+def history_problems(saved: list[dict[str, Any]], now: list[dict[str, Any]], step: int) -> str:
+    """Why the phases ``now`` cannot continue a run saved at ``step`` under ``saved`` ("" if
+    they can: phases that already ran, fully or partly, must be the same; later ones may
+    change, and a running phase may be cut short at ``step`` to start a new one).
+
+    ``saved`` and ``now`` are :meth:`Schedule.describe` lists.
+
+    >>> ph = lambda *steps: [dict(steps=n, batch_size=8, seq_len=16, weights=None) for n in steps]
+    >>> history_problems(ph(30, 30), ph(30, 10, 10), step=40)  # the running phase cut short
+    ''
+    >>> history_problems(ph(30, 30), ph(20, 40), step=40)
+    'phase 0 ran its 30 steps but now has 20'
+    """
+    start = 0
+    for i, old in enumerate(saved):
+        if start >= step:
+            return ""  # this phase had not started: the new schedule may differ from here on
+        if i >= len(now):
+            return f"phase {i} (started at step {start}) is missing from the new schedule"
+        new = now[i]
+        diff = [
+            f"{k} {old[k]!r} -> {new[k]!r}"
+            for k in ("batch_size", "seq_len", "weights")
+            if old[k] != new[k]
+        ]
+        if diff:
+            return f"phase {i}, which ran from step {start}, changed ({', '.join(diff)})"
+        old_steps, new_steps = old["steps"], new["steps"]
+        if old_steps is not None and step >= start + old_steps:  # this phase ran in full
+            if new_steps != old_steps:
+                return f"phase {i} ran its {old_steps} steps but now has {new_steps}"
+            start += old_steps
+            continue
+        done = step - start  # the phase that was running when the state was saved
+        if new_steps is not None and new_steps < done:
+            return f"phase {i} already ran {done} steps but now has only {new_steps}"
+        return ""  # it continues, or is cut short here: later phases may differ
+    return ""

@@ -241,19 +241,19 @@ class _RoundTable:
                 raise IndexError(f"round {j} lies outside the schedule's samples")
             end_pure = min(run.stop // self.lanes, j)  # rounds fully inside this run
             if r < end_pure:
-                n, L = end_pure - r, run.seq_len
-                fit = (room - used) // L + 1 if used <= room else 0
+                n, seq_len = end_pure - r, run.seq_len
+                fit = (room - used) // seq_len + 1 if used <= room else 0
                 if n <= fit:
-                    used, pure, r = used + n * L, pure + n * L, r + n
-                else:  # fill this epoch, then whole epochs of rho rounds, then the rest
-                    rho = room // L + 1
-                    full, left = divmod(n - fit, rho)
+                    used, pure, r = used + n * seq_len, pure + n * seq_len, r + n
+                else:  # fill this epoch, then whole epochs, then the rest
+                    rounds_per_epoch = room // seq_len + 1
+                    full, left = divmod(n - fit, rounds_per_epoch)
                     epoch += 1 + full
                     if left == 0:  # the last of these rounds filled an epoch exactly
                         epoch -= 1
-                        left = rho
+                        left = rounds_per_epoch
                     start = r + n - left
-                    used = pure = left * L
+                    used = pure = left * seq_len
                     mixed = []
                     r += n
                 continue

@@ -32,6 +32,7 @@ from grain_rox._pipeline._mixing import describe_dataset
 from grain_rox._pipeline._worker_share import WorkerShare
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._identity import with_identity
+from grain_rox._sources._process_local import ProcessLocal, process_local
 from grain_rox._sources._rox_documents import LongDocuments, check_long_documents, too_long
 from grain_rox._sources._segments import INPUTS, INPUTS_SEGMENTATION, TARGETS
 
@@ -52,7 +53,7 @@ def _rename(record: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-class PackingStats:
+class PackingStats(ProcessLocal):
     """What :func:`pack_documents` did to long documents, counted as documents are read in
     this process (Grain worker processes keep their own counts; a restore re-reads the
     document it stopped in). Thread-safe.
@@ -61,21 +62,15 @@ class PackingStats:
     PackingStats(documents_split=0, pieces=0, documents_truncated=0, tokens_dropped=0)
     """
 
+    PROCESS_LOCAL = process_local(_lock=threading.Lock)
+    _lock: threading.Lock
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.start_process_local()
         self.documents_split = 0
         self.pieces = 0
         self.documents_truncated = 0
         self.tokens_dropped = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def _add(
         self, *, split: int = 0, pieces: int = 0, truncated: int = 0, dropped: int = 0

@@ -18,6 +18,7 @@ import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus
 from grain_rox._order._lanes import LaneOrder
+from grain_rox._sources._process_local import ProcessLocal, process_local
 
 _PLAN_CACHE = 8
 
@@ -37,21 +38,19 @@ class _RoundPlan:
     slot_start: np.ndarray  # (R,) start of the slot's first piece
 
 
-class WindowReader:
+class WindowReader(ProcessLocal):
     """Reads samples of one source into (n, seq_len + 1) token windows (thread-safe)."""
+
+    # Round plans and strided views of the memory maps: rebuilt in each process.
+    PROCESS_LOCAL = process_local(_lock=threading.Lock, _plans=collections.OrderedDict, _views=dict)
+    _lock: threading.Lock
+    _plans: collections.OrderedDict[int, _RoundPlan]
+    _views: dict[tuple[int, int], np.ndarray]
 
     def __init__(self, corpus: RoxCorpus, order: LaneOrder) -> None:
         self.corpus = corpus
         self.order = order
-        self._lock = threading.Lock()
-        self._plans: collections.OrderedDict[int, _RoundPlan] = collections.OrderedDict()
-        self._views: dict[tuple[int, int], np.ndarray] = {}
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"corpus": self.corpus, "order": self.order}
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["corpus"], state["order"])  # type: ignore[misc]
+        self.start_process_local()
 
     def _plan(self, round_: int) -> _RoundPlan:
         with self._lock:
