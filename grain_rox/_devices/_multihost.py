@@ -66,7 +66,13 @@ class MultiHostDataLoadIterator:
             ``data_axis``); give it instead of, or built on, ``mesh``.
         data_axis: The mesh axis that splits a batch's rows (default ``"data"``).
         prefetch: Batches kept on the devices ahead of the training step (at least 1).
-        worker_count: Grain worker processes reading a TokenPipeline (default 0: in process).
+        worker_count: Kept for compatibility: a TokenPipeline is read in process whatever it
+            says (a batch is one vectorised copy; Grain workers only add the cost of sending
+            it back), with a log line saying so; a Grain input brings its own workers.
+        features_on_device: For a TokenPipeline with the default ``"maxtext"`` layout, send
+            each batch as one array and derive the MaxText features on the devices with one
+            compiled function (default True: one transfer instead of six); False computes
+            them on the host and sends each array.
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import TokenPipeline, write_rox
@@ -91,6 +97,7 @@ class MultiHostDataLoadIterator:
         data_axis: str = "data",
         prefetch: int = 2,
         worker_count: int = 0,
+        features_on_device: bool = True,
     ) -> None:
         if data_sharding is not None and mesh is not None and data_sharding.mesh != mesh:
             raise ValueError("data_sharding was built on another mesh than mesh=")
@@ -107,7 +114,7 @@ class MultiHostDataLoadIterator:
         self.prefetch = max(1, int(prefetch))
         self.worker_count = int(worker_count)
         self._feed: Feed = (
-            PipelineFeed(loader_or_dataset, self.sharding, self.worker_count)
+            PipelineFeed(loader_or_dataset, self.sharding, self.worker_count, features_on_device)
             if isinstance(loader_or_dataset, TokenPipeline)
             else GrainFeed(loader_or_dataset, self.sharding)
         )
@@ -155,7 +162,8 @@ class MultiHostDataLoadIterator:
                 for a in arrays
             ]
         by_id = dict(zip(unique, placed, strict=True))
-        return jax.tree_util.tree_unflatten(treedef, [by_id[id(leaf)] for leaf in leaves])
+        batch = jax.tree_util.tree_unflatten(treedef, [by_id[id(leaf)] for leaf in leaves])
+        return self._feed.on_device(batch)
 
     def _produce(self, host_iter: Any, stop: threading.Event, out: queue.Queue[Any]) -> None:
         try:

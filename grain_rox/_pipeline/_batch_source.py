@@ -21,6 +21,7 @@ from grain_rox._order._curriculum import Phase
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._segments import maxtext_record, segment_features, windows_record
+from grain_rox._sources._tokens_layout import TOKENS
 from grain_rox._sources._windows import WindowReader
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class GlobalBatchSource:
         ]
         self.eos_ids = plan.eos_ids
         self.features = plan.has_segments  # whether batches carry segment features
+        self.tokens = plan.tokens  # how a layout="tokens" batch packs into one array
         self.dtype = pipeline.dtype
         self.num_batches: int | None = plan.num_batches
         self.step_limit = plan.step_limit
@@ -152,24 +154,45 @@ class GlobalBatchSource:
         lo, hi = self._rows[phase.batch_size]
         # each row's source, and its sample number in that source's own order
         _, sources, samples = self.schedule.step_samples(step, lo, hi)
-        if len(self.readers) == 1:
-            windows, joins = self.readers[0].read(samples, dtype=self.dtype)
-        else:
-            windows = np.empty((hi - lo, phase.seq_len + 1), dtype=self.dtype)
-            joins = None
-            for s in np.unique(sources).tolist():
-                sel = np.flatnonzero(sources == s)
-                part, part_joins = self.readers[s].read(samples[sel], dtype=self.dtype)
-                windows[sel] = part
-                if part_joins is not None:
-                    if joins is None:
-                        joins = np.zeros(windows.shape, dtype=bool)
-                    joins[sel] = part_joins
+        if self.pipeline.layout == TOKENS:
+            layout = self.tokens
+            assert layout is not None  # TokenPipeline checked it
+            batch = layout.empty(hi - lo, phase.seq_len)
+            _, joins = self._read(sources, samples, batch[:, : phase.seq_len + 1])
+            row_eos = np.asarray(self.eos_ids)[sources] if layout.eos_column else None
+            return {TOKENS: layout.fill(batch, joins, row_eos)}
+        windows, joins = self._read(sources, samples, None, phase.seq_len)
         features = self._features(windows, joins, sources)
         windows.flags.writeable = False  # inputs and targets are views of one buffer
         if self.pipeline.layout == "windows":
             return windows_record(windows, features)
         return maxtext_record(windows, features)
+
+    def _read(
+        self,
+        sources: np.ndarray,
+        samples: np.ndarray,
+        out: np.ndarray | None,
+        seq_len: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The windows of each row's sample of its source (into ``out`` if given), and the
+        mask of chunk joins (None when no window crosses one)."""
+        dtype = self.dtype if out is None else out.dtype
+        if len(self.readers) == 1:
+            return self.readers[0].read(samples, dtype=dtype, out=out)
+        if out is None:
+            assert seq_len is not None
+            out = np.empty((samples.size, seq_len + 1), dtype=dtype)
+        joins = None
+        for s in np.unique(sources).tolist():
+            sel = np.flatnonzero(sources == s)
+            part, part_joins = self.readers[s].read(samples[sel], dtype=dtype)
+            out[sel] = part
+            if part_joins is not None:
+                if joins is None:
+                    joins = np.zeros(out.shape, dtype=bool)
+                joins[sel] = part_joins
+        return out, joins
 
     def _features(
         self, windows: np.ndarray, joins: np.ndarray | None, sources: np.ndarray

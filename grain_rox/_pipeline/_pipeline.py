@@ -30,6 +30,9 @@ from grain_rox._order._permutation import int_arg, seed_arg
 from grain_rox._pipeline._batch_source import GlobalBatchSource, RowSpec
 from grain_rox._pipeline._plan import PipelinePlan, lane_orders, open_sources, resolve_plan
 from grain_rox._sources._grain_setup import batch_read_options
+from grain_rox._sources._tokens_layout import TOKENS, TokensLayout
+
+LAYOUTS = ("maxtext", "tokens", "windows")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +45,15 @@ class TokenPipeline:
     ``max_seq_len`` (default: the longest phase's) is the window room every lane keeps at an
     epoch's end; a run that may later add a phase with longer windows must set it up front.
 
+    ``layout="tokens"`` yields one array a batch, ``{"tokens": (B, seq_len + 1 + k)}`` in the
+    sources' own integer dtype (``uint16`` for most vocabularies): the window plus ``k`` small
+    columns that say where it crosses a chunk join. Each array sent to an accelerator costs a
+    transfer of fixed price, so this is the fastest way in; :meth:`unpack` turns it into the
+    MaxText features inside the training step's jit. ``MultiHostDataLoadIterator`` sends the
+    default ``"maxtext"`` layout this way too and derives the features on the devices.
     ``layout="windows"`` yields ``{"windows": (B, seq_len + 1)}`` (plus ``"segments"``:
-    (B, 3, seq_len) = inputs_segmentation, inputs_position, targets_segmentation) instead of
-    six MaxText arrays: fewer, larger transfers to the devices (each transfer has a fixed
-    cost); :func:`grain_rox.unpack_windows` turns it back into MaxText features inside a jit.
+    (B, 3, seq_len) = inputs_segmentation, inputs_position, targets_segmentation), which
+    :func:`grain_rox.unpack_windows` turns back into MaxText features.
 
     Each record has ``inputs`` and ``targets`` (``seq_len`` tokens each, targets shifted by
     one) and, when an EOS id is known (argument or manifest), ``inputs_segmentation``,
@@ -77,7 +85,8 @@ class TokenPipeline:
         max_seq_len: The longest window any phase may use, now or later (default: the longest
             phase's).
         dtype: The dtype of ``inputs`` and ``targets`` (default ``int32``).
-        layout: ``"maxtext"`` (six arrays, default) or ``"windows"`` (see above).
+        layout: ``"maxtext"`` (six arrays, default), ``"tokens"`` (one array) or
+            ``"windows"`` (see above).
         allow_mixed_tokenizers: Mix sources tokenized differently (default False: refused).
 
     >>> import tempfile, os, numpy as np
@@ -147,8 +156,8 @@ class TokenPipeline:
                 "give each Phase its steps (see estimate_steps)"
             )
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
-        if self.layout not in ("maxtext", "windows"):
-            raise ValueError(f"layout={self.layout!r}; use 'maxtext' or 'windows'")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout={self.layout!r}; use one of {', '.join(map(repr, LAYOUTS))}")
         self.schedule  # noqa: B018 - builds it now: names and weights are validated early
 
     # ---- the data ---------------------------------------------------------------------
@@ -221,7 +230,57 @@ class TokenPipeline:
     def batch_source(self, *, rows: RowSpec = None, first_step: int = 0) -> GlobalBatchSource:
         """The Grain data source: record ``i`` = rows ``[lo, hi)`` of global batch
         ``first_step + i`` (``rows`` may map each phase's batch size to its rows)."""
+        if self.layout == "tokens":
+            self.tokens_layout()  # refuses tokens that are not integers
         return GlobalBatchSource(self, rows=rows, first_step=first_step)
+
+    # ---- one array a batch ----------------------------------------------------------------
+    def tokens_layout(self) -> TokensLayout:
+        """How this pipeline packs a batch into one ``layout="tokens"`` array (its dtype, its
+        join and EOS columns); a ``ValueError`` if the sources' tokens are not integers."""
+        layout = self.plan.tokens
+        if layout is None:
+            dtypes = sorted({c.dtype.name for c in self.plan.corpora.values()})
+            raise ValueError(
+                f"layout='tokens' packs integer token ids, but these sources store {dtypes}; "
+                "use layout='maxtext' or 'windows'"
+            )
+        return layout
+
+    def with_layout(self, layout: str) -> TokenPipeline:
+        """This pipeline with another record ``layout``: the same data, order and batches
+        (and the same opened data: nothing is resolved again).
+
+        >>> import tempfile, os, numpy as np
+        >>> from grain_rox import write_rox
+        >>> path = os.path.join(tempfile.mkdtemp(), "l.rox")
+        >>> _ = write_rox([np.arange(1, 5000, dtype=np.uint16)], path, separator=0)
+        >>> pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, seed=1)
+        >>> batch = pipe.with_layout("tokens").map_dataset()[0]
+        >>> batch["tokens"].shape, batch["tokens"].dtype.name
+        ((4, 18), 'uint16')
+        >>> features = pipe.unpack(batch)  # inside a jit in a training step
+        >>> expected = pipe.map_dataset()[0]
+        >>> all(np.array_equal(features[k], expected[k]) for k in expected)
+        True
+        """
+        other = dataclasses.replace(self, layout=layout)
+        if "plan" in self.__dict__:  # share the resolved plan (layout plays no part in it)
+            other.__dict__["plan"] = self.__dict__["plan"]
+        return other
+
+    def unpack(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The MaxText features (``inputs``, ``targets`` and, with an EOS id, the four
+        segment features) of a ``layout="tokens"`` batch: NumPy for NumPy, ``jax.Array``
+        for JAX (cheap inside ``jax.jit``: a cumulative sum and max per row). See
+        :meth:`with_layout` for an example."""
+        if TOKENS not in batch:
+            raise KeyError(
+                f"unpack() reads a layout='tokens' batch (key {TOKENS!r}); this one has keys "
+                f"{sorted(batch)}: build the pipeline with layout='tokens', or use "
+                "pipe.with_layout('tokens')"
+            )
+        return self.tokens_layout().unpack(batch[TOKENS], out_dtype=self.dtype)
 
     @property
     def num_batches(self) -> int | None:

@@ -23,6 +23,7 @@ from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._order._curriculum import SAMPLE_LIMIT
 from grain_rox._order._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
 from grain_rox._order._permutation import derive_key, int_arg
+from grain_rox._sources._tokens_layout import TokensLayout, tokens_layout
 
 if TYPE_CHECKING:
     from grain_rox._pipeline._pipeline import TokenPipeline
@@ -143,6 +144,7 @@ class PipelinePlan:
     eos_ids: tuple[int | None, ...]  # each source's EOS id for segment features (None: none)
     num_batches: int | None  # global batches in all (None: endless)
     step_limit: int  # the first step the pipeline cannot start at (num_batches when finite)
+    tokens: TokensLayout | None  # how a batch packs into one array (None: tokens not ints)
 
     @property
     def has_segments(self) -> bool:
@@ -170,10 +172,18 @@ def resolve_plan(
     total = schedule.total_steps
     if pipeline.num_epochs is not None:
         total = orders[0].windows_per_epoch * pipeline.num_epochs // schedule.phases[0].batch_size
+    has_segments = all(e is not None for e in eos_ids)
+    tokens = tokens_layout(
+        eos_ids=eos_ids if has_segments else [],
+        chunk_tokens=[o.chunk_tokens for o in orders],
+        max_seq_len=orders[0].max_seq_len,
+        token_dtypes=[c.dtype for c in corpora.values()],
+    )
     return PipelinePlan(
         corpora=corpora,
         orders=orders,
         eos_ids=eos_ids,
         num_batches=total,
         step_limit=schedule.step_limit if total is None else total,
+        tokens=tokens,
     )

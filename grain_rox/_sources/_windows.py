@@ -117,7 +117,7 @@ class WindowReader(ProcessLocal):
         return view
 
     def _read_slots(
-        self, round_: int, lo: int, n: int, dtype: np.dtype
+        self, round_: int, lo: int, n: int, dtype: np.dtype, out: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray | None] | None:
         """Fast path: consecutive slots ``[lo, lo + n)`` of one round, one seq_len."""
         plan = self._plan(round_)
@@ -125,7 +125,7 @@ class WindowReader(ProcessLocal):
         width = int(plan.seq_len[lo]) + 1
         if n > 1 and not (plan.seq_len[lo:hi] == width - 1).all():
             return None
-        out = np.empty((n, width), dtype=dtype)
+        out = _destination(out, (n, width), dtype)
         single = plan.single[lo:hi]
         all_single = bool(single.all())
         shards, starts = plan.slot_shard[lo:hi], plan.slot_start[lo:hi]
@@ -163,9 +163,12 @@ class WindowReader(ProcessLocal):
             if d:
                 joins[row, d] = True
 
-    def read(self, samples: np.ndarray, *, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray | None]:
-        """Windows of ``samples`` as an (n, seq_len + 1) array of ``dtype``, plus a boolean
-        (n, seq_len + 1) mask of chunk joins (None when no window crosses one).
+    def read(
+        self, samples: np.ndarray, *, dtype: np.dtype, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Windows of ``samples`` as an (n, seq_len + 1) array of ``dtype`` (written into
+        ``out`` when given: any (n, seq_len + 1) array, a strided view included), plus a
+        boolean (n, seq_len + 1) mask of chunk joins (None when no window crosses one).
 
         All samples must share one seq_len (one curriculum phase). Windows that lie in one
         chunk (nearly all) are gathered per shard in one vectorised copy from a strided view
@@ -175,12 +178,12 @@ class WindowReader(ProcessLocal):
         lanes = self.order.lanes
         first, n = int(samples[0]), samples.size
         if first // lanes == (first + n - 1) // lanes and int(samples[-1]) == first + n - 1:
-            fast = self._read_slots(first // lanes, first % lanes, n, dtype)
+            fast = self._read_slots(first // lanes, first % lanes, n, dtype, out)
             if fast is not None:
                 return fast
         rounds = samples // lanes
-        out: np.ndarray | None = None
         joins: np.ndarray | None = None
+        dest: np.ndarray | None = None  # out, once its shape is known
         first_round, last_round = int(rounds[0]), int(rounds[-1])
         round_ids = [first_round] if first_round == last_round else np.unique(rounds).tolist()
         for j in round_ids:
@@ -188,8 +191,8 @@ class WindowReader(ProcessLocal):
             rows = np.arange(samples.size) if len(round_ids) == 1 else np.flatnonzero(rounds == j)
             slots = samples[rows] - j * lanes
             width = int(plan.seq_len[slots[0]]) + 1
-            if out is None:
-                out = np.empty((samples.size, width), dtype=dtype)
+            if dest is None:
+                dest = _destination(out, (samples.size, width), dtype)
             if np.any(plan.seq_len[slots] + 1 != width):
                 raise ValueError("one read holds windows of one seq_len (one phase)")
             fp = plan.first_piece
@@ -207,10 +210,19 @@ class WindowReader(ProcessLocal):
                 lo, hi = int(g_shards.min()), int(g_shards.max())
                 for s in [lo] if lo == hi else np.unique(g_shards).tolist():
                     sel = slice(None) if lo == hi else g_shards == s
-                    out[g_rows[sel]] = self._windows_view(s, width)[g_starts[sel]]
+                    dest[g_rows[sel]] = self._windows_view(s, width)[g_starts[sel]]
             for r, slot in zip(rows[~single].tolist(), slots[~single].tolist(), strict=True):
                 if joins is None:
                     joins = np.zeros((samples.size, width), dtype=bool)
-                self._copy_pieces(plan, slot, out, r, joins)
-        assert out is not None
-        return out, joins
+                self._copy_pieces(plan, slot, dest, r, joins)
+        assert dest is not None
+        return dest, joins
+
+
+def _destination(out: np.ndarray | None, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """``out`` if given (it must have ``shape``), else a new array."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    if out.shape != shape:
+        raise ValueError(f"out has shape {out.shape}; these windows need {shape}")
+    return out

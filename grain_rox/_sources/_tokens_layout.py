@@ -1,0 +1,198 @@
+"""One array a batch: the ``layout="tokens"`` wire format, and the MaxText features from it.
+
+Every separate array a batch sends to an accelerator costs a transfer with a fixed price
+that no host speed removes (measured on an H100 host: six arrays cost 3x one). So a batch
+can travel as one array, ``tokens``, of shape ``(B, seq_len + 1 + joins + eos)`` in the
+corpus's own integer dtype (``uint16`` when the vocabulary fits: half the bytes of int32):
+
+* columns ``[0, seq_len]``: the window, ``seq_len + 1`` tokens (inputs and shifted targets);
+* the next ``joins`` columns: where the window crosses a chunk join (unrelated text
+  follows), as positions ``1..seq_len``, 0 for none; present only with segment features and
+  only as many as a window can cross (1 for the default 64K-token chunks);
+* one last column, only when the sources use different EOS ids: each row's EOS id.
+
+:meth:`TokensLayout.unpack` turns it into the six MaxText arrays with a handful of
+vectorised operations (a cumulative sum and a cumulative max per row), in NumPy or inside
+a ``jax.jit`` on the device, equal to the features computed on the host
+(``_sources._segments.segment_features``).
+
+>>> layout = TokensLayout(join_columns=1, eos_id=0, eos_column=False, dtype=np.dtype("uint16"))
+>>> tokens = layout.pack(np.array([[5, 6, 0, 7, 8, 9]], np.uint16), joins=None)
+>>> tokens.tolist()  # the window, then "no join"
+[[5, 6, 0, 7, 8, 9, 0]]
+>>> f = layout.unpack(tokens, out_dtype=np.int32)
+>>> f["inputs"].tolist(), f["inputs_segmentation"].tolist(), f["inputs_position"].tolist()
+([[5, 6, 0, 7, 8]], [[1, 1, 1, 2, 2]], [[0, 1, 2, 0, 1]])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from grain_rox._sources._segments import (
+    INPUTS,
+    INPUTS_POSITION,
+    INPUTS_SEGMENTATION,
+    TARGETS,
+    TARGETS_POSITION,
+    TARGETS_SEGMENTATION,
+)
+
+TOKENS = "tokens"  # the key of a layout="tokens" batch's one array
+
+
+@dataclasses.dataclass(frozen=True)
+class TokensLayout:
+    """How a pipeline's batches are packed into one ``tokens`` array (see the module doc).
+
+    Attributes:
+      join_columns: columns holding chunk-join positions (0 without segment features).
+      eos_id: the EOS id of every source (None without segment features, or when the
+        sources differ: then ``eos_column`` is set).
+      eos_column: whether a last column holds each row's EOS id.
+      dtype: the array's dtype: the sources' integer token dtype, widened if a join position
+        or an EOS id would not fit.
+    """
+
+    join_columns: int
+    eos_id: int | None
+    eos_column: bool
+    dtype: np.dtype
+
+    @property
+    def features(self) -> bool:
+        """Whether the batches carry the four segment features."""
+        return self.eos_id is not None or self.eos_column
+
+    def width(self, seq_len: int) -> int:
+        """Columns of a batch of ``seq_len``-token rows."""
+        return seq_len + 1 + self.join_columns + int(self.eos_column)
+
+    def seq_len(self, width: int) -> int:
+        """The ``seq_len`` of a batch ``width`` columns wide."""
+        return width - 1 - self.join_columns - int(self.eos_column)
+
+    def empty(self, rows: int, seq_len: int) -> np.ndarray:
+        """A batch to fill: read the windows into ``out[:, :seq_len + 1]``, then :meth:`fill`."""
+        return np.empty((rows, self.width(seq_len)), dtype=self.dtype)
+
+    def fill(
+        self, tokens: np.ndarray, joins: np.ndarray | None, eos_ids: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Write the join columns (from the ``(B, seq_len + 1)`` boolean ``joins`` mask, or
+        None) and the EOS column (``eos_ids``: each row's) of a batch whose windows are in
+        place; returns ``tokens``, read-only."""
+        seq_len = self.seq_len(tokens.shape[1])
+        extra = tokens[:, seq_len + 1 :]
+        extra[...] = 0
+        if joins is not None and self.join_columns:
+            rows, positions = np.nonzero(joins[:, 1:])
+            if rows.size:
+                positions = positions + 1
+                first = np.searchsorted(rows, rows, side="left")  # rows come out sorted
+                column = np.arange(rows.size) - first
+                if int(column.max()) >= self.join_columns:
+                    raise AssertionError(
+                        f"a window crosses {int(column.max()) + 1} chunk joins, more than the "
+                        f"{self.join_columns} the layout holds"
+                    )
+                extra[rows, column] = positions
+        if self.eos_column:
+            assert eos_ids is not None
+            extra[:, -1] = eos_ids
+        tokens.flags.writeable = False
+        return tokens
+
+    def pack(self, windows: np.ndarray, joins: np.ndarray | None) -> np.ndarray:
+        """``(B, seq_len + 1)`` windows (and their join mask) as a new ``tokens`` batch."""
+        out = self.empty(windows.shape[0], windows.shape[1] - 1)
+        out[:, : windows.shape[1]] = windows
+        return self.fill(out, joins)
+
+    def unpack(self, tokens: Any, *, out_dtype: Any) -> dict[str, Any]:
+        """The MaxText features of a ``tokens`` batch: NumPy in, NumPy out; a ``jax.Array``
+        (or a tracer inside ``jax.jit``) in, ``jax.Array`` out. ``inputs``/``targets`` are
+        ``out_dtype``; the segment features int32."""
+        xp: Any = np if isinstance(tokens, np.ndarray) else _jnp()
+        seq_len = self.seq_len(tokens.shape[1])
+        window = tokens[:, : seq_len + 1].astype(out_dtype)
+        out = {INPUTS: window[:, :-1], TARGETS: window[:, 1:]}
+        if not self.features:
+            return out
+        rows = tokens.shape[0]
+        if self.eos_column:
+            eos = tokens[:, -1:].astype(out_dtype)
+        else:
+            eos = xp.asarray(self.eos_id).astype(out_dtype)
+        # position t starts a segment: t == 0, the token before it is EOS, or a join at t
+        after_eos = window[:, : seq_len - 1] == eos
+        starts = xp.concatenate([xp.ones((rows, 1), dtype=bool), after_eos], axis=1)
+        join_at = None
+        if self.join_columns:
+            columns = tokens[:, seq_len + 1 : seq_len + 1 + self.join_columns].astype(np.int32)
+            t = xp.arange(seq_len + 1, dtype=np.int32)
+            join_at = ((columns[:, :, None] == t) & (columns[:, :, None] > 0)).any(axis=1)
+            starts = starts | join_at[:, :seq_len]
+        t = xp.arange(seq_len, dtype=np.int32)
+        segmentation = xp.cumsum(starts, axis=1, dtype=np.int32)
+        last_start = _cummax(xp.where(starts, t, 0))  # the latest segment start so far
+        position = (t - last_start).astype(np.int32)
+        target_segmentation = segmentation
+        if join_at is not None:  # no loss on a target across a join (unrelated text)
+            target_segmentation = xp.where(join_at[:, 1:], 0, segmentation).astype(np.int32)
+        out[INPUTS_SEGMENTATION] = segmentation
+        out[INPUTS_POSITION] = position
+        out[TARGETS_SEGMENTATION] = target_segmentation
+        out[TARGETS_POSITION] = position
+        return out
+
+
+def _jnp() -> Any:
+    import jax.numpy as jnp
+
+    return jnp
+
+
+def _cummax(x: Any) -> Any:
+    """The running maximum along each row."""
+    if isinstance(x, np.ndarray):
+        return np.maximum.accumulate(x, axis=1)
+    import jax
+
+    return jax.lax.cummax(x, axis=1)
+
+
+def tokens_layout(
+    *,
+    eos_ids: Sequence[int | None],
+    chunk_tokens: Sequence[int],
+    max_seq_len: int,
+    token_dtypes: Sequence[np.dtype],
+) -> TokensLayout | None:
+    """The layout of a pipeline's sources (their EOS ids, None where features are off;
+    chunk sizes; stored dtypes), or None when its tokens are not integers.
+
+    >>> tokens_layout(eos_ids=[0], chunk_tokens=[65536], max_seq_len=1024,
+    ...               token_dtypes=[np.dtype("uint16")])
+    TokensLayout(join_columns=1, eos_id=0, eos_column=False, dtype=dtype('uint16'))
+    """
+    dtype = np.result_type(*token_dtypes)
+    if dtype.kind not in "iu":
+        return None
+    features = bool(eos_ids) and all(e is not None for e in eos_ids)
+    distinct = {int(e) for e in eos_ids if e is not None} if features else set()
+    join_columns = max(math.ceil(max_seq_len / c) for c in chunk_tokens) if features else 0
+    largest = max([max_seq_len, *distinct]) if features else 0
+    if largest > np.iinfo(dtype).max:
+        dtype = np.result_type(dtype, np.min_scalar_type(largest))
+    return TokensLayout(
+        join_columns=join_columns,
+        eos_id=distinct.pop() if len(distinct) == 1 else None,
+        eos_column=len(distinct) > 1,
+        dtype=np.dtype(dtype),
+    )
