@@ -50,6 +50,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import grain_rox
+from grain_rox._sources._segments import INPUTS, MAXTEXT_FEATURES, TARGETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for _harness, however this is run
 from _harness import (
@@ -375,10 +376,9 @@ def bench_throughput(cfg: Config, corpus: Corpus, roxxel: Any) -> tuple[list[Row
 
     # Check once that the contenders produce what they claim.
     b = pipe.batch_source()[0]
-    assert set(b) == {"inputs", "targets", "inputs_segmentation", "inputs_position",
-                      "targets_segmentation", "targets_position"}, set(b)  # fmt: skip
+    assert set(b) == set(MAXTEXT_FEATURES), set(b)
     assert b["inputs"].shape == (BATCH, SEQ_LEN) and b["inputs"].dtype == np.int32
-    assert set(pipe_noseg.batch_source()[0]) == {"inputs", "targets"}
+    assert set(pipe_noseg.batch_source()[0]) == {INPUTS, TARGETS}
     assert FloorSampler(corpus).batch().shape == (BATCH, WIDTH)
     with grain_rox.MultiHostDataLoadIterator(pipe) as it:
         assert it.sharding == sharding, (it.sharding, sharding)
@@ -643,8 +643,7 @@ def bench_rss(cfg: Config, corpus: Corpus, tmp: str, throughput: dict) -> list[R
             jax.block_until_ready(batch)
             time.sleep(SETTLE_S)  # let the producer fill its queue: the same state on both sides
             after = status_kib()
-            assert set(batch) == {"inputs", "targets", "inputs_segmentation", "inputs_position",
-                                  "targets_segmentation", "targets_position"}  # fmt: skip
+            assert set(batch) == set(MAXTEXT_FEATURES)
             it.close()
             del it, batch
             return {

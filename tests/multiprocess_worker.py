@@ -65,7 +65,11 @@ def main() -> None:
             "local_device_count": jax.local_device_count(),
             "device_count": jax.device_count(),
         }
-        with grain_rox.MultiHostDataLoadIterator(pipeline) as it:
+        # features_on_device: True in the 2-process wave (the accelerator path: one array
+        # placed, the features derived by one jit over the global array), the default (host
+        # features on CPU devices) in the 4-process one.
+        on_device = plan.get("features_on_device")
+        with grain_rox.MultiHostDataLoadIterator(pipeline, features_on_device=on_device) as it:
             # The rows this process reads, for the (single) phase's batch size.
             meta["rows"] = list(it.local_rows[plan["pipeline"]["global_batch_size"]])
             if run.get("restore"):

@@ -13,13 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from _corpora import random_documents
 
 from grain_rox import (
     MultiHostDataLoadIterator,
     RoxCheckpointRestore,
     RoxCheckpointSave,
     TokenPipeline,
-    write_rox,
 )
 from grain_rox._devices._checkpoint import RoxCheckpointHandler
 
@@ -45,11 +45,8 @@ RESTORE_SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("ck") / "ck.rox")
-    rng = np.random.default_rng(1)
-    write_rox([rng.integers(1, 500, 400, dtype=np.uint16) for _ in range(500)], path, separator=0)
-    return path
+def corpus(make_rox):
+    return make_rox("ck", random_documents(1, 500, lengths=400, high=500), separator=0)
 
 
 def make_pipe(corpus: str, **overrides) -> TokenPipeline:
@@ -93,15 +90,14 @@ def test_model_and_data_restore_in_a_fresh_process_bit_exactly(corpus, tmp_path)
             np.testing.assert_array_equal(restored[f"{key}_{i}"], np.asarray(value))
 
 
-def test_restore_into_other_data_is_refused_naming_the_change(corpus, tmp_path):
+def test_restore_into_other_data_is_refused_naming_the_change(corpus, make_rox, tmp_path):
     it = MultiHostDataLoadIterator(make_pipe(corpus))
     next(it)
     manager = ocp.CheckpointManager(str(tmp_path / "ckpt"))
     manager.save(1, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
     manager.wait_until_finished()
     it.close()
-    other = str(tmp_path / "other.rox")
-    write_rox([np.arange(200_000, dtype=np.uint16)], other, separator=0)
+    other = make_rox("other", [np.arange(200_000, dtype=np.uint16)], separator=0)
     wrong_data = MultiHostDataLoadIterator(make_pipe(other))
     with pytest.raises(
         ValueError, match=r"the pipeline changed \(data: saved \{'': '[0-9a-f]{16}'\} -> now"

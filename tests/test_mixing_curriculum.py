@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline, write_rox
+from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline
 from grain_rox._order._mixture import Mixture
 
 OFFSETS = {"a": 0, "b": 10_000_000, "c": 20_000_000}
@@ -15,16 +15,17 @@ SIZES = {"a": 60_000, "b": 40_000, "c": 30_000}
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory):
+def sources(make_rox):
     """Three corpora whose token values encode (source, stream position)."""
-    d = tmp_path_factory.mktemp("mix")
-    paths = {}
-    for name, offset in OFFSETS.items():
-        path = str(d / f"{name}.rox")
-        tokens = np.arange(offset, offset + SIZES[name], dtype=np.uint32)
-        write_rox([tokens], path, block_size=4000, manifest=False)
-        paths[name] = path
-    return paths
+    return {
+        name: make_rox(
+            name,
+            [np.arange(offset, offset + SIZES[name], dtype=np.uint32)],
+            block_size=4000,
+            manifest=False,
+        )
+        for name, offset in OFFSETS.items()
+    }
 
 
 def source_of(tokens: np.ndarray) -> np.ndarray:

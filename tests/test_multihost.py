@@ -9,18 +9,16 @@ import grain
 import jax
 import numpy as np
 import pytest
+from _corpora import random_documents
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from grain_rox import MultiHostDataLoadIterator, TokenPipeline, write_rox
+from grain_rox import MultiHostDataLoadIterator, TokenPipeline
+from grain_rox._sources._segments import MAXTEXT_FEATURES
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("mh") / "mh.rox")
-    rng = np.random.default_rng(0)
-    docs = [rng.integers(1, 1000, rng.integers(5, 200), dtype=np.uint16) for _ in range(3000)]
-    write_rox(docs, path, separator=0)
-    return path
+def corpus(make_rox):
+    return make_rox("mh", random_documents(0, 3000, lengths=(5, 200), high=1000), separator=0)
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +30,7 @@ def test_yields_global_arrays_sharded_over_the_data_axis(pipe):
     assert jax.device_count() == 8
     with MultiHostDataLoadIterator(pipe) as it:
         batch = next(it)
-    assert set(batch) == {
-        "inputs",
-        "targets",
-        "inputs_segmentation",
-        "inputs_position",
-        "targets_segmentation",
-        "targets_position",
-    }
+    assert set(batch) == set(MAXTEXT_FEATURES)
     x = batch["inputs"]
     assert isinstance(x, jax.Array) and x.shape == (16, 32) and x.dtype == np.int32
     assert x.sharding.spec == PartitionSpec("data")
@@ -151,10 +142,17 @@ def test_close_stops_the_prefetch_thread(pipe):
     assert {t.name for t in threading.enumerate()} - before == set()
 
 
-def test_grain_worker_processes_feed_the_iterator(pipe):
-    pytest.importorskip("absl")
-    with MultiHostDataLoadIterator(pipe, worker_count=2) as it:
+def test_worker_count_reads_a_token_pipeline_in_process_and_says_why(pipe, caplog):
+    before = {t.name for t in threading.enumerate()}
+    with caplog.at_level("WARNING", logger="grain_rox"):
+        it = MultiHostDataLoadIterator(pipe, worker_count=2)
+    assert "MultiHostDataLoadIterator(worker_count=2) reads this TokenPipeline in process" in (
+        caplog.text
+    )
+    with it:
         got = [np.asarray(next(it)["inputs"]) for _ in range(3)]
+        started = {t.name for t in threading.enumerate()} - before
+    assert started == {"grain_rox-prefetch"}  # no Grain worker threads or processes
     ds = pipe.map_dataset()
     assert all(np.array_equal(g, ds[k]["inputs"]) for k, g in enumerate(got))
 

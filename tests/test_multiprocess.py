@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from _corpora import random_documents
 
 import grain_rox
 from grain_rox import (
@@ -31,6 +32,7 @@ from grain_rox import (
     RoxCheckpointSave,
     TokenPipeline,
 )
+from grain_rox._sources._segments import MAXTEXT_FEATURES
 
 WORKER = Path(__file__).with_name("multiprocess_worker.py")
 TIMEOUT = 120.0
@@ -38,14 +40,6 @@ SEQ_LEN = 64
 BATCH = 16
 SEED = 3
 CONFIG = {"seq_len": SEQ_LEN, "global_batch_size": BATCH, "seed": SEED}
-FEATURES = (
-    "inputs",
-    "targets",
-    "inputs_segmentation",
-    "inputs_position",
-    "targets_segmentation",
-    "targets_position",
-)
 
 
 # ---- spawning workers ------------------------------------------------------------------------
@@ -133,8 +127,12 @@ def load_outputs(out_dir: Path, tag: str, num_processes: int) -> list[dict]:
             result.append(
                 {
                     "meta": meta,
-                    "local": {k: [z[f"local__{k}__{i}"] for i in range(n)] for k in FEATURES},
-                    "global": {k: [z[f"global__{k}__{i}"] for i in range(n)] for k in FEATURES},
+                    "local": {
+                        k: [z[f"local__{k}__{i}"] for i in range(n)] for k in MAXTEXT_FEATURES
+                    },
+                    "global": {
+                        k: [z[f"global__{k}__{i}"] for i in range(n)] for k in MAXTEXT_FEATURES
+                    },
                 }
             )
     return result
@@ -142,17 +140,10 @@ def load_outputs(out_dir: Path, tag: str, num_processes: int) -> list[dict]:
 
 # ---- fixtures ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
+def corpus(make_rox) -> str:
     """~300k random uint16 tokens in documents separated by 0 (so segmentation features)."""
-    rng = np.random.default_rng(1234)
-    docs, total = [], 0
-    while total < 300_000:
-        n = int(rng.integers(1, 3000))
-        docs.append(rng.integers(1, 65535, size=n, dtype=np.uint16))
-        total += n + 1
-    path = tmp_path_factory.mktemp("corpus") / "mp.rox"
-    grain_rox.write_rox(docs, path, separator=0)
-    return str(path)
+    docs = random_documents(1234, lengths=(1, 3000), high=65535, until_tokens=300_000)
+    return make_rox("mp", docs, separator=0)
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +163,7 @@ def expected(pipeline):
         return cache[k]
 
     first = batch(0)
-    assert tuple(first) == FEATURES  # segmentation features are present
+    assert tuple(first) == MAXTEXT_FEATURES  # segmentation features are present
     assert first["inputs_segmentation"].max() > 1  # documents do end inside windows
     return batch
 
@@ -230,6 +221,7 @@ def waves(tmp_path_factory, corpus, ckpt_1proc, ckpt_near_epoch_end, epoch_end):
         if n == 2:
             np.save(root / "rows.npy", np.arange(200 * 3, dtype=np.int32).reshape(200, 3))
             base["npy"] = {"path": str(root / "rows.npy"), "batch": 8, "seed": 5, "read": 30}
+            base["features_on_device"] = True  # see multiprocess_worker.py
             runs = [
                 # Fresh: 20 batches, checkpoint after 10 (then keep going).
                 {"tag": "fresh2", "read": 20, "save": {"dir": str(ckpt_2proc), "after": 10}},
@@ -271,7 +263,7 @@ def assert_batches_equal(outputs: list[dict], expected, first_step: int, count: 
         lo, hi = meta["rows"]
         for i in range(count):
             want = expected(first_step + i)
-            for key in FEATURES:
+            for key in MAXTEXT_FEATURES:
                 got_global = proc["global"][key][i]
                 got_local = proc["local"][key][i]
                 where = f"process {meta['process_index']}/{n}, step {first_step + i}, {key}"
@@ -304,7 +296,7 @@ def test_each_process_reads_only_its_own_rows(waves, num_processes):
         assert meta["process_count"] == num_processes
         assert meta["local_device_count"] == 8 // num_processes
         assert meta["device_count"] == 8
-        assert meta["global_shapes"] == {k: [BATCH, SEQ_LEN] for k in FEATURES}
+        assert meta["global_shapes"] == {k: [BATCH, SEQ_LEN] for k in MAXTEXT_FEATURES}
         lo, hi = meta["rows"]
         assert hi - lo == per_process
         spans.append((lo, hi))
@@ -314,7 +306,7 @@ def test_each_process_reads_only_its_own_rows(waves, num_processes):
             assert shards[0][0] == lo and shards[-1][1] == hi
             for (a, b, size), nxt in zip(shards, [*shards[1:], [hi]], strict=True):
                 assert size == b - a == BATCH // 8 and nxt[0] == b
-        for key in FEATURES:
+        for key in MAXTEXT_FEATURES:
             assert all(x.shape == (per_process, SEQ_LEN) for x in proc["local"][key])
     # Together the processes hold every row once.
     assert sorted(spans) == [(i * per_process, (i + 1) * per_process) for i in range(num_processes)]
@@ -344,7 +336,7 @@ def test_resume_two_processes_into_one(waves, pipeline, expected):
         assert it.step == 10
         for k in range(10, 20):
             batch = next(it)
-            for key in FEATURES:
+            for key in MAXTEXT_FEATURES:
                 assert np.array_equal(np.asarray(batch[key]), expected(k)[key]), (k, key)
         assert it.step == 20
 

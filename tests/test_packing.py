@@ -13,12 +13,11 @@ from grain_rox import (
     TokenPipeline,
     pack_documents,
     padding_efficiency,
-    write_rox,
 )
 
 
 @pytest.fixture(scope="module")
-def docs_corpus(tmp_path_factory):
+def docs_corpus(make_rox):
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 40, 300)
     docs = [
@@ -26,9 +25,7 @@ def docs_corpus(tmp_path_factory):
         for i, n in enumerate(lengths)
     ]
     docs.append(np.arange(1, 100, dtype=np.uint16))  # one long document (99 tokens)
-    path = str(tmp_path_factory.mktemp("pack") / "d.rox")
-    write_rox(docs, path, separator=0, block_size=256, max_shard_bytes=2000)
-    return path, docs
+    return make_rox("d", docs, separator=0, block_size=256, max_shard_bytes=2000), docs
 
 
 def test_documents_are_found_at_eos_across_shards(docs_corpus):
@@ -104,11 +101,10 @@ def test_packing_iterator_restores_exactly(docs_corpus):
             np.testing.assert_array_equal(got[key], e[key])
 
 
-def test_best_fit_pads_less_than_first_fit_on_real_text(tmp_path):
+def test_best_fit_pads_less_than_first_fit_on_real_text(make_rox):
     from grain_rox._text._builtin_corpus import builtin_documents
 
-    path = str(tmp_path / "prose.rox")
-    write_rox(builtin_documents("prose", limit=400), path, tokenizer="bytes")
+    path = make_rox("prose", builtin_documents("prose", limit=400), tokenizer="bytes")
     source = RoxDocumentSource(path, seq_len=512)
     eff = {}
     for method in ("best_fit", "first_fit"):
@@ -119,7 +115,7 @@ def test_best_fit_pads_less_than_first_fit_on_real_text(tmp_path):
     assert eff["best_fit"] >= eff["first_fit"] > 0.5, eff
 
 
-def test_segment_ids_mask_attention_in_a_flax_layer(tmp_path):
+def test_segment_ids_mask_attention_in_a_flax_layer(make_rox):
     """Change every token of one document: the outputs at other documents' positions stay
     bit-identical, so no position attends across a document boundary."""
     jax = pytest.importorskip("jax")
@@ -127,8 +123,7 @@ def test_segment_ids_mask_attention_in_a_flax_layer(tmp_path):
     nnx = pytest.importorskip("flax.nnx")
     rng = np.random.default_rng(3)
     docs = [rng.integers(1, 200, n, dtype=np.uint16) for n in (9, 14, 5, 20, 7, 11, 6, 13)]
-    path = str(tmp_path / "a.rox")
-    write_rox(docs, path, separator=0, block_size=64)
+    path = make_rox("a", docs, separator=0, block_size=64)
     batch = next(
         iter(
             TokenPipeline(

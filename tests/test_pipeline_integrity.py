@@ -23,7 +23,6 @@ from grain_rox import (
     TokenPipeline,
     mix_datasets,
     pack_documents,
-    write_rox,
 )
 
 LENGTHS = (3, 12, 5, 9, 30, 2, 17, 8)  # documents of n tokens; several longer than seq_len + 1
@@ -115,10 +114,9 @@ def test_records_of_inputs_and_targets_are_split_too():
     assert from_records == from_tokens
 
 
-def test_rox_documents_split_truncate_or_error_like_pack_documents(tmp_path, caplog):
-    path = str(tmp_path / "d.rox")
+def test_rox_documents_split_truncate_or_error_like_pack_documents(make_rox, caplog):
     docs = [d.astype(np.uint16) for d in token_docs()]
-    write_rox(docs, path, separator=0, block_size=64)
+    path = make_rox("d", docs, separator=0, block_size=64)
     with_eos = [np.concatenate([d, [0]]).astype(np.int32) for d in docs]
     split = RoxDocumentSource(path, seq_len=8)
     pieces = [
@@ -178,14 +176,12 @@ def test_mix_datasets_state_refuses_another_mixture(changes, named):
 
 
 @pytest.fixture(scope="module")
-def doc_files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("docs")
-    paths = []
-    for k in range(2):
-        path = str(d / f"d{k}.rox")
-        write_rox([(d_ + k).astype(np.uint16) for d_ in token_docs()], path, separator=0)
-        paths.append(path)
-    return paths
+def doc_files(make_rox):
+    """Two files of token_docs(), the second's tokens one higher."""
+    return [
+        make_rox(f"d{k}", [(d + k).astype(np.uint16) for d in token_docs()], separator=0)
+        for k in range(2)
+    ]
 
 
 def packing(path, **changes):
@@ -261,10 +257,8 @@ def test_grain_checkpoint_helper_holds_with_split_documents_and_mixtures():
 
 # ---- item 8: steps past the end --------------------------------------------------------------
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("steps") / "t.rox")
-    write_rox([np.arange(1, 6000, dtype=np.uint16)], path, separator=0)
-    return path
+def corpus(make_rox):
+    return make_rox("t", [np.arange(1, 6000, dtype=np.uint16)], separator=0)
 
 
 def test_endless_pipeline_refuses_a_step_past_its_largest(corpus):
@@ -320,14 +314,11 @@ def test_numpy_integers_are_accepted_wherever_ints_are(corpus):
 
 
 # ---- item 10: one tokenizer per pipeline -----------------------------------------------------
-def test_sources_of_different_tokenizers_are_refused_unless_allowed(tmp_path):
+def test_sources_of_different_tokenizers_are_refused_unless_allowed(make_rox):
     texts = [f"document {i}: " + "the quick brown fox " * 20 for i in range(60)]
-    paths = {}
-    for name in ("bytes", "cl100k_base"):
-        paths[name] = str(tmp_path / f"{name}.rox")
-        write_rox(texts, paths[name], tokenizer=name)
-    paths["raw"] = str(tmp_path / "raw.rox")  # no manifest, no tokenizer: not checked
-    write_rox([np.arange(1, 20000, dtype=np.uint16)], paths["raw"], manifest=False)
+    paths = {name: make_rox(name, texts, tokenizer=name) for name in ("bytes", "cl100k_base")}
+    # no manifest, no tokenizer: not checked
+    paths["raw"] = make_rox("raw", [np.arange(1, 20000, dtype=np.uint16)], manifest=False)
     mixed = {"b": paths["bytes"], "c": paths["cl100k_base"]}
     weights = {"b": 1, "c": 1}
     with pytest.raises(

@@ -20,7 +20,6 @@ from grain_rox import (
     MultiHostDataLoadIterator,
     NumpySource,
     TokenPipeline,
-    write_rox,
 )
 
 ROWS, WIDTH = 48, 3
@@ -288,9 +287,8 @@ def test_device_iterator_over_a_data_loader_restores_on_a_copy_only(tmp_path):
 
 
 @pytest.fixture
-def pipeline(tmp_path) -> TokenPipeline:
-    path = str(tmp_path / "p.rox")
-    write_rox([np.arange(1, 4000, dtype=np.uint16)], path)
+def pipeline(make_rox) -> TokenPipeline:
+    path = make_rox("p", [np.arange(1, 4000, dtype=np.uint16)])
     return TokenPipeline(path, seq_len=16, global_batch_size=8, num_epochs=1)
 
 
@@ -362,8 +360,7 @@ def test_a_step_past_the_end_names_the_length(tmp_path, pipeline):
         it.set_state(edited(state, step=n))
         with pytest.raises(StopIteration):
             next(it)
-    path = str(tmp_path / "p.rox")
-    endless = TokenPipeline(path, seq_len=16, global_batch_size=8, num_epochs=None)
+    endless = TokenPipeline(pipeline.paths, seq_len=16, global_batch_size=8, num_epochs=None)
     state = pipeline_state(endless)
     with (
         MultiHostDataLoadIterator(endless) as it,

@@ -124,9 +124,10 @@ def test_the_iterator_sends_one_array_and_derives_the_features_on_the_devices(co
     pipe = TokenPipeline(spec, phases=phases, seed=5, chunk_tokens=64)
     host = pipe.map_dataset()
     with (
-        MultiHostDataLoadIterator(pipe) as fast,
+        MultiHostDataLoadIterator(pipe, features_on_device=True) as fast,
         MultiHostDataLoadIterator(pipe, features_on_device=False) as slow,
     ):
+        assert fast._feed.derive is not None and slow._feed.derive is None
         for step in range(8):
             a, b = next(fast), next(slow)
             assert sorted(a) == sorted(b) == sorted(MAXTEXT_FEATURES)
@@ -136,8 +137,15 @@ def test_the_iterator_sends_one_array_and_derives_the_features_on_the_devices(co
                 np.testing.assert_array_equal(np.asarray(b[key]), host[step][key], err_msg=key)
         state = fast.get_state()
         assert state == slow.get_state()
-    with MultiHostDataLoadIterator(pipe) as resumed:
+    with MultiHostDataLoadIterator(pipe, features_on_device=True) as resumed:
         resumed.set_state(state)
         np.testing.assert_array_equal(
             np.asarray(next(resumed)["inputs_position"]), host[8]["inputs_position"]
         )
+
+
+def test_features_are_derived_on_the_devices_only_when_they_are_accelerators(corpora):
+    pipe = TokenPipeline(corpora["a"], seq_len=16, global_batch_size=8)
+    with MultiHostDataLoadIterator(pipe) as it:
+        on_cpu = all(d.platform == "cpu" for d in it.mesh.devices.flat)
+        assert (it._feed.derive is None) == on_cpu
