@@ -84,7 +84,7 @@ class PipelineFeed:
         pipeline: TokenPipeline,
         sharding: NamedSharding,
         worker_count: int,
-        features_on_device: bool = True,
+        features_on_device: bool | None = None,
     ):
         self.pipeline = pipeline
         if worker_count > 0:
@@ -118,6 +118,8 @@ class PipelineFeed:
         self.derive: Any = None
         tokens = pipeline.plan.tokens
         rows_only = all(axis is None for axis in tuple(sharding.spec)[1:])  # not along seq_len
+        if features_on_device is None:
+            features_on_device = any(d.platform != "cpu" for d in sharding.mesh.devices.flat)
         if features_on_device and pipeline.layout == "maxtext" and tokens is not None and rows_only:
             self.read_as = pipeline.with_layout("tokens")
             out_dtype = pipeline.dtype

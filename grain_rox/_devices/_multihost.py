@@ -71,8 +71,10 @@ class MultiHostDataLoadIterator:
             it back), with a log line saying so; a Grain input brings its own workers.
         features_on_device: For a TokenPipeline with the default ``"maxtext"`` layout, send
             each batch as one array and derive the MaxText features on the devices with one
-            compiled function (default True: one transfer instead of six); False computes
-            them on the host and sends each array.
+            compiled function (one transfer instead of six), or compute them on the host and
+            send each array (False). Default: on the devices when they are accelerators, on
+            the host when they are CPUs (there XLA's row scans cost more than NumPy's and a
+            "transfer" is a memory copy).
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import TokenPipeline, write_rox
@@ -97,7 +99,7 @@ class MultiHostDataLoadIterator:
         data_axis: str = "data",
         prefetch: int = 2,
         worker_count: int = 0,
-        features_on_device: bool = True,
+        features_on_device: bool | None = None,
     ) -> None:
         if data_sharding is not None and mesh is not None and data_sharding.mesh != mesh:
             raise ValueError("data_sharding was built on another mesh than mesh=")
