@@ -112,6 +112,7 @@ def pipeline(paths: dict[str, str], steps: tuple[int, int | None]) -> grain_rox.
             grain_rox.Phase(steps=steps[1], batch_size=8, seq_len=256, weights=second),
         ],
         seed=0,
+        layout="tokens",  # one array a batch; the features are derived in the jitted step
     )
 
 
@@ -161,11 +162,17 @@ def loss_fn(model: TinyLM, batch: dict[str, jax.Array], table: jax.Array) -> jax
     return (losses * weight).sum() / jnp.maximum(weight.sum(), 1.0)
 
 
-@nnx.jit
-def train_step(model: TinyLM, optimizer: nnx.Optimizer, batch: dict, table: jax.Array):
-    loss, grads = nnx.value_and_grad(loss_fn)(model, batch, table)
-    optimizer.update(model, grads)
-    return loss
+def make_train_step(pipe: grain_rox.TokenPipeline):
+    """The jitted step; it derives the MaxText features from the batch's one array itself."""
+
+    @nnx.jit
+    def train_step(model: TinyLM, optimizer: nnx.Optimizer, batch: dict, table: jax.Array):
+        features = pipe.unpack(batch)  # inputs, targets, segmentation, positions
+        loss, grads = nnx.value_and_grad(loss_fn)(model, features, table)
+        optimizer.update(model, grads)
+        return loss
+
+    return train_step
 
 
 def make_model() -> tuple[TinyLM, nnx.Optimizer]:
@@ -188,6 +195,7 @@ def run(args: argparse.Namespace) -> dict:
     pipe = pipeline(paths, (args.phase1, args.phase2))
     total = args.phase1 + args.phase2
     batches = grain_rox.MultiHostDataLoadIterator(pipe, prefetch=4)
+    train_step = make_train_step(pipe)
     mesh = batches.mesh
     replicated = NamedSharding(mesh, PartitionSpec())
     table = jax.device_put(jnp.asarray(table_np), replicated)

@@ -45,23 +45,26 @@ def test_readme_swap_example_trains_checkpoints_and_resumes(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     rng = np.random.default_rng(0)
     write_rox([rng.integers(1, 60000, 700_000, dtype=np.uint16)], "data/tokens.rox", separator=0)
-    seen: list[int] = []
 
-    def train_step(state, batch):
-        seen.append(int(np.asarray(batch["inputs"][:, :4]).astype(np.int64).sum()))
+    def train_step(state, batch):  # traced inside the README's jax.jit
+        # Each step's batch checksum goes into the state, so the checkpoint carries it too.
+        checksum = batch["inputs"][:, :4].astype(jnp.int32).sum()
         loss = jnp.mean(batch["inputs"].astype(jnp.float32))
-        return {"w": state["w"] + loss}, loss
+        sums = state["sums"].at[state["k"]].set(checksum)
+        return {"w": state["w"] + loss, "sums": sums, "k": state["k"] + 1}, loss
 
     mesh = default_mesh()
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    state = {"w": jax.device_put(jnp.zeros(()), replicated)}
+    zeros = {"w": jnp.zeros(()), "sums": jnp.zeros(8, jnp.int32), "k": jnp.zeros((), jnp.int32)}
+    state = jax.device_put(zeros, replicated)
     ckpt = str(tmp_path / "ckpt")
     first = namespace["train"](state, train_step, mesh, ckpt, 4, save_every=2)
-    resumed_from = len(seen)
     second = namespace["train"](state, train_step, mesh, ckpt, 6, save_every=2)
     pipe = TokenPipeline("data/*.rox", seq_len=1024, global_batch_size=256)
     with MultiHostDataLoadIterator(pipe) as it:
         want = [int(np.asarray(next(it)["inputs"][:, :4]).astype(np.int64).sum()) for _ in range(6)]
-    assert seen == want  # 4 steps, then steps 4 and 5 after the restore
-    assert resumed_from == 4 and float(second["w"]) > float(first["w"]) > 0
+    assert int(first["k"]) == 4 and np.asarray(first["sums"])[:4].tolist() == want[:4]
+    # restored at step 4 (model and data together), then steps 4 and 5
+    assert int(second["k"]) == 6 and np.asarray(second["sums"])[:6].tolist() == want
+    assert float(second["w"]) > float(first["w"]) > 0
     assert jax.tree_util.tree_structure(second) == jax.tree_util.tree_structure(state)
