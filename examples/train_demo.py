@@ -8,12 +8,16 @@
    missing): the Python standard library's sources ("code") and its prose (pydoc topics and
    long docstrings), or your own files.
 2. Mixes them with weights over two curriculum phases (seq_len 128, then 256), with EOS
-   segmentation, through Grain into `MultiHostDataLoadIterator` on 8 CPU devices.
+   segmentation, through Grain into `MultiHostDataLoadIterator` on the accelerator (GPU or
+   TPU) when there is one, else on 8 CPU devices, and says which.
 3. Trains a small Flax NNX decoder-only LM (causal attention that never crosses documents)
-   with optax; prints the input pipeline's batches/s next to the training step time.
+   with optax (`--d-model`, `--layers`, `--heads`, `--batch` make it bigger); prints the
+   input pipeline's batches/s, the step time, and the input stall: a step fed by the
+   pipeline vs a step on a batch already on the device.
 4. Checkpoints model, optimizer and data with Orbax at step N, resumes in a fresh process, and
    checks that the continued batches and losses equal the uninterrupted run's, bit for bit.
 """
+# ruff: noqa: E402  (the devices are chosen before JAX is imported)
 
 from __future__ import annotations
 
@@ -25,8 +29,29 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+def choose_devices(argv: list[str]) -> None:
+    """The accelerator when there is one (GPU or TPU), else 8 fake CPU devices; ``--platform
+    cpu`` forces the CPU. Set before JAX starts, and inherited by the resume process:
+
+    * the fake-device count only shapes the CPU platform, so it is always set;
+    * ``--xla_gpu_deterministic_ops``: a GPU's reductions otherwise may add in a different
+      order from run to run, and a resumed run's losses would differ in the last bits (every
+      trainer that wants bit-exact resumes on a GPU needs it);
+    * no preallocation: the resume process shares the device with its parent, which would
+      otherwise hold 75% of the GPU's memory.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    for flag in ("--xla_force_host_platform_device_count=8", "--xla_gpu_deterministic_ops=true"):
+        if flag.split("=")[0] not in flags:
+            flags = f"{flags} {flag}".strip()
+    os.environ["XLA_FLAGS"] = flags
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if "--platform" in argv and argv[argv.index("--platform") + 1 :][:1] == ["cpu"]:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+choose_devices(sys.argv)
 
 import jax
 import jax.numpy as jnp
@@ -99,7 +124,9 @@ def vocabulary(paths: dict[str, str]) -> tuple[np.ndarray, int]:
     return table, int(table[eos])
 
 
-def pipeline(paths: dict[str, str], steps: tuple[int, int | None]) -> grain_rox.TokenPipeline:
+def pipeline(
+    paths: dict[str, str], steps: tuple[int, int | None], batch: int = 16
+) -> grain_rox.TokenPipeline:
     names = list(paths)
     first = {names[0]: 0.7, names[1]: 0.3}
     second = {names[0]: 0.5, names[1]: 0.5}
@@ -108,8 +135,8 @@ def pipeline(paths: dict[str, str], steps: tuple[int, int | None]) -> grain_rox.
     return grain_rox.TokenPipeline(
         paths,
         phases=[
-            grain_rox.Phase(steps=steps[0], batch_size=16, seq_len=128, weights=first),
-            grain_rox.Phase(steps=steps[1], batch_size=8, seq_len=256, weights=second),
+            grain_rox.Phase(steps=steps[0], batch_size=batch, seq_len=128, weights=first),
+            grain_rox.Phase(steps=steps[1], batch_size=batch // 2, seq_len=256, weights=second),
         ],
         seed=0,
         layout="tokens",  # one array a batch; the features are derived in the jitted step
@@ -175,8 +202,11 @@ def make_train_step(pipe: grain_rox.TokenPipeline):
     return train_step
 
 
-def make_model() -> tuple[TinyLM, nnx.Optimizer]:
-    model = TinyLM(vocab=VOCAB, dim=96, depth=2, heads=4, max_len=256, rngs=nnx.Rngs(0))
+def make_model(args: argparse.Namespace) -> tuple[TinyLM, nnx.Optimizer]:
+    model = TinyLM(
+        vocab=VOCAB, dim=args.d_model, depth=args.layers, heads=args.heads, max_len=256,
+        rngs=nnx.Rngs(0),
+    )  # fmt: skip
     optimizer = nnx.Optimizer(model, optax.adamw(2e-3), wrt=nnx.Param)
     return model, optimizer
 
@@ -192,14 +222,14 @@ def digest(batch: dict[str, jax.Array]) -> str:
 def run(args: argparse.Namespace) -> dict:
     paths = json.loads(open(os.path.join(args.out, "sources.json")).read())
     table_np, _ = vocabulary(paths)
-    pipe = pipeline(paths, (args.phase1, args.phase2))
+    pipe = pipeline(paths, (args.phase1, args.phase2), args.batch)
     total = args.phase1 + args.phase2
     batches = grain_rox.MultiHostDataLoadIterator(pipe, prefetch=4)
     train_step = make_train_step(pipe)
     mesh = batches.mesh
     replicated = NamedSharding(mesh, PartitionSpec())
     table = jax.device_put(jnp.asarray(table_np), replicated)
-    model, optimizer = make_model()
+    model, optimizer = make_model(args)
     # Parameters and optimizer state replicated over the mesh the batches are sharded on.
     nnx.update((model, optimizer), jax.device_put(nnx.state((model, optimizer)), replicated))
     manager = ocp.CheckpointManager(os.path.join(args.out, "checkpoints"))
@@ -225,12 +255,15 @@ def run(args: argparse.Namespace) -> dict:
     losses, digests, step_times = {}, {}, []
     from tqdm.auto import tqdm
 
+    fed_times = []  # next(batches) + the step: what the trainer waits for
     bar = tqdm(range(start, total), desc="training", unit="step", disable=None)
     for step in bar:
+        t_fed = time.perf_counter()
         batch = next(batches)
         t0 = time.perf_counter()
         loss = float(train_step(model, optimizer, batch, table))
         step_times.append(time.perf_counter() - t0)
+        fed_times.append(time.perf_counter() - t_fed)
         losses[step], digests[step] = loss, digest(batch)
         bar.set_postfix(loss=f"{loss:.3f}")
         if not args.resume and step + 1 == args.checkpoint_step:
@@ -246,11 +279,21 @@ def run(args: argparse.Namespace) -> dict:
     bar.close()
     batches.close()
     manager.close()
-    return {"losses": losses, "digests": digests, "step_time": float(np.median(step_times))}
+    result = {"losses": losses, "digests": digests, "step_time": float(np.median(step_times))}
+    if not args.resume:  # the input stall: the last phase's steps fed vs a resident batch
+        tail = fed_times[-min(len(fed_times), args.phase2, 50) :]
+        resident = []
+        for _ in range(len(tail)):  # (this trains further on one batch: after everything)
+            t0 = time.perf_counter()
+            float(train_step(model, optimizer, batch, table))
+            resident.append(time.perf_counter() - t0)
+        result["fed_step_time"] = float(np.median(tail))
+        result["resident_step_time"] = float(np.median(resident))
+    return result
 
 
-def pipeline_rate(paths: dict[str, str], first_phase: int, count: int) -> float:
-    endless = pipeline(paths, (first_phase, None))  # type: ignore[arg-type]
+def pipeline_rate(paths: dict[str, str], first_phase: int, count: int, batch: int) -> float:
+    endless = pipeline(paths, (first_phase, None), batch)  # type: ignore[arg-type]
     with grain_rox.MultiHostDataLoadIterator(endless, prefetch=4) as it:
         jax.block_until_ready(next(it))
         t0 = time.perf_counter()
@@ -273,6 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase2", type=int, default=150)
     parser.add_argument("--checkpoint-step", type=int, default=200)
     parser.add_argument("--min-loss-drop", type=float, default=0.5)
+    parser.add_argument("--batch", type=int, default=16, help="phase 1 rows (phase 2: half)")
+    parser.add_argument("--d-model", type=int, default=96, help="the model's width")
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument(
+        "--platform", choices=("auto", "cpu"), default="auto",
+        help="auto: the accelerator if there is one, else 8 CPU devices",
+    )  # fmt: skip
     parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--report", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -290,10 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "sources.json"), "w") as f:
         json.dump(paths, f)
     convert_s = time.perf_counter() - t0
-    rate = pipeline_rate(paths, args.phase1, 200)
-    print(
-        f"input pipeline: {rate:,.0f} global batches/s through Grain onto {jax.device_count()} devices"
-    )
+    device = f"{jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()})"
+    print(f"devices: {device}")
+    rate = pipeline_rate(paths, args.phase1, 200, args.batch)
+    print(f"input pipeline: {rate:,.0f} global batches/s through Grain onto {device}")
 
     first = run(args)
     report = os.path.join(args.out, "resumed.json")
@@ -312,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
             str(args.phase2),
             "--checkpoint-step",
             str(args.checkpoint_step),
+            *("--batch", str(args.batch), "--d-model", str(args.d_model)),
+            *("--layers", str(args.layers), "--heads", str(args.heads)),
+            *(["--platform", "cpu"] if args.platform == "cpu" else []),
             "--resume",
             "--report",
             report,
@@ -328,9 +382,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         ("sources", ", ".join(paths)),
         ("conversion", f"{convert_s:.1f} s"),
-        ("steps (phase 1 | phase 2)", f"{args.phase1} x (16, 128) | {args.phase2} x (8, 256)"),
+        ("devices", device),
+        (
+            "steps (phase 1 | phase 2)",
+            f"{args.phase1} x ({args.batch}, 128) | {args.phase2} x ({args.batch // 2}, 256)",
+        ),
         ("input pipeline", f"{rate:,.0f} batches/s"),
         ("train step (median)", f"{first['step_time'] * 1e3:.1f} ms"),
+        (
+            "input stall (phase 2)",
+            f"{first['fed_step_time'] * 1e3:.1f} ms a step fed by the pipeline vs "
+            f"{first['resident_step_time'] * 1e3:.1f} ms on a resident batch "
+            f"({first['fed_step_time'] / first['resident_step_time'] - 1:+.0%})",
+        ),
         ("loss, first 20 -> last 20 steps", f"{head:.3f} -> {tail:.3f}"),
         ("resumed steps compared", f"{len(resumed)} (from step {args.checkpoint_step})"),
         ("batches bit-identical after resume", str(same_batches)),
