@@ -425,3 +425,21 @@ def test_bad_inputs_are_refused_with_the_argument_value_and_fix(corpus, make, er
     with pytest.raises(error) as info:
         make(corpus)
     assert message in str(info.value)
+
+
+def test_an_output_dtype_that_would_change_token_ids_is_refused(make_rox):
+    path = make_rox("gpt2ish", [np.array([5, 40000, 50256, 7], np.uint16)] * 300, separator=50256)
+    for dtype in (np.int16, np.uint8, np.float16):
+        pipe = TokenPipeline(path, seq_len=8, global_batch_size=2, dtype=dtype)
+        with pytest.raises(
+            ValueError,
+            match=rf"dtype={np.dtype(dtype).name} would change token ids of .*gpt2ish\.rox, stored as uint16",
+        ):
+            pipe.map_dataset()
+    wide = TokenPipeline(path, seq_len=8, global_batch_size=2, dtype=np.uint16, eos_id=70000)
+    with pytest.raises(
+        ValueError, match=r"dtype=uint16 cannot hold the EOS id 70000; pass dtype=np\.int64"
+    ):
+        _ = wide.num_batches
+    ok = TokenPipeline(path, seq_len=8, global_batch_size=2, dtype=np.uint16).map_dataset()[0]
+    assert ok["inputs"].dtype == np.uint16 and ok["inputs"].max() == 50256

@@ -118,9 +118,18 @@ class PipelineFeed:
         self.derive: Any = None
         tokens = pipeline.plan.tokens
         rows_only = all(axis is None for axis in tuple(sharding.spec)[1:])  # not along seq_len
+        possible = pipeline.layout == "maxtext" and tokens is not None and rows_only
+        if features_on_device and not possible:
+            _log.warning(
+                "MultiHostDataLoadIterator(features_on_device=True) computes the features on the "
+                "host: it needs the 'maxtext' layout (this pipeline's is %r), integer tokens, "
+                "and a data sharding that does not split the sequence axis (this one: %s)",
+                pipeline.layout,
+                sharding.spec,
+            )
         if features_on_device is None:
             features_on_device = any(d.platform != "cpu" for d in sharding.mesh.devices.flat)
-        if features_on_device and pipeline.layout == "maxtext" and tokens is not None and rows_only:
+        if features_on_device and possible and tokens is not None:
             self.read_as = pipeline.with_layout("tokens")
             out_dtype = pipeline.dtype
             self.derive = jax.jit(

@@ -180,6 +180,8 @@ class TokenPipeline:
     def plan(self) -> PipelinePlan:
         """This pipeline resolved against its data: the opened sources, their lane orders and
         what follows from them (built on first use, once per pipeline object; not pickled).
+        A pipeline keeps the shards it first opened: to see shards appended later, make a new
+        one (``dataclasses.replace(pipe)`` resolves again).
 
         >>> import tempfile, os, numpy as np
         >>> from grain_rox import write_rox
