@@ -135,8 +135,7 @@ class TokensLayout:
         join_at = None
         if self.join_columns:
             columns = tokens[:, seq_len + 1 : seq_len + 1 + self.join_columns].astype(np.int32)
-            t = xp.arange(seq_len + 1, dtype=np.int32)
-            join_at = ((columns[:, :, None] == t) & (columns[:, :, None] > 0)).any(axis=1)
+            join_at = _scatter_true(xp, (rows, seq_len + 1), columns)
             starts = starts | join_at[:, :seq_len]
         t = xp.arange(seq_len, dtype=np.int32)
         segmentation = xp.cumsum(starts, axis=1, dtype=np.int32)
@@ -156,6 +155,18 @@ def _jnp() -> Any:
     import jax.numpy as jnp
 
     return jnp
+
+
+def _scatter_true(xp: Any, shape: tuple[int, int], columns: Any) -> Any:
+    """A boolean ``shape`` mask, True at ``(row, columns[row, k])`` for every column value
+    above 0 (0 means "none": position 0 is never a join). O(rows x width)."""
+    rows = xp.arange(shape[0])[:, None]
+    if xp is np:
+        mask = np.zeros(shape, dtype=bool)
+        mask[rows, columns] = columns > 0  # distinct positions; zeros all land on column 0
+        mask[:, 0] = False
+        return mask
+    return xp.zeros(shape, dtype=bool).at[rows, columns].max(columns > 0)
 
 
 def _cummax(x: Any) -> Any:
