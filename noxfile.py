@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, typecheck, notebooks, bench, demo.
+"""nox sessions: tests, lint, typecheck, notebooks, bench, demo, build.
 
 pip install nox
 nox -s demo     # the main job, end to end, on the embedded default corpus
@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 import nox
 
@@ -81,3 +84,30 @@ def demo(session: nox.Session) -> None:
     offline = {k: v for k, v in JAX_ENV.items() if k.startswith("HF_")}
     session.run("python", "examples/train_demo.py", *session.posargs, env=offline)
     session.run("grain-rox", "inspect", "demo_out/code.rox")
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build the sdist and the wheel (the wheel from the sdist), check their metadata and
+    contents, install the wheel with ``[tokenizers]`` into a fresh virtualenv outside the
+    checkout and run ``tests/smoke/wheel_smoke.py`` there (import, CLI, a short pipeline)."""
+    session.install("build", "twine")
+    dist = Path(session.create_tmp()) / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("python", "-m", "build", "--outdir", str(dist))
+    session.run("twine", "check", "--strict", *map(str, sorted(dist.iterdir())))
+    session.run("python", "tests/smoke/check_dist.py", str(dist))
+    scratch = Path(tempfile.mkdtemp(prefix="grain_rox_wheel_"))
+    python = str(scratch / "venv" / "bin" / "python")
+    wheel = f"{next(dist.glob('*.whl'))}[tokenizers]"
+    if shutil.which("uv"):  # the session's Python (nox's own when the session names none)
+        version = str(session.python or "{}.{}".format(*sys.version_info))
+        session.run("uv", "venv", "-q", "-p", version, str(scratch / "venv"), external=True)
+        session.run("uv", "pip", "install", "-q", "--python", python, wheel, external=True)
+    else:
+        session.run("python", "-m", "venv", str(scratch / "venv"))
+        session.run(python, "-m", "pip", "install", "-q", wheel, external=True)
+    smoke = str(Path("tests/smoke/wheel_smoke.py").resolve())
+    with session.chdir(scratch):  # not the checkout: grain_rox must come from the wheel
+        session.run(python, "-I", smoke, env={"JAX_PLATFORMS": "cpu"}, external=True)
+    shutil.rmtree(scratch)
