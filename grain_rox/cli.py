@@ -21,7 +21,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from grain_rox._format._rox_corpus import open_rox
+from grain_rox._cli._describe import describe
+from grain_rox._cli._wording import cli_wording, tokenizer_line
 from grain_rox._format._rox_format import RoxFormatError
 from grain_rox._format._verify import verify_rox
 from grain_rox._text._builtin_corpus import BUILTIN_CORPORA, builtin_documents
@@ -71,8 +72,8 @@ def _build_parser() -> argparse.ArgumentParser:
     conv.add_argument("-o", "--output", required=True, help="shard path, e.g. data/train.rox")
     conv.add_argument(
         "--tokenizer",
-        default="bytes",
-        help="bytes | cl100k_base | o200k_base | path to tokenizer.json",
+        default=None,
+        help="bytes (the default) | cl100k_base | o200k_base | path to tokenizer.json",
     )
     conv.add_argument("--format", choices=FORMATS, default="auto", dest="fmt")
     conv.add_argument("--text-column", default="text", help="JSONL/Parquet text field")
@@ -165,7 +166,7 @@ def _convert(args: argparse.Namespace) -> int:
     if bool(args.inputs) == bool(args.builtin):
         print("grain-rox convert: error: give input paths or --builtin (not both)", file=sys.stderr)
         return 2
-    tok = get_tokenizer(args.tokenizer)
+    tok = get_tokenizer(args.tokenizer or "bytes")
     files = [] if args.builtin else expand_inputs(args.inputs)
     stats = ReadStats()
     token_docs = bool(files) and (
@@ -195,7 +196,7 @@ def _convert(args: argparse.Namespace) -> int:
         )
         label = ", ".join(args.inputs)[:60]
         docs = require_documents(docs, stats, ", ".join(args.inputs))
-    docs = _progress(_limited(docs, args.limit), not args.no_progress, label)
+    docs = _progress(_limited(docs, args.limit), not args.no_progress, f"{label} ({tok.name})")
     start = time.perf_counter()
     result = write_rox(
         docs if token_docs else tokenize_in_order(docs, tok, workers=args.workers),
@@ -213,6 +214,7 @@ def _convert(args: argparse.Namespace) -> int:
         f"({result.dtype}) into {len(result.paths)} shard(s) in {seconds:.1f}s "
         f"({rate:,.0f} tokens/s); {source}; manifest {result.manifest_path}"
     )
+    print(tokenizer_line(tok, args.tokenizer))
     if not args.no_verify:
         bad = [r for r in verify_rox(list(result.paths)) if not r.ok]
         if bad:
@@ -240,38 +242,6 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe(paths: Any) -> dict[str, Any]:
-    """Return what ``grain-rox inspect --json`` prints for ``paths``."""
-    with open_rox(paths) as corpus:
-        return {
-            "shards": len(corpus.paths),
-            "dtype": str(corpus.dtype),
-            "block_size": corpus.block_size,
-            "blocks": len(corpus),
-            "tokens": corpus.num_tokens,
-            "documents": corpus.num_documents,
-            "eos_id": corpus.eos_id,
-            "pad_id": corpus.pad_id,
-            "tokenizer": corpus.tokenizer,
-            "uniform_blocks": corpus.uniform_blocks,
-            "manifests": list(corpus.manifest_paths),
-            "fingerprint": corpus.fingerprint,
-            "leftover_temporaries": list(corpus.leftover_temps),
-            "files": [
-                {
-                    "path": s.path,
-                    "bytes": s.file_size,
-                    "blocks": s.num_blocks,
-                    "tokens": s.num_tokens,
-                    "block_size": s.block_size,
-                    "documents": s.num_documents,
-                    "sha256": s.sha256,
-                }
-                for s in corpus.shards
-            ],
-        }
-
-
 def _inspect(args: argparse.Namespace) -> int:
     info = describe(_path_spec(args.path))
     if args.json:
@@ -282,7 +252,15 @@ def _inspect(args: argparse.Namespace) -> int:
     print(f"dtype       {info['dtype']}")
     print(f"block size  {info['block_size']} bytes")
     print(f"blocks      {info['blocks']:,}")
-    print(f"tokens      {info['tokens']:,}")
+    if info["padding_tokens"] is None:
+        print(f"tokens      {info['tokens']:,} (block padding included: no manifest says how much)")
+        print("padding     unknown")
+    else:
+        print(f"tokens      {info['document_tokens']:,} (documents and their EOS, no padding)")
+        print(
+            f"padding     {info['padding_tokens']:,} (filling each write's last block; "
+            f"{info['tokens']:,} tokens in all)"
+        )
     print(
         f"documents   {'unknown' if info['documents'] is None else format(info['documents'], ',')}"
     )
@@ -296,12 +274,14 @@ def _inspect(args: argparse.Namespace) -> int:
             "data; delete it or write to the set again (the next write removes it)"
         )
     width = max(len(os.path.basename(f["path"])) for f in info["files"])
-    print(f"\n{'file':<{width}}  {'bytes':>14}  {'blocks':>10}  {'tokens':>14}  sha256")
+    head = f"{'file':<{width}}  {'bytes':>14}  {'blocks':>10}  {'tokens':>14}  {'padding':>10}"
+    print(f"\n{head}  sha256")
     for f in info["files"]:
         digest = (f["sha256"] or "-")[:16]
+        pad = "?" if f["padding_tokens"] is None else format(f["padding_tokens"], ",")
         print(
             f"{os.path.basename(f['path']):<{width}}  {f['bytes']:>14,}  {f['blocks']:>10,}  "
-            f"{f['tokens']:>14,}  {digest}"
+            f"{f['tokens']:>14,}  {pad:>10}  {digest}"
         )
     return 0
 
@@ -316,7 +296,11 @@ def _verify(args: argparse.Namespace) -> int:
         leftovers = [r for r in reports if r.kind == "leftover"]
         for r in shards:
             status = "OK  " if r.ok else "FAIL"
-            detail = f"{r.num_blocks} blocks, checksum {r.checksum}" if r.ok else r.problem
+            detail = (
+                f"{r.num_blocks} blocks, checksum {r.checksum}"
+                if r.ok
+                else cli_wording(r.problem or "", "verify")
+            )
             print(f"{status} {r.path}: {detail}")
         for r in leftovers:
             print(f"WARN {r.path}: {r.note}")
@@ -354,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         OSError,
     ) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"grain-rox {args.command}: error: {message}", file=sys.stderr)
+        text = cli_wording(str(message), args.command)
+        print(f"grain-rox {args.command}: error: {text}", file=sys.stderr)
         return 2
 
 

@@ -31,11 +31,17 @@ def test_convert_text_directory_one_document_per_file_in_sorted_order(tmp_path, 
     out = str(tmp_path / "out" / "t.rox")
     os.makedirs(os.path.dirname(out))
     assert main(["convert", str(src), "-o", out, "--block-size", "8"]) == 0
-    assert "wrote 3 documents, 7 bytes tokens (uint16)" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("wrote 3 documents, 7 bytes tokens (uint16)")
+    # The tokenizer in use, and that the byte tokenizer was a default nobody asked for.
+    assert lines[1] == (
+        "tokenizer   bytes (vocabulary 257, EOS 256): the default, one token per UTF-8 byte; "
+        "pass --tokenizer cl100k_base, o200k_base or a tokenizer.json for subword tokens"
+    )
     assert tokens_of(out) == [97, 256, 98, 98, 256, 99, 256, 256]
 
 
-def test_convert_jsonl_with_cl100k_gives_exact_ids(tmp_path):
+def test_convert_jsonl_with_cl100k_gives_exact_ids(tmp_path, capsys):
     pytest.importorskip("tiktoken")
     src = tmp_path / "docs.jsonl"
     src.write_text(
@@ -59,6 +65,8 @@ def test_convert_jsonl_with_cl100k_gives_exact_ids(tmp_path):
         ]
     )
     assert code == 0
+    out_lines = capsys.readouterr().out.splitlines()
+    assert out_lines[1] == "tokenizer   cl100k_base (vocabulary 100,277, EOS 100257)"
     with open_rox(out) as corpus:
         assert corpus.dtype == np.uint32
         assert corpus.tokens(0, 5).tolist() == [15339, 1917, 100257, 15339, 100257]
@@ -110,11 +118,100 @@ def test_convert_refuses_to_overwrite_without_if_exists(tmp_path, capsys):
     src.write_text("abc")
     out = str(tmp_path / "o.rox")
     assert main(["convert", str(src), "-o", out]) == 0
+    capsys.readouterr()
     assert main(["convert", str(src), "-o", out]) == 2
-    assert "if_exists='append'" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the flags a CLI user types, not the Python keywords
+    assert f"{out} exists; pass --if-exists append to add to it (copy-on-write) or " in err
+    assert "--if-exists overwrite to replace it" in err and "if_exists" not in err
     assert main(["convert", str(src), "-o", out, "--if-exists", "append"]) == 0
     with open_rox(out) as corpus:
         assert corpus.num_documents == 2
+
+
+def test_appending_to_a_sharded_set_names_the_flag_it_needs(tmp_path, capsys):
+    src = tmp_path / "a.txt"
+    src.write_text("z" * 100)
+    out = str(tmp_path / "s.rox")
+    sharded = ["--block-size", "64", "--max-shard-bytes", "200"]
+    assert main(["convert", str(src), "-o", out, *sharded]) == 0
+    assert main(["convert", str(src), "-o", out, "--if-exists", "append"]) == 2
+    err = capsys.readouterr().err
+    assert "pass --max-shard-bytes to append new shards" in err and "max_shard_bytes" not in err
+
+
+@pytest.mark.parametrize(
+    ("message", "command", "expected"),
+    [
+        (
+            "pass if_exists='overwrite' to replace",
+            "convert",
+            "pass --if-exists overwrite to replace",
+        ),
+        ("block_size=10 is not a multiple", "convert", "--block-size 10 is not a multiple"),
+        ("is eos_id=7 right?", "export", "is --eos-id 7 right?"),
+        # Already bilingual: kept as is (the Python spelling helps library users too).
+        ("pass overwrite=True (--overwrite)", "export", "pass overwrite=True (--overwrite)"),
+        # inspect and verify cannot write: the keyword stays, with the convert flag beside it.
+        (
+            "run the write again with if_exists='overwrite'",
+            "inspect",
+            "run the write again with if_exists='overwrite' (grain-rox convert --if-exists "
+            "overwrite)",
+        ),
+        ("pass if_exists='append'", "export", "pass if_exists='append'"),  # no such flag there
+    ],
+)
+def test_cli_wording_spells_keywords_as_flags(message, command, expected):
+    from grain_rox.cli import cli_wording
+
+    assert cli_wording(message, command) == expected
+
+
+def test_inspect_and_verify_name_the_convert_flag_beside_the_keyword(tmp_path, capsys):
+    src = tmp_path / "a.txt"
+    src.write_text("w" * 100)
+    out = str(tmp_path / "set.rox")
+    sharded = ["--block-size", "64", "--max-shard-bytes", "200"]
+    assert main(["convert", str(src), "-o", out, *sharded]) == 0
+    manifest = tmp_path / "set.manifest.json"
+    data = json.loads(manifest.read_text())
+    data["version"], data["pending"] = 1, {"set_0002.rox": {}}  # an old writer's pending list
+    manifest.write_text(json.dumps(data))
+    capsys.readouterr()
+    fix = "if_exists='overwrite' (grain-rox convert --if-exists overwrite)"
+    assert main(["inspect", out]) == 2
+    assert fix in capsys.readouterr().err
+    assert main(["verify", out]) == 1
+    assert fix in capsys.readouterr().out
+
+
+def test_inspect_reports_tokens_without_padding_and_the_padding(tmp_path, capsys):
+    out = str(tmp_path / "two.rox")
+    assert main(["convert", "--builtin", "prose", "--limit", "2", "-o", out]) == 0
+    capsys.readouterr()
+    with open_rox(out) as corpus:
+        everything = corpus.num_tokens  # the library's count: padding included (unchanged)
+        stream = corpus.tokens(0, everything)
+    # Padding repeats the EOS id (256) after the last document's own EOS; bytes are < 256.
+    real = int(np.flatnonzero(stream != 256)[-1]) + 2  # through the last document's EOS
+    assert 0 < everything - real < 2048  # less than one 4096-byte block of uint16
+    assert main(["inspect", out, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["tokens"] == everything
+    assert (info["document_tokens"], info["padding_tokens"]) == (real, everything - real)
+    assert info["files"][0]["padding_tokens"] == everything - real
+    assert main(["inspect", out]) == 0
+    text = capsys.readouterr().out
+    assert f"tokens      {real:,} (documents and their EOS, no padding)" in text
+    assert f"padding     {everything - real:,} (filling each write's last block; " in text
+    # Without a manifest nobody knows the padding: said so, never guessed.
+    os.remove(tmp_path / "two.manifest.json")
+    assert main(["inspect", out, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["padding_tokens"], info["document_tokens"]) == (None, None)
+    assert main(["inspect", out]) == 0
+    text = capsys.readouterr().out
+    assert "padding     unknown" in text and f"tokens      {everything:,} (block padding" in text
 
 
 def test_inspect_json_describes_shards_and_manifest(tmp_path, capsys):
@@ -135,11 +232,13 @@ def test_inspect_json_describes_shards_and_manifest(tmp_path, capsys):
         4,
     )
     assert (info["tokens"], info["documents"], info["eos_id"]) == (128, 1, 256)
+    assert (info["document_tokens"], info["padding_tokens"]) == (101, 27)
     assert [os.path.basename(f["path"]) for f in info["files"]] == ["s_0000.rox", "s_0001.rox"]
     assert all(len(f["sha256"]) == 64 for f in info["files"])
     assert main(["inspect", out]) == 0
     text = capsys.readouterr().out
-    assert "tokens      128" in text and "s_0001.rox" in text and "tokenizer   bytes" in text
+    assert "tokens      101 (documents" in text and "padding     27 (" in text
+    assert "s_0001.rox" in text and "tokenizer   bytes" in text
 
 
 def test_verify_reports_every_damaged_shard_and_exits_1(tmp_path, capsys):
@@ -176,6 +275,7 @@ def test_console_script_runs_quietly_when_not_a_terminal(tmp_path):
     )
     assert proc.stderr == ""  # no progress bar in a pipe
     assert proc.stdout.startswith("wrote 1 documents, 6 bytes tokens")
+    assert proc.stdout.splitlines()[1].startswith("tokenizer   bytes (vocabulary 257, EOS 256)")
 
 
 def test_tokenize_in_order_keeps_order_across_threads_and_chunks():

@@ -30,6 +30,7 @@ RANK = {
     "_testing": 5,
     "__init__": 5,
     "cli": 5,
+    "_cli": 5,
     "testing": 5,
 }
 # Layers of the same rank that must not import each other either.

@@ -1,0 +1,1 @@
+"""The command line's helpers (``grain_rox.cli`` is the entry point)."""
