@@ -1,8 +1,9 @@
-"""nox sessions: tests, lint, typecheck, notebooks, bench, demo, build.
+"""nox sessions: tests, tests_matrix, lint, typecheck, notebooks, bench, demo, build.
 
 pip install nox
 nox -s demo     # the main job, end to end, on the embedded default corpus
 nox -s tests    # the test suite (8 fake CPU devices for JAX)
+nox -s tests_matrix  # the suite, less its slow tests, on Python 3.12 and 3.13
 """
 
 from __future__ import annotations
@@ -111,3 +112,12 @@ def build(session: nox.Session) -> None:
     with session.chdir(scratch):  # not the checkout: grain_rox must come from the wheel
         session.run(python, "-I", smoke, env={"JAX_PLATFORMS": "cpu"}, external=True)
     shutil.rmtree(scratch)
+
+
+@nox.session(python=["3.12", "3.13"])
+def tests_matrix(session: nox.Session) -> None:
+    """The suite without its slow tests on the other supported Pythons, each with the newest
+    versions the registry serves (``tests`` runs all of it on the default Python)."""
+    session.install("--upgrade", "-e", ".[test,tokenizers,hf]")
+    args = session.posargs or ["-m", "not slow", "-x", "-q", "-n", "2"]
+    session.run("pytest", *args, env=JAX_ENV)
