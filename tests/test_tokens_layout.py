@@ -149,3 +149,19 @@ def test_features_are_derived_on_the_devices_only_when_they_are_accelerators(cor
     with MultiHostDataLoadIterator(pipe) as it:
         on_cpu = all(d.platform == "cpu" for d in it.mesh.devices.flat)
         assert (it._feed.derive is None) == on_cpu
+
+
+def test_deriving_the_features_on_the_devices_needs_no_collectives():
+    """Each device derives its own rows: no all-gather across processes (from the prefetch
+    thread, it would race the training step's collectives)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from grain_rox._sources._tokens_layout import TokensLayout
+
+    sharding = NamedSharding(jax.make_mesh((jax.device_count(),), ("data",)), PartitionSpec("data"))
+    layout = TokensLayout(join_columns=3, eos_id=None, eos_column=True, dtype=np.dtype("uint16"))
+    derive = jax.jit(lambda b: layout.unpack(b, out_dtype=np.int32), out_shardings=sharding)
+    batch = jax.device_put(np.zeros((2 * jax.device_count(), 21), np.uint16), sharding)
+    compiled = derive.lower(batch).compile().as_text()
+    for collective in ("all-gather", "all-reduce", "collective-permute", "all-to-all"):
+        assert collective not in compiled, collective

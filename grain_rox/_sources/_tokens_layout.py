@@ -159,14 +159,23 @@ def _jnp() -> Any:
 
 def _scatter_true(xp: Any, shape: tuple[int, int], columns: Any) -> Any:
     """A boolean ``shape`` mask, True at ``(row, columns[row, k])`` for every column value
-    above 0 (0 means "none": position 0 is never a join). O(rows x width)."""
-    rows = xp.arange(shape[0])[:, None]
+    above 0 (0 means "none": position 0 is never a join), in O(rows x width) memory.
+
+    On the devices this is one elementwise comparison per join column, not a scatter: the
+    rows are sharded over the mesh, and XLA partitions a scatter over sharded rows with
+    collectives (an all-gather across processes, issued from the prefetch thread)."""
     if xp is np:
         mask = np.zeros(shape, dtype=bool)
+        rows = np.arange(shape[0])[:, None]
         mask[rows, columns] = columns > 0  # distinct positions; zeros all land on column 0
         mask[:, 0] = False
         return mask
-    return xp.zeros(shape, dtype=bool).at[rows, columns].max(columns > 0)
+    positions = xp.arange(shape[1], dtype=np.int32)
+    mask = xp.zeros(shape, dtype=bool)
+    for k in range(columns.shape[1]):  # a static count: the layout's join columns
+        column = columns[:, k : k + 1]
+        mask = mask | ((column == positions) & (column > 0))
+    return mask
 
 
 def _cummax(x: Any) -> Any:
