@@ -3,28 +3,9 @@ told apart from the documents' tokens."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from grain_rox._format._manifest import load_manifest, manifest_path_for
-from grain_rox._format._rox_corpus import ShardInfo, open_rox
-
-
-def _padding_of(shard: ShardInfo) -> int | None:
-    """The padding tokens (after the last document, filling the last block) that the manifest
-    records for ``shard``, or None when no manifest record matches the shard."""
-    manifest = load_manifest(manifest_path_for(shard.path))
-    name = os.path.basename(shard.path)
-    while manifest is not None:  # the settled set, then a write still publishing (pending)
-        record = manifest.shards.get(name)
-        if record is not None and (record.file_size, record.num_blocks, record.sha256) == (
-            shard.file_size,
-            shard.num_blocks,
-            shard.sha256,
-        ):
-            return record.num_padding_tokens
-        manifest = manifest.pending
-    return None
+from grain_rox._format._rox_corpus import open_rox
 
 
 def describe(paths: Any) -> dict[str, Any]:
@@ -35,7 +16,7 @@ def describe(paths: Any) -> dict[str, Any]:
     manifests (None when a shard has none), and ``document_tokens`` the rest.
     """
     with open_rox(paths) as corpus:
-        paddings = [_padding_of(s) for s in corpus.shards]
+        paddings = [s.num_padding_tokens for s in corpus.shards]  # the manifests' records
         padding = None if None in paddings else sum(p or 0 for p in paddings)
         return {
             "shards": len(corpus.paths),

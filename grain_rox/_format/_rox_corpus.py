@@ -43,6 +43,8 @@ class ShardInfo:
       block_size: bytes in its first block (roxxel's notion of block size).
       sha256: its checksum from the manifest, or None without one.
       num_documents: the documents written to it, from the manifest, or None.
+      num_padding_tokens: the padding that fills its last block after the documents, from
+        the manifest, or None without one.
 
     >>> import tempfile, os
     >>> from grain_rox import open_rox, write_rox
@@ -62,6 +64,7 @@ class ShardInfo:
     block_size: int
     sha256: str | None
     num_documents: int | None
+    num_padding_tokens: int | None = None
 
 
 class RoxCorpus:
@@ -157,6 +160,7 @@ class RoxCorpus:
                 block_size=h.first_block_bytes,
                 sha256=r.sha256 if r else None,
                 num_documents=r.num_documents if r else None,
+                num_padding_tokens=r.num_padding_tokens if r else None,
             )
             for i, (h, r) in enumerate(zip(self._headers, self._records, strict=True))
         )
