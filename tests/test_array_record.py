@@ -12,6 +12,7 @@ import grain
 import numpy as np
 import pytest
 from _corpora import random_documents
+from _kill_points import child_env
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from grain_rox import (
@@ -358,22 +359,12 @@ def test_identity_is_content_and_a_rewritten_file_is_refused(tmp_path):
 
 
 _EXPORT_KILLER = """
-import os, signal, sys
+import sys
+from _kill_points import kill_before
 from grain_rox import export_array_record
 
 rox, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-count = [0]
-
-def hooked(fn):
-    def wrapper(*args, **kwargs):
-        count[0] += 1
-        if count[0] == n:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return fn(*args, **kwargs)
-    return wrapper
-
-for name in ("replace", "rename", "unlink", "remove", "fsync"):
-    setattr(os, name, hooked(getattr(os, name)))
+kill_before(n)
 export_array_record(rox, out, overwrite=True)
 """
 
@@ -402,7 +393,9 @@ def test_export_killed_at_any_rename_or_fsync_leaves_the_old_file_or_the_new_one
         if out.exists():
             out.unlink()
         export_array_record(old_rox, str(out))
-        run = subprocess.run([sys.executable, "-c", _EXPORT_KILLER, new_rox, str(out), str(n)])
+        run = subprocess.run(
+            [sys.executable, "-c", _EXPORT_KILLER, new_rox, str(out), str(n)], env=child_env()
+        )
         got = served()
         assert got in (old, new), f"kill point {n}: the output is neither export"
         if run.returncode == 0:

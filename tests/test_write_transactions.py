@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _kill_points import child_env
 
 from grain_rox import RoxFormatError, open_rox, write_rox
 from grain_rox._format._verify import verify_rox
@@ -28,6 +29,7 @@ import json, os, signal, sys
 import numpy as np
 from grain_rox import write_rox
 from grain_rox.cli import main as cli_main
+from _kill_points import kill_before
 
 spec = json.loads(sys.argv[1])
 
@@ -51,18 +53,6 @@ def write(d, which, hooked):
         write_rox(docs(s["seed"], s["n"]), path, block_size=16, separator=0,
                   max_shard_bytes=s["shard"], if_exists=s["mode"], manifest=s["manifest"])
 
-def arm(n):
-    count = [0]
-    def hook(fn):
-        def wrapper(*args, **kwargs):
-            count[0] += 1
-            if count[0] == n:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return fn(*args, **kwargs)
-        return wrapper
-    for name in ("replace", "unlink", "remove", "rename", "fsync"):
-        setattr(os, name, hook(getattr(os, name)))
-
 killed = []
 for n in range(1, 200):
     d = os.path.join(spec["root"], f"k{n:03d}")
@@ -74,7 +64,7 @@ for n in range(1, 200):
             f.write("".join(f"new document {i}\n" for i in range(spec["new"]["n"])))
     pid = os.fork()
     if pid == 0:
-        arm(n)
+        kill_before(n)
         try:
             write(d, "new", True)
         except BaseException:
@@ -171,6 +161,7 @@ def _run(tmp_path: Path, old: dict | None, new: dict, cli: bool) -> None:
     spec["root"] = str(root)
     out = subprocess.run(
         [sys.executable, "-c", DRIVER, json.dumps(spec)],
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=300,
