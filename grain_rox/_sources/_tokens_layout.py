@@ -17,8 +17,9 @@ a ``jax.jit`` on the device, equal to the features computed on the host
 (``_sources._segments.segment_features``).
 
 >>> layout = TokensLayout(join_columns=1, eos_id=0, eos_column=False, dtype=np.dtype("uint16"))
->>> tokens = layout.pack(np.array([[5, 6, 0, 7, 8, 9]], np.uint16), joins=None)
->>> tokens.tolist()  # the window, then "no join"
+>>> tokens = layout.empty(rows=1, seq_len=5)
+>>> tokens[:, :6] = [5, 6, 0, 7, 8, 9]  # the window, as the reader writes it
+>>> layout.fill(tokens, joins=None).tolist()  # then "no join"
 [[5, 6, 0, 7, 8, 9, 0]]
 >>> f = layout.unpack(tokens, out_dtype=np.int32)
 >>> f["inputs"].tolist(), f["inputs_segmentation"].tolist(), f["inputs_position"].tolist()
@@ -107,12 +108,6 @@ class TokensLayout:
             extra[:, -1] = eos_ids
         tokens.flags.writeable = False
         return tokens
-
-    def pack(self, windows: np.ndarray, joins: np.ndarray | None) -> np.ndarray:
-        """``(B, seq_len + 1)`` windows (and their join mask) as a new ``tokens`` batch."""
-        out = self.empty(windows.shape[0], windows.shape[1] - 1)
-        out[:, : windows.shape[1]] = windows
-        return self.fill(out, joins)
 
     def unpack(self, tokens: Any, *, out_dtype: Any) -> dict[str, Any]:
         """The MaxText features of a ``tokens`` batch: NumPy in, NumPy out; a ``jax.Array``
