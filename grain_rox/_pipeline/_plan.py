@@ -45,6 +45,11 @@ def _source_seed(seed: int, name: str) -> int:
     return derive_key(seed, zlib.crc32(name.encode("utf-8")))
 
 
+def _source_label(name: str, corpus: RoxCorpus) -> str:
+    """How an error names a source: its path when it is the only (unnamed) one."""
+    return f"source {name!r} ({corpus.paths[0]}...)" if name else corpus.paths[0]
+
+
 def _tokenizer_label(corpus: RoxCorpus) -> str:
     tok = corpus.tokenizer or {}
     sha = f" sha256 {tok['sha256'][:12]}" if tok.get("sha256") else ""
@@ -102,8 +107,7 @@ def lane_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> li
                 )
             )
         except ValueError as e:
-            label = f"source {name!r} ({corpus.paths[0]}...)" if name else corpus.paths[0]
-            raise ValueError(f"{label}: {e}") from None
+            raise ValueError(f"{_source_label(name, corpus)}: {e}") from None
     return orders
 
 
@@ -177,9 +181,9 @@ def check_output_dtype(
             stored.kind == "u" and dtype.kind == "i" and dtype.itemsize >= stored.itemsize >= 4
         )
         if not (np.can_cast(stored, dtype) or wide_ints):
-            label = f"source {name!r} ({corpus.paths[0]})" if name else corpus.paths[0]
             raise ValueError(
-                f"TokenPipeline: dtype={dtype.name} would change token ids of {label}, stored "
+                f"TokenPipeline: dtype={dtype.name} would change token ids of "
+                f"{_source_label(name, corpus)}, stored "
                 f"as {stored.name}; pass a dtype that holds every {stored.name} value (e.g. "
                 "the default np.int32)"
             )
