@@ -441,5 +441,12 @@ def test_an_output_dtype_that_would_change_token_ids_is_refused(make_rox):
         ValueError, match=r"dtype=uint16 cannot hold the EOS id 70000; pass dtype=np\.int64"
     ):
         _ = wide.num_batches
+    for source in (RoxTokenSource, RoxDocumentSource):  # the same rule for the plain sources
+        with pytest.raises(
+            ValueError,
+            match=rf"{source.__name__}: dtype=int16 would change token ids of .*gpt2ish\.rox, "
+            "stored as uint16",
+        ):
+            source(path, seq_len=8, dtype=np.int16)
     ok = TokenPipeline(path, seq_len=8, global_batch_size=2, dtype=np.uint16).map_dataset()[0]
     assert ok["inputs"].dtype == np.uint16 and ok["inputs"].max() == 50256

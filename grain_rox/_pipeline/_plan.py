@@ -16,15 +16,14 @@ import dataclasses
 import json
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._order._curriculum import SAMPLE_LIMIT
 from grain_rox._order._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
 from grain_rox._order._permutation import derive_key, int_arg
+from grain_rox._sources._output_dtype import check_output_dtype
 from grain_rox._sources._tokens_layout import TokensLayout, tokens_layout
 
 if TYPE_CHECKING:
@@ -162,41 +161,6 @@ class PipelinePlan:
         return check_step(step, argument, self.num_batches, self.step_limit)
 
 
-def check_output_dtype(
-    dtype: np.dtype, corpora: Mapping[str, RoxCorpus], eos_ids: Sequence[int | None]
-) -> None:
-    """Refuse an output ``dtype`` that would change token ids: one narrower than a source's
-    stored dtype (``uint16`` ids above 32767 wrap in ``int16``; ``float16`` rounds ids above
-    2048), or one that cannot hold an EOS id. Unsigned to signed ints of 4 bytes or more
-    (``uint32`` -> the default ``int32``) are allowed: no vocabulary reaches 2**31.
-
-    >>> check_output_dtype(np.dtype("int32"), {}, [2**31])
-    Traceback (most recent call last):
-    ...
-    ValueError: TokenPipeline: dtype=int32 cannot hold the EOS id 2147483648; pass dtype=np.int64
-    """
-    for name, corpus in corpora.items():
-        stored = corpus.dtype
-        wide_ints = (
-            stored.kind == "u" and dtype.kind == "i" and dtype.itemsize >= stored.itemsize >= 4
-        )
-        if not (np.can_cast(stored, dtype) or wide_ints):
-            raise ValueError(
-                f"TokenPipeline: dtype={dtype.name} would change token ids of "
-                f"{_source_label(name, corpus)}, stored "
-                f"as {stored.name}; pass a dtype that holds every {stored.name} value (e.g. "
-                "the default np.int32)"
-            )
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        for eos in eos_ids:
-            if eos is not None and not info.min <= eos <= info.max:
-                raise ValueError(
-                    f"TokenPipeline: dtype={dtype.name} cannot hold the EOS id {eos}; pass "
-                    "dtype=np.int64"
-                )
-
-
 def resolve_plan(
     pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus] | None = None
 ) -> PipelinePlan:
@@ -209,7 +173,8 @@ def resolve_plan(
         else None
         for c in corpora.values()
     )
-    check_output_dtype(pipeline.dtype, corpora, eos_ids)
+    stored = {_source_label(n, c): c.dtype for n, c in corpora.items()}
+    check_output_dtype(pipeline.dtype, stored, eos_ids, where="TokenPipeline")
     schedule = pipeline.schedule
     total = schedule.total_steps
     if pipeline.num_epochs is not None:

@@ -21,6 +21,7 @@ from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._output_dtype import check_output_dtype
 from grain_rox._sources._segments import maxtext_record
 
 logger = logging.getLogger("grain_rox")
@@ -106,6 +107,8 @@ class RoxDocumentSource:
         self.seq_len = int(seq_len)
         self.long_documents = long_documents
         self.dtype = np.dtype(dtype)
+        stored = {self.corpus.paths[0]: self.corpus.dtype}
+        check_output_dtype(self.dtype, stored, [self.eos_id], where="RoxDocumentSource")
         self._lock = threading.Lock()
         self._index: tuple[np.ndarray, np.ndarray] | None = None
         self._dropped: tuple[int, int] | None = None

@@ -17,6 +17,7 @@ from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._output_dtype import check_output_dtype
 from grain_rox._sources._segments import maxtext_record, segment_features
 
 
@@ -68,6 +69,8 @@ class RoxTokenSource:
         self.seq_len = seq_len
         self.eos_id = eos_id if eos_id is not None else self.corpus.eos_id
         self.dtype = np.dtype(dtype)
+        stored = {self.corpus.paths[0]: self.corpus.dtype}
+        check_output_dtype(self.dtype, stored, [self.eos_id], where="RoxTokenSource")
         self._len = max(0, (self.corpus.num_tokens - 1) // self.seq_len)
 
     @property

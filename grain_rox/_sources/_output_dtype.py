@@ -1,0 +1,46 @@
+"""The output dtype of token windows must keep every token id as it is stored."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+def check_output_dtype(
+    dtype: np.dtype,
+    stored: Mapping[str, np.dtype],
+    eos_ids: Sequence[int | None],
+    *,
+    where: str,
+) -> None:
+    """Refuse an output ``dtype`` that would change token ids: one narrower than a source's
+    stored dtype (``stored``: how errors name each source -> its dtype; ``uint16`` ids above
+    32767 wrap in ``int16``, ``float16`` rounds ids above 2048), or one that cannot hold an
+    EOS id. Unsigned to signed ints of 4 bytes or more (``uint32`` -> the default ``int32``)
+    are allowed: no vocabulary reaches 2**31.
+
+    >>> check_output_dtype(np.dtype("int32"), {}, [2**31], where="TokenPipeline")
+    Traceback (most recent call last):
+    ...
+    ValueError: TokenPipeline: dtype=int32 cannot hold the EOS id 2147483648; pass dtype=np.int64
+    """
+    for label, source_dtype in stored.items():
+        wide_ints = (
+            source_dtype.kind == "u"
+            and dtype.kind == "i"
+            and dtype.itemsize >= source_dtype.itemsize >= 4
+        )
+        if not (np.can_cast(source_dtype, dtype) or wide_ints):
+            raise ValueError(
+                f"{where}: dtype={dtype.name} would change token ids of {label}, stored as "
+                f"{source_dtype.name}; pass a dtype that holds every {source_dtype.name} value "
+                "(e.g. the default np.int32)"
+            )
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        for eos in eos_ids:
+            if eos is not None and not info.min <= eos <= info.max:
+                raise ValueError(
+                    f"{where}: dtype={dtype.name} cannot hold the EOS id {eos}; pass dtype=np.int64"
+                )
