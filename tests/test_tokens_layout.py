@@ -165,3 +165,17 @@ def test_deriving_the_features_on_the_devices_needs_no_collectives():
     compiled = derive.lower(batch).compile().as_text()
     for collective in ("all-gather", "all-reduce", "collective-permute", "all-to-all"):
         assert collective not in compiled, collective
+
+
+def test_a_state_restores_only_onto_the_layout_it_was_saved_with(corpora):
+    """The layout is part of the pipeline's identity: a tokens-layout state onto a maxtext
+    pipeline is refused, naming the change (the batches would arrive in another shape)."""
+    pipe = TokenPipeline(corpora["a"], seq_len=16, global_batch_size=8, seed=2)
+    with MultiHostDataLoadIterator(pipe.with_layout("tokens")) as it:
+        next(it)
+        state = it.get_state()
+    with (
+        MultiHostDataLoadIterator(pipe) as other,
+        pytest.raises(ValueError, match=r"layout: saved 'tokens' -> now 'maxtext'"),
+    ):
+        other.set_state(state)
