@@ -39,6 +39,7 @@ class Feed(Protocol):
     """What the iterator needs of its input (see the module doc)."""
 
     state_key: str  # the key of the input's part of a saved state
+    in_caller: bool  # batches come out of host_iterator already placed, made in the caller
 
     @property
     def length(self) -> int | None:
@@ -78,6 +79,7 @@ class PipelineFeed:
     """A :class:`~grain_rox.TokenPipeline`, read in this process's rows of each batch."""
 
     state_key = "pipeline"
+    in_caller = False
 
     def __init__(
         self,
@@ -172,6 +174,17 @@ class PipelineFeed:
                 "iterator over that same Grain input"
             )
         now = self.identity
+        if decoded["version"] == 2:  # grain_rox 0.1: the lanes order, unnamed
+            saved = {**saved, "order": "lanes"}
+        if saved.get("order") != now["order"]:
+            old = " (grain_rox 0.1's only order; its states have version 2)"
+            raise ValueError(
+                f"cannot restore this data state: it was saved with order={saved.get('order')!r}"
+                f"{old if decoded['version'] == 2 else ''}, and this TokenPipeline uses "
+                f"order={now['order']!r}, which serves batches in another order. Pass "
+                f"TokenPipeline(..., order={saved.get('order')!r}) to continue this run "
+                "bit-exactly, or start a new run"
+            )
         changed = {
             k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v and k != "phases"
         }
@@ -198,6 +211,7 @@ class GrainFeed:
     """A user's Grain loader or dataset whose elements are this process's rows."""
 
     state_key = "grain"
+    in_caller = False
 
     def __init__(self, source: Any, sharding: NamedSharding):
         self.source = source

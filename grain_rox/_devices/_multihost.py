@@ -14,6 +14,8 @@ batch size, the number of devices on that axis and the fix.
 
 This module is the shared core (placement, prefetch, the state's envelope); what differs
 between a TokenPipeline and a Grain input sits behind one interface in ``_feeds``.
+``placement="device"`` serves a ``.batches()`` dataset from rows held on the devices
+(``_resident``): the same batches and the same state as the host path, gathered there.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from grain_rox._devices._feeds import Feed, GrainFeed, PipelineFeed
 from grain_rox._devices._iterator_state import STATE_VERSION, decode_state
 from grain_rox._devices._placement import default_mesh
+from grain_rox._devices._resident import resident_feed
 from grain_rox._pipeline._pipeline import TokenPipeline
 
 _DONE = object()
@@ -75,6 +78,16 @@ class MultiHostDataLoadIterator:
             send each array (False). Default: on the devices when they are accelerators, on
             the host when they are CPUs (there XLA's row scans cost more than NumPy's and a
             "transfer" is a memory copy).
+        placement: ``"host"`` (default): each batch is read on the host and sent over.
+            ``"device"``: for a ``.batches()`` dataset of fixed-shape rows (NumPy, HF eager,
+            ArrayRecord rows, ``shuffled_batches(RoxTokenSource(...))``), every row is placed
+            on the devices once (replicated, or sharded over the data axis when only a share
+            fits; an error naming the sizes when neither does) and each batch is gathered
+            there: the same batches and state as the host path, so a run can switch between
+            the two across a restore. ``"auto"``: the devices when that works, else the host.
+        device_memory_budget: For ``placement="device"``/``"auto"``: bytes of rows one
+            device may hold (default: a quarter of its free memory; CPU devices: a quarter
+            of the host's RAM shared among this process's devices).
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import TokenPipeline, write_rox
@@ -100,6 +113,8 @@ class MultiHostDataLoadIterator:
         prefetch: int = 2,
         worker_count: int = 0,
         features_on_device: bool | None = None,
+        placement: str = "host",
+        device_memory_budget: int | None = None,
     ) -> None:
         if data_sharding is not None and mesh is not None and data_sharding.mesh != mesh:
             raise ValueError("data_sharding was built on another mesh than mesh=")
@@ -115,11 +130,16 @@ class MultiHostDataLoadIterator:
         self.mesh = data_sharding.mesh
         self.prefetch = max(1, int(prefetch))
         self.worker_count = int(worker_count)
-        self._feed: Feed = (
-            PipelineFeed(loader_or_dataset, self.sharding, self.worker_count, features_on_device)
-            if isinstance(loader_or_dataset, TokenPipeline)
-            else GrainFeed(loader_or_dataset, self.sharding)
-        )
+        resident = resident_feed(loader_or_dataset, self.sharding, placement, device_memory_budget)
+        self._feed: Feed
+        if resident is not None:
+            self._feed = resident
+        elif isinstance(loader_or_dataset, TokenPipeline):
+            self._feed = PipelineFeed(
+                loader_or_dataset, self.sharding, self.worker_count, features_on_device
+            )
+        else:
+            self._feed = GrainFeed(loader_or_dataset, self.sharding)
         self._step = 0
         # The input's own position after the last batch handed out (a Grain iterator's state;
         # None for a TokenPipeline, whose position is the step).
@@ -137,6 +157,12 @@ class MultiHostDataLoadIterator:
         if not isinstance(self._feed, PipelineFeed):
             raise TypeError("local_rows is known only for a TokenPipeline input")
         return dict(self._feed.rows)
+
+    @property
+    def placement(self) -> str:
+        """Where batches are made: ``"host"``, or on the devices from rows held
+        ``"replicated"`` (all on every device) or ``"sharded"`` (over the data axis)."""
+        return str(getattr(self._feed, "layout", "host"))
 
     # ---- sizes ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -187,11 +213,14 @@ class MultiHostDataLoadIterator:
             out.put((e, None))
 
     def start_prefetch(self) -> None:
-        """Start the background producer (done automatically on the first ``next``)."""
+        """Start the background producer (done automatically on the first ``next``; batches
+        gathered on the devices are dispatched asynchronously in the caller's thread)."""
         if self._thread is not None or self._exhausted:
             return
         if self._host_iter is None:  # (set_state may have made it, to check the state)
             self._host_iter = self._feed.host_iterator(self._step, self._position)
+        if self._feed.in_caller:
+            return
         self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.prefetch)
         self._thread = threading.Thread(
@@ -228,6 +257,8 @@ class MultiHostDataLoadIterator:
             raise StopIteration
         if self._thread is None:
             self.start_prefetch()
+        if self._feed.in_caller:
+            return self._next_in_caller()
         item, position = self._queue.get()
         if item is _DONE:
             self._exhausted = True
@@ -239,6 +270,20 @@ class MultiHostDataLoadIterator:
         self._step += 1
         self._position = position
         return item
+
+    def _next_in_caller(self) -> Any:
+        try:
+            batch = next(self._host_iter)
+        except StopIteration:
+            self._exhausted = True
+            self._halt()
+            raise
+        except BaseException:
+            self._halt()
+            raise
+        self._step += 1
+        self._position = self._feed.position(self._host_iter)
+        return batch
 
     # ---- state -----------------------------------------------------------------------------
     @property

@@ -100,6 +100,22 @@ class RoxTokenSource:
 
     __getitems__ = _getitems
 
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+        """Records ``indices`` stacked per feature: what :func:`~grain_rox.shuffled_batches`
+        reads (and a device-resident iterator places).
+
+        >>> import tempfile, os
+        >>> from grain_rox import write_rox
+        >>> path = os.path.join(tempfile.mkdtemp(), "g.rox")
+        >>> _ = write_rox([np.arange(1, 10, dtype=np.uint16)], path, block_size=20)
+        >>> RoxTokenSource(path, seq_len=4).get_batch([1, 0])["inputs"].tolist()
+        [[5, 6, 7, 8], [1, 2, 3, 4]]
+        """
+        records = self._getitems([int(i) for i in np.asarray(indices).reshape(-1)])
+        if not records:
+            raise ValueError("get_batch needs at least one index")
+        return {k: np.stack([r[k] for r in records]) for k in records[0]}
+
 
 class RoxBlockSource:
     """Record ``i`` = block ``i`` (roxxel's record) as a numpy array of the shard dtype.
