@@ -22,9 +22,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from grain_rox._cli._describe import describe
+from grain_rox._cli._progress import byte_bar, count_bar
+from grain_rox._cli._verify_report import verify_lines
 from grain_rox._cli._wording import cli_wording, tokenizer_line
 from grain_rox._format._rox_format import RoxFormatError
-from grain_rox._format._verify import verify_rox
+from grain_rox._format._verify import shard_sizes, verify_rox
 from grain_rox._text._builtin_corpus import BUILTIN_CORPORA, builtin_documents
 from grain_rox._text._convert import (
     ENCODING_ERRORS,
@@ -34,6 +36,7 @@ from grain_rox._text._convert import (
     ReadStats,
     detect_format,
     expand_inputs,
+    input_bytes,
     read_documents,
     require_documents,
     tokenize_in_order,
@@ -151,17 +154,6 @@ def _limited(docs: Iterator[str], limit: int | None) -> Iterator[str]:
         yield doc
 
 
-def _progress(docs: Iterator[Any], enabled: bool, label: str) -> Iterator[Any]:
-    if not enabled:
-        yield from docs
-        return
-    from tqdm.auto import tqdm
-
-    # disable=None: tqdm stays quiet when stderr is not a terminal (CI logs, pipes).
-    with tqdm(docs, desc=f"converting {label}", unit="doc", disable=None) as bar:
-        yield from bar
-
-
 def _convert(args: argparse.Namespace) -> int:
     if bool(args.inputs) == bool(args.builtin):
         print("grain-rox convert: error: give input paths or --builtin (not both)", file=sys.stderr)
@@ -172,51 +164,63 @@ def _convert(args: argparse.Namespace) -> int:
     token_docs = bool(files) and (
         args.fmt == "array_record" or all(detect_format(f) == "array_record" for f in files)
     )
-    if args.builtin:
-        docs: Iterator[Any] = builtin_documents(args.builtin)
-        label = f"built-in '{args.builtin}'"
-    elif token_docs:
-        if args.record_dtype is None:
-            raise ValueError(
-                "ArrayRecord token documents need their dtype: pass --record-dtype (e.g. uint16)"
-            )
-        from grain_rox._sources._array_record import ArrayRecordSource
+    label = f"built-in '{args.builtin}'" if args.builtin else ", ".join(args.inputs)[:60]
+    desc = f"converting {label} ({tok.name})"
+    show = not args.no_progress
+    # The bar's total: the input files' bytes when all of them are read, else the documents
+    # (the --limit, or an ArrayRecord file's records), else none (the built-in corpora).
+    total_bytes = None if token_docs or args.builtin or args.limit else input_bytes(files)
+    total_docs = args.limit
+    with byte_bar(total_bytes, desc, enabled=show) as bar:
+        if args.builtin:
+            docs: Iterator[Any] = builtin_documents(args.builtin)
+        elif token_docs:
+            if args.record_dtype is None:
+                raise ValueError(
+                    "ArrayRecord token documents need their dtype: pass --record-dtype (e.g. uint16)"
+                )
+            from grain_rox._sources._array_record import ArrayRecordSource
 
-        docs = ArrayRecordSource(files, dtype=args.record_dtype).iter_arrays()
-        label = ", ".join(args.inputs)[:60]
-    else:
-        docs = read_documents(
-            files,
-            fmt=args.fmt,
-            text_column=args.text_column,
-            on_binary=args.on_binary,
-            encoding_errors=args.encoding_errors,
-            on_null=args.on_null,
-            stats=stats,
+            source = ArrayRecordSource(files, dtype=args.record_dtype)
+            docs = source.iter_arrays()
+            total_docs = min(len(source), args.limit or len(source))
+        else:
+            docs = read_documents(
+                files,
+                fmt=args.fmt,
+                text_column=args.text_column,
+                on_binary=args.on_binary,
+                encoding_errors=args.encoding_errors,
+                on_null=args.on_null,
+                stats=stats,
+                on_bytes=bar.update,
+            )
+            docs = require_documents(docs, stats, ", ".join(args.inputs))
+        docs = _limited(docs, args.limit)
+        if total_bytes is None:
+            docs = count_bar(docs, total_docs, desc, "doc", enabled=show)
+        start = time.perf_counter()
+        result = write_rox(
+            docs if token_docs else tokenize_in_order(docs, tok, workers=args.workers),
+            args.output,
+            tokenizer=tok,
+            block_size=args.block_size,
+            max_shard_bytes=args.max_shard_bytes,
+            if_exists=args.if_exists,
         )
-        label = ", ".join(args.inputs)[:60]
-        docs = require_documents(docs, stats, ", ".join(args.inputs))
-    docs = _progress(_limited(docs, args.limit), not args.no_progress, f"{label} ({tok.name})")
-    start = time.perf_counter()
-    result = write_rox(
-        docs if token_docs else tokenize_in_order(docs, tok, workers=args.workers),
-        args.output,
-        tokenizer=tok,
-        block_size=args.block_size,
-        max_shard_bytes=args.max_shard_bytes,
-        if_exists=args.if_exists,
-    )
-    seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start
     rate = result.num_tokens / seconds if seconds > 0 else float("inf")
-    source = f"read {label}" if args.builtin or token_docs else stats.summary()
+    summary = f"read {label}" if args.builtin or token_docs else stats.summary()
     print(
         f"wrote {result.num_documents} documents, {result.num_tokens} {tok.name} tokens "
         f"({result.dtype}) into {len(result.paths)} shard(s) in {seconds:.1f}s "
-        f"({rate:,.0f} tokens/s); {source}; manifest {result.manifest_path}"
+        f"({rate:,.0f} tokens/s); {summary}; manifest {result.manifest_path}"
     )
     print(tokenizer_line(tok, args.tokenizer))
     if not args.no_verify:
-        bad = [r for r in verify_rox(list(result.paths)) if not r.ok]
+        paths = list(result.paths)
+        with byte_bar(shard_sizes(paths), f"verifying {args.output}", enabled=show) as bar:
+            bad = [r for r in verify_rox(paths, on_bytes=bar.update) if not r.ok]
         if bad:
             raise ValueError(f"read back after writing, {bad[0].path}: {bad[0].problem}")
         print(f"verified {len(result.paths)} shard(s): checksums match")
@@ -287,29 +291,16 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    reports = verify_rox(_path_spec(args.path), checksums=not args.no_checksums)
-    bad = [r for r in reports if not r.ok]
+    spec = _path_spec(args.path)
+    checksums = not args.no_checksums
+    desc = f"verifying {' '.join(args.path)[:60]}"
+    with byte_bar(shard_sizes(spec), desc, enabled=checksums) as bar:
+        reports = verify_rox(spec, checksums=checksums, on_bytes=bar.update)
     if args.json:
         print(json.dumps([r.__dict__ for r in reports], indent=1))
     else:
-        shards = [r for r in reports if r.kind == "shard"]
-        leftovers = [r for r in reports if r.kind == "leftover"]
-        for r in shards:
-            status = "OK  " if r.ok else "FAIL"
-            detail = (
-                f"{r.num_blocks} blocks, checksum {r.checksum}"
-                if r.ok
-                else cli_wording(r.problem or "", "verify")
-            )
-            print(f"{status} {r.path}: {detail}")
-        for r in leftovers:
-            print(f"WARN {r.path}: {r.note}")
-        print(
-            f"{len(shards) - len(bad)} of {len(shards)} shards OK"
-            + (f"; {len(bad)} damaged" if bad else "")
-            + (f"; {len(leftovers)} leftover temporary file(s)" if leftovers else "")
-        )
-    return 1 if bad else 0
+        print("\n".join(verify_lines(reports)))
+    return 1 if any(not r.ok for r in reports) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from grain_rox import open_rox
+from grain_rox import open_rox, write_rox
 from grain_rox._text._convert import tokenize_in_order
 from grain_rox._text._tokenizers import ByteTokenizer
 from grain_rox.cli import main
@@ -295,3 +296,143 @@ def test_convert_a_huggingface_dataset_saved_on_disk(tmp_path, capsys):
     assert tokens_of(out) == [97, 98, 256, 99, 256, 256]
     assert main(["convert", saved, "-o", str(tmp_path / "x.rox")]) == 2
     assert "has no column 'text'" in capsys.readouterr().err
+
+
+def test_verify_tells_two_shard_sets_of_different_dtypes_apart(tmp_path, capsys):
+    """The README's case: a uint32 set and a uint16 set side by side are two sets, not damage."""
+    data = tmp_path / "data"
+    data.mkdir()
+    src = tmp_path / "a.txt"
+    src.write_text("x" * 150)
+    code = ["convert", str(src), "-o", str(data / "code.rox"), "--block-size", "64"]
+    assert main([*code, "--max-shard-bytes", "200"]) == 0  # bytes tokens, uint16: 3 shards
+    write_rox([np.arange(20, dtype=np.uint32)], str(data / "train.rox"), separator=0)
+    capsys.readouterr()
+    assert main(["verify", str(data)]) == 0
+    d = str(data)
+    assert capsys.readouterr().out.splitlines() == [
+        f"set {d}/code: three shards, uint16",
+        f"OK   {d}/code_0000.rox: 2 blocks, checksum ok",
+        f"OK   {d}/code_0001.rox: 2 blocks, checksum ok",
+        f"OK   {d}/code_0002.rox: 1 blocks, checksum ok",
+        f"set {d}/train: one shard, uint32",
+        f"OK   {d}/train.rox: 1 blocks, checksum ok",
+        "4 of 4 shards OK, in two shard sets",
+        f"two shard sets of different dtypes: {d}/code (uint16), {d}/train (uint32); different "
+        "sets, not damage: one corpus holds one dtype, so open each set on its own (e.g. "
+        f"grain-rox inspect {d}/code.rox, open_rox('{d}/code.rox')), not all as one corpus",
+    ]
+    # Damage is still damage, inside a set: a uint32 shard among uint16 ones.
+    (data / "code_0003.rox").write_bytes((data / "train.rox").read_bytes())
+    assert main(["verify", str(data), "--json"]) == 1
+    reports = {os.path.basename(r["path"]): r for r in json.loads(capsys.readouterr().out)}
+    assert (reports["code_0003.rox"]["set"], reports["train.rox"]["dtype"]) == (
+        f"{d}/code",
+        "uint32",
+    )
+    assert reports["code_0003.rox"]["problem"].startswith(
+        f"its dtype is uint32 but {d}/code_0000.rox (the corpus's first shard) is uint16"
+    )
+    assert reports["train.rox"]["problem"] is None
+
+
+def run_in_a_terminal(*args: str, cwd: object = None) -> tuple[str, str]:
+    """Run the installed ``grain-rox`` with stderr on a real pseudo-terminal (250 columns):
+    returns (stdout, what the terminal showed)."""
+    import fcntl
+    import struct
+    import termios
+
+    exe = os.path.join(os.path.dirname(sys.executable), "grain-rox")
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 250, 0, 0))
+    proc = subprocess.Popen(
+        [exe, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, cwd=cwd
+    )
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # the terminal closed: the process has exited
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    stdout = proc.stdout.read().decode() if proc.stdout else ""
+    assert proc.wait() == 0, shown.decode()
+    return stdout, shown.decode()
+
+
+def last_frames(shown: str) -> list[str]:
+    """Each progress bar's final frame, as the terminal was left showing it (log lines,
+    which have no frames, left out)."""
+    frames = [line.rsplit("\r", 1)[-1] for line in shown.split("\r\n")]
+    return [frame for frame in frames if "%|" in frame]
+
+
+def test_progress_bars_show_a_total_percent_and_eta_on_a_terminal(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a" * 1_500_000)
+    (src / "b.jsonl").write_text('{"text": "bb"}\n' * 40_000)  # 600,000 bytes
+    (src / "c.bin").write_bytes(b"\0" * 100_000)  # skipped, but its bytes count as read
+    stdout, shown = run_in_a_terminal("convert", "src", "-o", "o.rox", cwd=tmp_path)
+    assert stdout.startswith("wrote 40001 documents, 1620001 bytes tokens (uint16)")
+    # The log line of the skipped file is printed above the bar, not through it.
+    assert (
+        "\rskipped src/c.bin: it looks binary (a NUL byte at offset 0); pass --on-binary " in shown
+    )
+    converting, verifying = last_frames(shown)
+    # The total: the inputs' bytes, 1,500,000 + 600,000 + 100,000; then the shard's, hashed.
+    size = os.path.getsize(tmp_path / "o.rox")
+    frame = r"100%\|█+\| {0}/{0} \[\d\d:\d\d<00:00, +[\d.]+[kMG]?{1}/s\]"
+    assert re.fullmatch(r"converting src \(bytes\): " + frame.format("2.20MB", "B"), converting)
+    shard = f"{size / 1e6:.2f}MB"
+    assert re.fullmatch("verifying o.rox: " + frame.format(re.escape(shard), "B"), verifying)
+    stdout, shown = run_in_a_terminal("verify", "o.rox", cwd=tmp_path)
+    assert stdout.splitlines()[-1] == "1 of 1 shards OK"
+    [verifying] = last_frames(shown)
+    assert re.fullmatch("verifying o.rox: " + frame.format(re.escape(shard), "B"), verifying)
+    # Where only the number of documents is known (--limit), the bar counts documents to it.
+    args = ["convert", "src", "-o", "l.rox", "--limit", "7", "--no-verify"]
+    _, shown = run_in_a_terminal(*args, cwd=tmp_path)
+    [converting] = last_frames(shown)
+    assert re.fullmatch(r"converting src \(bytes\): " + frame.format("7", "doc"), converting)
+
+
+def test_reading_reports_the_bytes_of_every_input_file_as_it_goes(tmp_path):
+    import gzip
+
+    from grain_rox._text._convert import expand_inputs, input_bytes, read_documents
+
+    (tmp_path / "a.txt").write_bytes(b"x" * (5 << 19))  # 2.5 MiB: three 1 MiB reads
+    (tmp_path / "b.bin").write_bytes(b"\0\1")  # skipped
+    with gzip.open(tmp_path / "c.jsonl.gz", "wb") as f:
+        f.write(b'{"text": "c"}\n' * 1000)
+    (tmp_path / "d.txt").write_bytes(b"")  # skipped
+    files = expand_inputs([str(tmp_path)])
+    read: list[int] = []
+    docs = read_documents(files, on_bytes=read.append)
+    assert next(docs) == "x" * (5 << 19)
+    assert read == [1 << 20, 1 << 20, 1 << 19]  # the first file, as it was read
+    assert list(docs) == ["c"] * 1000
+    gz = os.path.getsize(tmp_path / "c.jsonl.gz")
+    assert read[3:] == [2, gz]
+    assert sum(read) == input_bytes(files) == (5 << 19) + 2 + gz
+
+
+def test_verify_reports_the_bytes_it_hashes(tmp_path):
+    from grain_rox._format._verify import shard_sizes, verify_rox
+
+    path = str(tmp_path / "h.rox")
+    write_rox([np.arange(3 << 20, dtype=np.uint32)], path, separator=0, max_shard_bytes=9 << 20)
+    sizes = [os.path.getsize(tmp_path / f"h_000{i}.rox") for i in range(2)]
+    read: list[int] = []
+    assert all(r.ok for r in verify_rox(path, on_bytes=read.append))
+    assert read == [8 << 20, sizes[0] - (8 << 20), sizes[1]]  # 8 MiB hash reads, then the rest
+    assert sum(read) == shard_sizes(path) == sum(sizes)
+    read.clear()
+    verify_rox(path, checksums=False, on_bytes=read.append)
+    assert read == sizes  # not hashed: each shard's bytes at once

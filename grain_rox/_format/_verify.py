@@ -1,12 +1,19 @@
-"""Check every shard of a set on its own and report all damage, not just the first."""
+"""Check every shard on its own and report all damage, not just the first.
+
+The shards a path names may belong to several sets (a directory holding ``train.rox`` and
+``code_0000.rox ...``): each shard is checked against its own set (its manifest, and the dtype
+of the set's first shard), so two healthy sets of different dtypes are two sets, not damage.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+from collections.abc import Callable
 
 from grain_rox._format._leftovers import leftovers_of
-from grain_rox._format._manifest import manifest_path_for
+from grain_rox._format._manifest import ShardRecord, manifest_path_for, set_base
 from grain_rox._format._paths import PathSpec, resolve_shard_paths
 from grain_rox._format._rox_format import (
     RoxFormatError,
@@ -17,6 +24,8 @@ from grain_rox._format._rox_format import (
     read_index,
 )
 from grain_rox._format._shard_set import current_manifest
+
+_HASH_CHUNK = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +41,9 @@ class ShardReport:
         (no manifest entry, or ``checksums=False``); a mismatch is a ``problem``.
       kind: ``"shard"``, or ``"leftover"``: a killed writer's hidden temporary file (harmless).
       note: what a ``"leftover"`` report says and how to remove it.
+      set: the set the file belongs to: its path without ``.rox`` and a ``_NNNN`` shard number
+        (``data/code_0003.rox`` -> ``data/code``).
+      dtype: its token dtype (None when it could not be read).
     """
 
     path: str
@@ -41,6 +53,8 @@ class ShardReport:
     checksum: str = "none"
     kind: str = "shard"
     note: str | None = None
+    set: str = ""
+    dtype: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -48,20 +62,27 @@ class ShardReport:
 
 
 def verify_rox(
-    paths: PathSpec, *, checksums: bool = True, roxxel_names: bool = False
+    paths: PathSpec,
+    *,
+    checksums: bool = True,
+    roxxel_names: bool = False,
+    on_bytes: Callable[[int], None] | None = None,
 ) -> list[ShardReport]:
     """Check each shard's footer, size, whole index and (with a manifest) sha256 checksum.
 
     Unlike :func:`open_rox`, which stops at the first damaged shard, this returns one report
-    per shard, plus a report for every shard whose dtype differs from the first shard's, plus
-    one ``kind="leftover"`` report (ok, with a ``note``) per hidden temporary file that a
-    killed writer left beside the sets (the next write to the set removes them).
+    per shard, a shard whose dtype differs from its set's first shard's among them, plus one
+    ``kind="leftover"`` report (ok, with a ``note``) per hidden temporary file that a killed
+    writer left beside the sets (the next write to the set removes them). Shards of different
+    sets may hold different dtypes (:func:`shard_sets` groups the reports).
 
     Args:
       paths: the shards: a file, glob, directory, set name or list of them (as for
         :func:`open_rox`).
       checksums: also hash every shard that its manifest records a sha256 for.
       roxxel_names: resolve a set name with roxxel's looser ``name*.rox`` fallback.
+      on_bytes: called with the bytes of each shard checked, as they are hashed (the whole
+        file at once when it is not hashed): the calls add up to the shards' total size.
 
     Returns:
       One :class:`ShardReport` per shard, in the corpus's order, then one per leftover.
@@ -70,35 +91,92 @@ def verify_rox(
     >>> from grain_rox import write_rox
     >>> path = os.path.join(tempfile.mkdtemp(), "v.rox")
     >>> _ = write_rox(["some text"], path, block_size=4)
-    >>> [(r.ok, r.num_blocks, r.checksum) for r in verify_rox(path)]
-    [(True, 3, 'ok')]
+    >>> [(r.ok, r.num_blocks, r.checksum, r.dtype) for r in verify_rox(path)]
+    [(True, 3, 'ok', 'uint8')]
     """
     reports = []
-    first: ShardHeader | None = None  # the first readable shard: the set's dtype
+    firsts: dict[str, ShardHeader] = {}  # each set's first readable shard: the set's dtype
     resolved = resolve_shard_paths(paths, roxxel_names=roxxel_names)
     for path in resolved:
+        name = set_base(path)
+        sent = 0
+
+        def count(n: int) -> None:
+            nonlocal sent
+            sent += n
+            if on_bytes is not None:
+                on_bytes(n)
+
         try:
             header = read_header(path)
             check_index(header, read_index(header))
-            if first is None:
-                first = header
-            check_same_dtype(first, header)
+            check_same_dtype(firsts.setdefault(name, header), header)
             checksum = "none"
             mpath = manifest_path_for(path)
             manifest = current_manifest(mpath)
             record = manifest.check_shard(header, mpath) if manifest else None
-            if record is not None and checksums and record.check_checksum(path):
+            if record is not None and checksums and record.sha256 is not None:
+                _check_sha256(path, record, count)
                 checksum = "ok"
-            reports.append(ShardReport(path, None, header.num_blocks, header.num_tokens, checksum))
+            reports.append(
+                ShardReport(
+                    path,
+                    None,
+                    header.num_blocks,
+                    header.num_tokens,
+                    checksum,
+                    set=name,
+                    dtype=str(header.dtype),
+                )
+            )
         except RoxFormatError as e:
-            reports.append(ShardReport(path, f"{e.problem}. Fix: {e.fix}."))
+            reports.append(ShardReport(path, f"{e.problem}. Fix: {e.fix}.", set=name))
         except OSError as e:
-            reports.append(ShardReport(path, f"cannot read: {e}"))
+            reports.append(ShardReport(path, f"cannot read: {e}", set=name))
+        if _size(path) > sent:  # the rest: all of it when it was not hashed
+            count(_size(path) - sent)
     for tmp in leftovers_of(resolved):
         note = (
             f"a hidden temporary file ({os.path.getsize(tmp):,} bytes) of a write to this set "
             "that was killed; it is not part of the data. Fix: delete it, or write to the set "
             "again (the next write removes it)"
         )
-        reports.append(ShardReport(tmp, None, kind="leftover", note=note))
+        reports.append(ShardReport(tmp, None, kind="leftover", note=note, set=set_base(tmp)))
     return reports
+
+
+def shard_sizes(paths: PathSpec, *, roxxel_names: bool = False) -> int:
+    """The bytes :func:`verify_rox` reads over ``paths`` (its ``on_bytes`` calls add up to it)."""
+    return sum(_size(p) for p in resolve_shard_paths(paths, roxxel_names=roxxel_names))
+
+
+def shard_sets(reports: list[ShardReport]) -> dict[str, list[ShardReport]]:
+    """The shard reports grouped by set, sets in the order their first shard was checked.
+
+    >>> a, b = ShardReport("d/a_0000.rox", None, set="d/a"), ShardReport("d/b.rox", None, set="d/b")
+    >>> {k: [r.path for r in v] for k, v in shard_sets([a, b]).items()}
+    {'d/a': ['d/a_0000.rox'], 'd/b': ['d/b.rox']}
+    """
+    sets: dict[str, list[ShardReport]] = {}
+    for r in reports:
+        if r.kind == "shard":
+            sets.setdefault(r.set, []).append(r)
+    return sets
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _check_sha256(path: str, record: ShardRecord, on_bytes: Callable[[int], None]) -> None:
+    """Hash ``path`` in chunks (reporting each one) and compare with the manifest's record."""
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(_HASH_CHUNK):
+            digest.update(block)
+            on_bytes(len(block))
+    if digest.hexdigest() != record.sha256:
+        record.check_checksum(path)  # hashes again and raises the manifest's own error

@@ -24,7 +24,7 @@ import concurrent.futures
 import glob
 import os
 import stat
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -122,6 +122,31 @@ def detect_format(path: str) -> str:
     return "text"
 
 
+def input_bytes(files: Iterable[str]) -> int:
+    """The bytes of ``files`` on disk (a saved HF dataset: all its files), the total that
+    :func:`read_documents`'s ``on_bytes`` calls add up to.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> for name, data in {"a.txt": b"hi", "b.txt": b"yo!"}.items():
+    ...     _ = open(os.path.join(d, name), "wb").write(data)
+    >>> input_bytes(expand_inputs([d]))
+    5
+    """
+    return sum(_size_on_disk(path) for path in files)
+
+
+def _size_on_disk(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(
+            os.path.getsize(os.path.join(root, n))
+            for root, _, names in os.walk(path)
+            for n in names
+        )
+    st = os.stat(path)
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
 def read_documents(
     files: Iterable[str],
     *,
@@ -131,6 +156,7 @@ def read_documents(
     encoding_errors: str = "strict",
     on_null: str = "error",
     stats: ReadStats | None = None,
+    on_bytes: Callable[[int], None] | None = None,
 ) -> Iterator[str]:
     """Yield one document per text file, JSONL line (or record of a JSON list), Parquet row or
     HF dataset row.
@@ -138,16 +164,20 @@ def read_documents(
     Compressed files are read through; binary files are skipped (``on_binary="error"``: an
     error), as are empty and special files, each logged and counted in ``stats``; text that
     is not UTF-8 is an error unless ``encoding_errors="replace"``; a null text is an error
-    naming its record unless ``on_null="skip"`` (then counted in ``stats``).
+    naming its record unless ``on_null="skip"`` (then counted in ``stats``). ``on_bytes`` is
+    told the bytes of the files on disk as they are read (text and JSONL files chunk by chunk,
+    the others when done): the calls add up to :func:`input_bytes` of ``files``.
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp()
     >>> files = {"a.txt": b"hi", "b.bin": b"\\x00\\x01", "c.jsonl": b'{"text": "x"}'}
     >>> for name, data in files.items():
     ...     _ = open(os.path.join(d, name), "wb").write(data)
-    >>> stats = ReadStats()
-    >>> list(read_documents(expand_inputs([d]), stats=stats)), stats.summary()
-    (['hi', 'x'], '2 files read, skipped 1 file (1 binary)')
+    >>> stats, read = ReadStats(), []
+    >>> list(read_documents(expand_inputs([d]), stats=stats, on_bytes=read.append))
+    ['hi', 'x']
+    >>> stats.summary(), read
+    ('2 files read, skipped 1 file (1 binary)', [2, 2, 13])
     """
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
@@ -160,60 +190,79 @@ def read_documents(
     stats = ReadStats() if stats is None else stats
     stats.on_null = on_null
     for path in files:
+        sent = 0
+
+        def count(n: int) -> None:
+            nonlocal sent
+            sent += n
+            if on_bytes is not None:
+                on_bytes(n)
+
         kind = detect_format(path) if fmt == "auto" else fmt
-        if kind == "array_record":
-            raise ValueError(
-                f"{path} holds token documents, not text: convert ArrayRecord inputs on their "
-                "own, with --record-dtype"
-            )
-        if kind == "hf":
-            stats.files_read += 1
-            for doc in hf_documents(path, text_column, stats):
-                stats.documents += 1
-                yield doc
-            continue
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):
-            stats.skip(path, "not regular files", "not a regular file (a FIFO, socket or device)")
-            continue
-        if kind == "parquet":
-            if compression_of(path):
-                raise ValueError(
-                    f"{path}: compressed Parquet files are not read; decompress it first "
-                    "(Parquet compresses its own pages)"
-                )
-            stats.files_read += 1
-            docs = parquet_documents(path, text_column, stats)
-        else:
-            chunks = byte_chunks(path)
-            head = next(chunks, b"")
-            if not head:
-                stats.skip(path, "empty", "it is empty")
-                continue
-            why = binary_reason(head[:SNIFF])
-            if why is not None:
-                if on_binary == "error":
-                    raise ValueError(
-                        f"{path} looks binary ({why}), not text; leave it out of the inputs, "
-                        "or pass --on-binary skip (on_binary='skip') to skip such files"
-                    )
-                stats.skip(
-                    path,
-                    "binary",
-                    f"it looks binary ({why}); pass --on-binary error to stop instead",
-                )
-                continue
-            stats.files_read += 1
-            if kind == "jsonl":
-                docs = jsonl_documents(
-                    path, chain(head, chunks), text_column, encoding_errors, stats
-                )
-            else:
-                data = head + b"".join(chunks)
-                docs = iter([decode(data, path, encoding_errors)])
-        for doc in docs:
+        for doc in _file_documents(
+            path, kind, text_column, on_binary, encoding_errors, stats, count
+        ):
             stats.documents += 1
             yield doc
+        rest = _size_on_disk(path) - sent  # skipped files, and what a reader took at its end
+        if rest > 0:
+            count(rest)
+
+
+def _file_documents(
+    path: str,
+    kind: str,
+    text_column: str,
+    on_binary: str,
+    encoding_errors: str,
+    stats: ReadStats,
+    on_bytes: Callable[[int], None],
+) -> Iterator[str]:
+    """The documents of one input file of format ``kind``, or none when it is skipped."""
+    if kind == "array_record":
+        raise ValueError(
+            f"{path} holds token documents, not text: convert ArrayRecord inputs on their "
+            "own, with --record-dtype"
+        )
+    if kind == "hf":
+        stats.files_read += 1
+        yield from hf_documents(path, text_column, stats)
+        return
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        stats.skip(path, "not regular files", "not a regular file (a FIFO, socket or device)")
+        return
+    if kind == "parquet":
+        if compression_of(path):
+            raise ValueError(
+                f"{path}: compressed Parquet files are not read; decompress it first "
+                "(Parquet compresses its own pages)"
+            )
+        stats.files_read += 1
+        yield from parquet_documents(path, text_column, stats)
+        return
+    chunks = byte_chunks(path, on_bytes=on_bytes)
+    head = next(chunks, b"")
+    if not head:
+        stats.skip(path, "empty", "it is empty")
+        return
+    why = binary_reason(head[:SNIFF])
+    if why is not None:
+        if on_binary == "error":
+            raise ValueError(
+                f"{path} looks binary ({why}), not text; leave it out of the inputs, "
+                "or pass --on-binary skip (on_binary='skip') to skip such files"
+            )
+        stats.skip(
+            path, "binary", f"it looks binary ({why}); pass --on-binary error to stop instead"
+        )
+        return
+    stats.files_read += 1
+    if kind == "jsonl":
+        yield from jsonl_documents(path, chain(head, chunks), text_column, encoding_errors, stats)
+    else:
+        data = head + b"".join(chunks)
+        yield decode(data, path, encoding_errors)
 
 
 def _chunks(docs: Iterable[str], chunk_chars: int) -> Iterator[list[str]]:

@@ -9,10 +9,11 @@ errors that name the file and the byte offset.
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import lzma
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd"}
@@ -29,15 +30,17 @@ def compression_of(path: str) -> str | None:
     return COMPRESSIONS.get(os.path.splitext(path)[1].lower())
 
 
-def open_input(path: str, compression: str | None) -> Any:  # a binary file object
+def open_input(raw: Any, compression: str | None, path: str) -> Any:  # a binary file object
+    """``raw`` (the file ``path`` opened ``"rb"``) decompressed as ``compression`` says; closing
+    the result leaves ``raw`` open."""
     if compression is None:
-        return open(path, "rb")
+        return contextlib.nullcontext(raw)
     if compression == "gzip":
-        return gzip.open(path, "rb")
+        return gzip.GzipFile(fileobj=raw, mode="rb")
     if compression == "bzip2":
-        return bz2.open(path, "rb")
+        return bz2.BZ2File(raw, "rb")
     if compression == "xz":
-        return lzma.open(path, "rb")
+        return lzma.LZMAFile(raw, "rb")
     try:
         import zstandard
     except ImportError:
@@ -45,16 +48,33 @@ def open_input(path: str, compression: str | None) -> Any:  # a binary file obje
             f"{path} is zstd-compressed: reading it needs the zstandard package "
             "(pip install zstandard), or decompress it first (zstd -d)"
         ) from None
-    return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+    return zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)
 
 
-def byte_chunks(path: str, size: int = 1 << 20) -> Iterator[bytes]:
+def byte_chunks(
+    path: str, size: int = 1 << 20, *, on_bytes: Callable[[int], None] | None = None
+) -> Iterator[bytes]:
     """The file's bytes (decompressed), in chunks; a damaged compressed file is an error
-    naming it."""
+    naming it. ``on_bytes`` is told how many bytes of the file (compressed, as on disk) each
+    chunk took.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.txt.gz")
+    >>> with gzip.open(path, "wb") as f:
+    ...     _ = f.write(b"abc" * 1000)
+    >>> read = []
+    >>> len(b"".join(byte_chunks(path, on_bytes=read.append))), sum(read) == os.path.getsize(path)
+    (3000, True)
+    """
     compression = compression_of(path)
     try:
-        with open_input(path, compression) as f:
+        with open(path, "rb") as raw, open_input(raw, compression, path) as f:
+            done = 0
             while chunk := f.read(size):
+                if on_bytes is not None:
+                    at = raw.tell()
+                    on_bytes(at - done)
+                    done = at
                 yield chunk
     except (OSError, EOFError, lzma.LZMAError) as e:
         if compression is None or isinstance(e, FileNotFoundError | PermissionError):
