@@ -168,8 +168,8 @@ def test_numpy_integers_are_accepted_by_every_argument(paths):
                                                                   eos_id=i32(0))  # fmt: skip
         assert repr(plain) == repr(numpy) and as_list(plain[3]) == as_list(numpy[3])
     pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, chunk_tokens=i64(256),
-                         lanes=i32(2), max_seq_len=i64(32), eos_id=i64(0))  # fmt: skip
-    same = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, chunk_tokens=256, lanes=2,
+                         block_tokens=i32(2000), max_seq_len=i64(32), eos_id=i64(0))  # fmt: skip
+    same = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, chunk_tokens=256, block_tokens=2000,
                          max_seq_len=32, eos_id=0)  # fmt: skip
     assert pipe.describe() == same.describe()
     assert as_list(pipe.batch_source(rows=(i64(1), i32(3)))[i64(2)]) == as_list(

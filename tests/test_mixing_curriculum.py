@@ -91,7 +91,7 @@ def test_phases_change_shapes_without_replaying_or_skipping(sources):
         Phase(steps=25, batch_size=4, seq_len=32, weights={"a": 0.2, "b": 0.4, "c": 0.4}),
         Phase(steps=None, batch_size=6, seq_len=24, weights={"a": 1.0}),
     ]
-    pipe = TokenPipeline(sources, phases=phases, seed=3, chunk_tokens=1000, lanes=8)
+    pipe = TokenPipeline(sources, phases=phases, seed=3, chunk_tokens=1000, lanes=8, order="lanes")
     ds = pipe.map_dataset()
     assert [ds[k]["inputs"].shape for k in (0, 29, 30, 54, 55, 500)] == [
         (8, 16),
@@ -134,7 +134,7 @@ def test_resume_deep_in_a_five_phase_three_source_schedule_is_o1(sources):
         Phase(steps=2 * 10**8, batch_size=2, seq_len=16, weights={"a": 3, "c": 1}),
         Phase(steps=None, batch_size=8, seq_len=32, weights={"a": 1, "b": 1, "c": 1}),
     ]
-    pipe = TokenPipeline(sources, phases=phases, seed=0, chunk_tokens=1000, lanes=8)
+    pipe = TokenPipeline(sources, phases=phases, seed=0, chunk_tokens=1000)
     fresh = pipe.batch_source()
     start = time.perf_counter()
     late = pipe.batch_source(first_step=10**9)[0]
@@ -195,7 +195,7 @@ def test_appending_a_phase_restores_but_rewriting_history_is_refused(sources):
 
 def test_estimate_steps_and_bad_schedules(sources):
     pipe = TokenPipeline(
-        sources["a"], seq_len=16, global_batch_size=8, chunk_tokens=1000, lanes=8, num_epochs=1
+        sources["a"], seq_len=16, global_batch_size=8, chunk_tokens=1000, num_epochs=1
     )
     assert pipe.estimate_steps(seq_len=16, batch_size=8) == pipe.num_batches
     with pytest.raises(ValueError, match="gives no weights"):

@@ -125,11 +125,7 @@ def test_segment_ids_mask_attention_in_a_flax_layer(make_rox):
     docs = [rng.integers(1, 200, n, dtype=np.uint16) for n in (9, 14, 5, 20, 7, 11, 6, 13)]
     path = make_rox("a", docs, separator=0, block_size=64)
     batch = next(
-        iter(
-            TokenPipeline(
-                path, seq_len=24, global_batch_size=2, chunk_tokens=64, lanes=1
-            ).map_dataset()
-        )
+        iter(TokenPipeline(path, seq_len=24, global_batch_size=2, chunk_tokens=64).map_dataset())
     )
     seg = batch["inputs_segmentation"]
     assert (seg.max(axis=1) > 1).all(), "each row should hold several documents"

@@ -45,6 +45,7 @@ def test_every_window_served_exactly_once_per_epoch(positional):
         num_epochs=2,
         chunk_tokens=1000,
         lanes=16,
+        order="lanes",
     )
     ds = pipe.map_dataset()
     n = pipe.num_batches
@@ -94,7 +95,13 @@ def test_resume_at_any_step_is_o1_and_exact(positional):
 
 def test_rows_of_a_batch_come_from_unrelated_places(positional):
     pipe = TokenPipeline(
-        positional, seq_len=32, global_batch_size=8, seed=5, chunk_tokens=1000, lanes=64
+        positional,
+        seq_len=32,
+        global_batch_size=8,
+        seed=5,
+        chunk_tokens=1000,
+        lanes=64,
+        order="lanes",
     )
     ds = pipe.map_dataset()
     closest = np.inf
@@ -131,7 +138,7 @@ def test_data_loader_checkpoint_restores_in_place(positional):
 def test_segmentation_from_eos_and_chunk_joins(make_rox):
     docs = [np.full(n, 7 + i, np.uint16) for i, n in enumerate([5, 9, 3, 40, 2, 11] * 30)]
     path = make_rox("d", docs, separator=0, block_size=64)
-    pipe = TokenPipeline(path, seq_len=24, global_batch_size=4, seed=0, chunk_tokens=50, lanes=4)
+    pipe = TokenPipeline(path, seq_len=24, global_batch_size=4, seed=0, chunk_tokens=50)
     batch = pipe.map_dataset()[3]
     assert set(batch) == set(MAXTEXT_FEATURES)
     for r in range(4):
@@ -167,7 +174,8 @@ def test_bad_configs_are_explained(positional):
     with pytest.raises(ValueError, match="seq_len=0 must be a positive int"):
         TokenPipeline(positional, seq_len=0, global_batch_size=4)
     with pytest.raises(ValueError, match="cannot hold one window of seq_len 4096"):
-        TokenPipeline(positional, seq_len=4096, global_batch_size=4, lanes=64).batch_source()
+        TokenPipeline(positional, seq_len=4096, global_batch_size=4, lanes=64,
+                      order="lanes").batch_source()  # fmt: skip
     with pytest.raises(ValueError, match="rows="):
         TokenPipeline(positional, seq_len=8, global_batch_size=4).batch_source(rows=(2, 9))
     with pytest.raises(FileNotFoundError):

@@ -332,7 +332,7 @@ def edited(state: bytes, **changes) -> bytes:
             r"step 10{30} is (past the end of this TokenPipeline|beyond \d+, the last step)",
         ),
         ({"version": "2"}, r"version is '2' \(str\), not an int"),
-        ({"version": 1}, r"format version 1, but this grain_rox reads version 2"),
+        ({"version": 1}, r"format version 1, but this grain_rox reads versions 2 and 3"),
         ({"step": ...}, r"it lacks 'step'"),
         ({"version": ...}, r"it lacks 'version'"),
         ({"extra": 1}, r"unknown keys \['extra'\]"),

@@ -87,14 +87,22 @@ def test_unpacked_tokens_equal_the_host_features(corpora, case):
 
 
 def test_the_layout_is_as_small_as_the_data_allows(corpora):
-    layout = _pipeline(corpora, **CASES["one source, one join column"]).tokens_layout()
+    one_phase = TokenPipeline(corpora["a"], seq_len=40, global_batch_size=4, chunk_tokens=4096)
+    layout = one_phase.tokens_layout()
     assert (layout.join_columns, layout.eos_id, layout.eos_column, layout.dtype) == (
         1,
         0,
         False,
         np.dtype("uint16"),
     )
-    assert _pipeline(corpora, **CASES["windows across 3 joins"]).tokens_layout().join_columns == 6
+    assert TokenPipeline(corpora["a"], seq_len=40, global_batch_size=4,
+                         chunk_tokens=7).tokens_layout().join_columns == 6  # fmt: skip
+    # seq_len 16 then 40: a 40-token window over the rest of a block's 16-token grid crosses
+    # up to 3 joins between holes, and each of its 4 holes may cross one chunk join (or 3)
+    assert (
+        _pipeline(corpora, **CASES["one source, one join column"]).tokens_layout().join_columns == 7
+    )
+    assert _pipeline(corpora, **CASES["windows across 3 joins"]).tokens_layout().join_columns == 15
     mixed = _pipeline(corpora, **CASES["two EOS ids (EOS column)"]).tokens_layout()
     assert (mixed.eos_id, mixed.eos_column) == (None, True)
     plain = _pipeline(corpora, **CASES["no segment features"]).tokens_layout()

@@ -1,14 +1,14 @@
 """The JSON state of :class:`~grain_rox.MultiHostDataLoadIterator`, read back strictly.
 
-A state is ``{"version": 2, "step": <batches handed out>, ...}`` plus either ``"pipeline"``
+A state is ``{"version": 3, "step": <batches handed out>, ...}`` plus either ``"pipeline"``
 (the :class:`~grain_rox.TokenPipeline`'s identity: the state is global, valid on any number
 of processes) or ``"grain"`` (the Grain iterator's own state after the last batch: a dict, or
 ``{"bytes": ...}`` for a ``grain.DataLoader``). Hand-edited or foreign states are refused here,
 with what is wrong and what to pass instead, before any data is read.
 
->>> decode_state(b'{"version": 2, "step": 3, "grain": null}')["step"]
+>>> decode_state(b'{"version": 3, "step": 3, "grain": null}')["step"]
 3
->>> decode_state({"version": 2, "step": "5", "grain": None})
+>>> decode_state({"version": 3, "step": "5", "grain": None})
 Traceback (most recent call last):
 ...
 ValueError: this data state's step is '5' (str), not a non-negative int (the number of batches handed out); pass the state get_state() returned, unchanged
@@ -21,7 +21,10 @@ from typing import Any
 
 import numpy as np
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+# Version 2 (grain_rox 0.1) differs only in a TokenPipeline's order: it had one, the lanes
+# order, and did not name it. Such a state restores onto TokenPipeline(order="lanes").
+READABLE_VERSIONS = (2, 3)
 _KINDS = ("pipeline", "grain")
 
 
@@ -30,7 +33,7 @@ def _is_int(value: Any) -> bool:
 
 
 def decode_state(state: bytes | str | dict[str, Any]) -> dict[str, Any]:
-    """The state as a dict, type-checked: ``version`` an int equal to this release's,
+    """The state as a dict, type-checked: ``version`` an int this release reads,
     ``step`` a non-negative int, exactly one of ``pipeline`` / ``grain``, no other keys."""
     raw = state
     if isinstance(state, bytes):
@@ -67,10 +70,10 @@ def decode_state(state: bytes | str | dict[str, Any]) -> dict[str, Any]:
             f"this data state's version is {version!r} ({type(version).__name__}), not an int; "
             "pass the state get_state() returned, unchanged"
         )
-    if version != STATE_VERSION:
+    if version not in READABLE_VERSIONS:
         raise ValueError(
             f"this data state has format version {version}, but this grain_rox reads "
-            f"version {STATE_VERSION}: it was saved by another grain_rox release, whose batch "
+            f"versions {' and '.join(map(str, READABLE_VERSIONS))}: it was saved by another grain_rox release, whose batch "
             "order may differ; restore with that release or start a new run"
         )
     if not _is_int(step) or step < 0:

@@ -2,9 +2,8 @@
 
 The global order of one source, a pure function of (shard sizes, seed, seq_len schedule):
 
-* **Chunks.** Each shard's tokens are cut into chunks of ``chunk_tokens`` (a shard's tail
-  shorter than a chunk is not used). Epoch ``e`` reads the chunks in the order of a seeded
-  Feistel permutation ``pi_e``: that is the epoch stream.
+* **Chunks.** The epoch stream of ``_chunks``: each epoch reads the source's chunks in a
+  seeded order ``pi_e``.
 * **Lanes.** The epoch stream is cut into ``lanes`` equal, contiguous lanes. Each lane is read
   front to back in windows of ``seq_len + 1`` tokens with stride ``seq_len``, so a lane's
   cursor is a plain token count: when ``seq_len`` changes between curriculum phases the lane
@@ -20,41 +19,27 @@ The global order of one source, a pure function of (shard sizes, seed, seq_len s
 
 Locating any sample costs O(#phases) arithmetic plus one vectorised permutation evaluation,
 whatever the step: reaching step 10**9 costs what reaching step 10 does.
+
+This was the default order of grain_rox 0.1 (``TokenPipeline(order="lanes")``); the default is
+now ``_blocks``, whose pool of text is far larger (``docs/order.md`` measures both).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
+from grain_rox._order._chunks import DEFAULT_CHUNK_TOKENS, ChunkStream, Rows, Run
 from grain_rox._order._permutation import FeistelPermutation, derive_key
 
-_PURPOSE_CHUNKS = 1
+__all__ = ["DEFAULT_CHUNK_TOKENS", "LaneOrder", "Rows", "Run", "auto_lanes"]
+
 _PURPOSE_ROUNDS = 2
-DEFAULT_CHUNK_TOKENS = 1 << 16
 DEFAULT_MAX_LANES = 1024
-CHUNK_TABLE_LIMIT = 1 << 20
 MIN_WINDOWS_PER_LANE = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """A stretch of the sample space with one seq_len: samples ``[start, stop)``."""
-
-    start: int
-    stop: int  # may be huge (endless)
-    seq_len: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Rows:
-    """Where a block of samples reads from: epoch-stream offsets and window lengths."""
-
-    epoch: np.ndarray  # (n,) int64
-    offset: np.ndarray  # (n,) int64, token offset in the epoch stream
-    seq_len: np.ndarray  # (n,) int64
 
 
 def auto_lanes(
@@ -77,7 +62,7 @@ def auto_lanes(
     return int(lanes)
 
 
-class LaneOrder:
+class LaneOrder(ChunkStream):
     """The sample -> (epoch, epoch-stream offset) map of one source (see the module doc).
 
     >>> order = LaneOrder([1000], seed=0, chunk_tokens=100, lanes=4, runs=[Run(0, 10**18, 9)])
@@ -98,19 +83,7 @@ class LaneOrder:
         runs: Sequence[Run],
         max_seq_len: int | None = None,
     ) -> None:
-        if chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens={chunk_tokens} must be >= 1")
-        self.seed = int(seed)
-        self.chunk_tokens = int(chunk_tokens)
-        chunks = np.asarray([t // chunk_tokens for t in shard_tokens], dtype=np.int64)
-        self._chunk_starts = np.concatenate([[0], np.cumsum(chunks)])
-        self.num_chunks = int(self._chunk_starts[-1])
-        if self.num_chunks == 0:
-            raise ValueError(
-                f"no shard holds a whole chunk of {chunk_tokens} tokens (shard sizes "
-                f"{list(shard_tokens)[:5]}...); pass a smaller chunk_tokens"
-            )
-        self.stream_tokens = self.num_chunks * self.chunk_tokens
+        super().__init__(shard_tokens, seed=seed, chunk_tokens=chunk_tokens)
         self.lanes = int(lanes)
         self.lane_tokens = self.stream_tokens // self.lanes
         self.runs = tuple(r for r in runs if r.stop > r.start)
@@ -127,32 +100,28 @@ class LaneOrder:
                 "use fewer lanes, a smaller chunk_tokens, or more data"
             )
         self._rounds = _RoundTable(self.runs, self.lanes, self.lane_tokens, self.max_seq_len)
-        self._chunk_tables: dict[int, np.ndarray] = {}
 
-    def __getstate__(self) -> dict[str, object]:
-        state = self.__dict__.copy()
-        state["_chunk_tables"] = {}  # a cache: rebuilt on demand, never pickled
-        return state
+    name = "lanes"
+
+    @property
+    def group(self) -> int:
+        """Samples a reader plans together: one round."""
+        return self.lanes
+
+    @property
+    def max_joins(self) -> int:
+        """The most chunk joins one window can cross."""
+        return math.ceil(self.max_seq_len / self.chunk_tokens)
+
+    def identity(self) -> dict[str, int]:
+        """What a checkpoint names of this order besides the schedule and seed."""
+        return {"lanes": self.lanes}
 
     @property
     def windows_per_epoch(self) -> int:
         """Samples in a fresh epoch under the first run's seq_len."""
         room = self.lane_tokens - self.max_seq_len - 1
         return (room // self.runs[0].seq_len + 1) * self.lanes
-
-    def chunk_permutation(self, epoch: int) -> FeistelPermutation:
-        return FeistelPermutation(self.num_chunks, derive_key(self.seed, _PURPOSE_CHUNKS, epoch))
-
-    def physical_chunks(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """``pi_epoch(positions)``: from a per-epoch table when the corpus has at most
-        :data:`CHUNK_TABLE_LIMIT` chunks (8 MiB), else straight from the Feistel network."""
-        if self.num_chunks > CHUNK_TABLE_LIMIT:
-            return self.chunk_permutation(epoch)(positions)
-        table = self._chunk_tables.get(epoch)
-        if table is None:
-            table = self.chunk_permutation(epoch)(np.arange(self.num_chunks))
-            self._chunk_tables = {epoch: table}  # the current epoch only: bounded memory
-        return table[positions]
 
     def round_permutation(self, epoch: int, round_: int) -> FeistelPermutation:
         return FeistelPermutation(self.lanes, derive_key(self.seed, _PURPOSE_ROUNDS, epoch, round_))
@@ -177,11 +146,6 @@ class LaneOrder:
             offset[sel] = lanes * self.lane_tokens + cursor
             seq_len[sel] = _piece_seq_len(info.pieces, slots)
         return Rows(epoch, offset, seq_len)
-
-    def chunk_location(self, chunk_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(shard, token offset inside the shard) of physical chunks."""
-        shard = np.searchsorted(self._chunk_starts, chunk_ids, side="right") - 1
-        return shard, (chunk_ids - self._chunk_starts[shard]) * self.chunk_tokens
 
 
 def _piece_seq_len(pieces: tuple[tuple[int, int], ...], slots: np.ndarray) -> np.ndarray:

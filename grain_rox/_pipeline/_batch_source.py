@@ -108,7 +108,7 @@ class GlobalBatchSource:
                 int(p.seed),
                 p.num_epochs,
                 list(self.eos_ids),
-                [(o.chunk_tokens, o.lanes) for o in self.orders],
+                [(o.name, o.chunk_tokens, o.identity()) for o in self.orders],
                 p.dtype.name,
                 self.first_step,
             ]

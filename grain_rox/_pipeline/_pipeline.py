@@ -4,7 +4,7 @@ A Grain record here is a whole batch (or this process's rows of it) assembled by
 reads, so Grain's per-record cost is paid once per batch, not once per row. Global step ``k``
 falls in a curriculum phase (``_curriculum``); its rows are split between the named sources
 by the phase's exact mixture (``_order._mixture``); each source serves its share from its own
-shuffled, lane-based order (``_lanes``), continuing across phases and epochs. Batch ``k`` is
+shuffled order (``_blocks``, or ``_lanes`` when asked), continuing across phases and epochs. Batch ``k`` is
 a pure function of (data, config, seed, k), whatever the number of processes, Grain workers,
 threads or prefetch depth; a process reads only rows ``[lo, hi)``; starting at step ``k``
 costs the same for ``k = 10`` and ``k = 10**9``.
@@ -28,7 +28,7 @@ from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._order._curriculum import Phase, Schedule
 from grain_rox._order._permutation import int_arg, seed_arg
 from grain_rox._pipeline._batch_source import GlobalBatchSource, RowSpec
-from grain_rox._pipeline._plan import PipelinePlan, lane_orders, open_sources, resolve_plan
+from grain_rox._pipeline._plan import PipelinePlan, open_sources, resolve_plan, source_orders
 from grain_rox._sources._grain_setup import batch_read_options
 from grain_rox._sources._tokens_layout import TOKENS, TokensLayout
 
@@ -42,8 +42,15 @@ class TokenPipeline:
     ``sources`` is one path spec (file, glob, directory, base path, list) or a mapping
     ``{name: path spec}``. Either give ``seq_len`` and ``global_batch_size`` (one endless
     phase; ``weights`` when mixing), or ``phases=[Phase(...), ...]`` for a curriculum.
-    ``max_seq_len`` (default: the longest phase's) is the window room every lane keeps at an
-    epoch's end; a run that may later add a phase with longer windows must set it up front.
+    ``max_seq_len`` (default: the longest phase's) is the longest window any phase may use; a
+    run that may later add a phase with longer windows must set it up front.
+
+    The order (``order="blocks"``, the default) cuts each epoch of a source into blocks of
+    ``block_tokens`` (512 Mi; the whole source when smaller) and serves every block's windows
+    in a seeded permutation, so each step draws from ``min(source, block_tokens)`` tokens
+    with no fixed period; a ``seq_len`` change continues through the rest of the block with
+    nothing replayed or skipped (``docs/order.md``). ``order="lanes"`` is grain_rox 0.1's
+    order (a 64M-token pool at the defaults), kept to continue runs saved with it.
 
     ``layout="tokens"`` yields one array a batch, ``{"tokens": (B, seq_len + 1 + k)}`` in the
     sources' own integer dtype (``uint16`` for most vocabularies): the window plus ``k`` small
@@ -80,8 +87,12 @@ class TokenPipeline:
         segmentation: Add the four segment features when an EOS id is known (default True).
         chunk_tokens: Tokens per shuffled chunk of a source (default: 64K, smaller for a small
             corpus).
-        lanes: Contiguous parts of a source's shuffled chunks read side by side, one window
-            each per round (default: up to 1024, each holding 64 or more longest windows).
+        order: ``"blocks"`` (default) or ``"lanes"`` (grain_rox 0.1's order), see above.
+        block_tokens: Tokens per shuffled block of ``order="blocks"`` (default 2**29; a
+            smaller block mixes a smaller pool).
+        lanes: ``order="lanes"`` only: contiguous parts of a source's shuffled chunks read
+            side by side, one window each per round (default: up to 1024, each holding 64 or
+            more longest windows).
         max_seq_len: The longest window any phase may use, now or later (default: the longest
             phase's).
         dtype: The dtype of ``inputs`` and ``targets`` (default ``int32``).
@@ -113,6 +124,8 @@ class TokenPipeline:
     chunk_tokens: int | None = None
     lanes: int | None = None
     max_seq_len: int | None = None
+    order: str = "blocks"
+    block_tokens: int | None = None
     dtype: Any = np.int32
     layout: str = "maxtext"
     allow_mixed_tokenizers: bool = False
@@ -122,7 +135,7 @@ class TokenPipeline:
         where = "TokenPipeline"
         object.__setattr__(self, "seed", seed_arg(self.seed, where=where))
         for name, minimum in (("num_epochs", 1), ("eos_id", 0), ("chunk_tokens", 1), ("lanes", 1),
-                              ("max_seq_len", 1)):  # fmt: skip
+                              ("max_seq_len", 1), ("block_tokens", 1)):  # fmt: skip
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, int_arg(value, name, where=where, minimum=minimum))
@@ -155,6 +168,7 @@ class TokenPipeline:
                 "num_epochs applies to one source in one phase; with mixtures or phases "
                 "give each Phase its steps (see estimate_steps)"
             )
+        _check_order_args(self.order, self.lanes, self.block_tokens)
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r}; use one of {', '.join(map(repr, LAYOUTS))}")
@@ -296,7 +310,7 @@ class TokenPipeline:
 
     def estimate_steps(self, *, seq_len: int, batch_size: int, source: str | None = None) -> int:
         """Steps of ``batch_size`` rows of ``seq_len`` in one epoch of a source (like Roxxel's
-        ``estimate_steps``, but exact for this pipeline's order: lane tails excluded)."""
+        ``estimate_steps``, but exact for this pipeline's order: block tails excluded)."""
         name = source if source is not None else self.names[0]
         corpus = self._opened(name)
         probe = dataclasses.replace(
@@ -308,7 +322,7 @@ class TokenPipeline:
             weights=None,
             num_epochs=None,
         )
-        order = lane_orders(probe, {name: corpus})[0]
+        order = source_orders(probe, {name: corpus})[0]
         return order.windows_per_epoch // batch_size
 
     def _opened(self, name: str) -> RoxCorpus:
@@ -328,7 +342,11 @@ class TokenPipeline:
             "eos_id": self.eos_id,
             "segmentation": self.segmentation,
             "chunk_tokens": {n: o.chunk_tokens for n, o in zip(names, plan.orders, strict=True)},
-            "lanes": {n: o.lanes for n, o in zip(names, plan.orders, strict=True)},
+            "order": self.order,
+            **{
+                key: {n: o.identity()[key] for n, o in zip(names, plan.orders, strict=True)}
+                for key in plan.orders[0].identity()
+            },
             "max_seq_len": plan.orders[0].max_seq_len,
             "dtype": self.dtype.name,
             "layout": self.layout,
@@ -383,6 +401,28 @@ class TokenPipeline:
             worker_count=worker_count,
             worker_buffer_size=worker_buffer_size,
             read_options=batch_read_options(),
+        )
+
+
+ORDERS = ("blocks", "lanes")
+
+
+def _check_order_args(order: Any, lanes: int | None, block_tokens: int | None) -> None:
+    """``order`` is known, and ``lanes`` / ``block_tokens`` are given only with their order."""
+    if order not in ORDERS:
+        raise ValueError(
+            f"TokenPipeline: order={order!r}; use 'blocks' (the default) or 'lanes' (grain_rox "
+            "0.1's order, to continue a run saved with it)"
+        )
+    if order == "blocks" and lanes is not None:
+        raise ValueError(
+            f"TokenPipeline: lanes={lanes} applies to order='lanes'; the default order='blocks' "
+            "takes block_tokens (or pass order='lanes' with lanes)"
+        )
+    if order == "lanes" and block_tokens is not None:
+        raise ValueError(
+            f"TokenPipeline: block_tokens={block_tokens} applies to order='blocks'; "
+            "order='lanes' takes lanes"
         )
 
 

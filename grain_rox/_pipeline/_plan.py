@@ -2,7 +2,7 @@
 
 Resolving a pipeline opens every source's shards (validated against their indexes and
 manifests), checks that the sources share one tokenizer, and builds every source's shuffled
-lane order (``_order._lanes``) for the schedule. :class:`PipelinePlan` holds the result and
+order for the schedule (``_order._blocks`` by default, ``_order._lanes`` when asked). :class:`PipelinePlan` holds the result and
 what follows from it (each source's EOS id for the segment features, the number of batches,
 the first step past the end). ``TokenPipeline.plan`` builds it lazily, once per pipeline
 object, and ``describe``, ``num_batches``, ``estimate_steps``, ``batch_source`` and
@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._order._blocks import DEFAULT_BLOCK_TOKENS, BlockOrder
 from grain_rox._order._curriculum import SAMPLE_LIMIT
 from grain_rox._order._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
 from grain_rox._order._permutation import derive_key, int_arg
@@ -83,10 +84,14 @@ def open_sources(
     return corpora
 
 
-def lane_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> list[LaneOrder]:
-    """Each source's lane order under ``pipeline``'s schedule, seed, chunk and lane counts;
-    a source too small for them is an error naming it."""
-    orders = []
+SourceOrder = BlockOrder | LaneOrder
+
+
+def source_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> list[SourceOrder]:
+    """Each source's order (``pipeline.order``: blocks or lanes) under ``pipeline``'s
+    schedule, seed, chunk, block and lane sizes; a source too small for them is an error
+    naming it."""
+    orders: list[SourceOrder] = []
     schedule = pipeline.schedule
     assert pipeline.phases is not None
     longest = pipeline.max_seq_len or max(p.seq_len for p in pipeline.phases)
@@ -94,17 +99,34 @@ def lane_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> li
     for s, (name, corpus) in enumerate(corpora.items()):
         chunk = pipeline.chunk_tokens or auto_chunk_tokens(corpus.num_tokens)
         usable = sum((sh.num_tokens // chunk) * chunk for sh in corpus.shards)
+        shard_tokens = [sh.num_tokens for sh in corpus.shards]
+        seed = _source_seed(int(pipeline.seed), name)
+        runs = schedule.source_runs(s)
         try:
-            orders.append(
-                LaneOrder(
-                    [sh.num_tokens for sh in corpus.shards],
-                    seed=_source_seed(int(pipeline.seed), name),
-                    chunk_tokens=chunk,
-                    lanes=pipeline.lanes or auto_lanes(usable, longest, multiple_of=batch),
-                    runs=schedule.source_runs(s),
-                    max_seq_len=longest,
+            if pipeline.order == "lanes":
+                lanes = pipeline.lanes or auto_lanes(usable, longest, multiple_of=batch)
+                orders.append(
+                    LaneOrder(
+                        shard_tokens,
+                        seed=seed,
+                        chunk_tokens=chunk,
+                        lanes=lanes,
+                        runs=runs,
+                        max_seq_len=longest,
+                    )
                 )
-            )
+            else:
+                block = pipeline.block_tokens or DEFAULT_BLOCK_TOKENS
+                orders.append(
+                    BlockOrder(
+                        shard_tokens,
+                        seed=seed,
+                        chunk_tokens=chunk,
+                        block_tokens=block,
+                        runs=runs,
+                        max_seq_len=longest,
+                    )
+                )
         except ValueError as e:
             raise ValueError(f"{_source_label(name, corpus)}: {e}") from None
     return orders
@@ -140,12 +162,12 @@ class PipelinePlan:
     >>> _ = write_rox([np.arange(5000, dtype=np.uint16)], path, separator=0)
     >>> pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, num_epochs=1)
     >>> plan = resolve_plan(pipe)
-    >>> plan.num_batches, plan.eos_ids, plan.orders[0].lanes
-    (95, (0,), 4)
+    >>> plan.num_batches, plan.eos_ids, plan.orders[0].name
+    (311, (0,), 'blocks')
     """
 
     corpora: dict[str, RoxCorpus]  # name -> its opened shards, in the pipeline's order
-    orders: tuple[LaneOrder, ...]  # each source's lane order, in the same order
+    orders: tuple[SourceOrder, ...]  # each source's order, in the same order
     eos_ids: tuple[int | None, ...]  # each source's EOS id for segment features (None: none)
     num_batches: int | None  # global batches in all (None: endless)
     step_limit: int  # the first step the pipeline cannot start at (num_batches when finite)
@@ -166,7 +188,7 @@ def resolve_plan(
 ) -> PipelinePlan:
     """``pipeline`` resolved against its data (``corpora``: its sources already opened)."""
     corpora = dict(pipeline.open() if corpora is None else corpora)
-    orders = tuple(lane_orders(pipeline, corpora))
+    orders = tuple(source_orders(pipeline, corpora))
     eos_ids = tuple(
         (pipeline.eos_id if pipeline.eos_id is not None else c.eos_id)
         if pipeline.segmentation
@@ -182,7 +204,7 @@ def resolve_plan(
     has_segments = all(e is not None for e in eos_ids)
     tokens = tokens_layout(
         eos_ids=eos_ids if has_segments else [],
-        chunk_tokens=[o.chunk_tokens for o in orders],
+        max_joins=max(o.max_joins for o in orders),
         max_seq_len=orders[0].max_seq_len,
         token_dtypes=[c.dtype for c in corpora.values()],
     )

@@ -29,7 +29,6 @@ a ``jax.jit`` on the device, equal to the features computed on the host
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -99,7 +98,7 @@ class TokensLayout:
                 column = np.arange(rows.size) - first
                 if int(column.max()) >= self.join_columns:
                     raise AssertionError(
-                        f"a window crosses {int(column.max()) + 1} chunk joins, more than the "
+                        f"a window crosses {int(column.max()) + 1} joins, more than the "
                         f"{self.join_columns} the layout holds"
                     )
                 extra[rows, column] = positions
@@ -185,14 +184,15 @@ def _cummax(x: Any) -> Any:
 def tokens_layout(
     *,
     eos_ids: Sequence[int | None],
-    chunk_tokens: Sequence[int],
+    max_joins: int,
     max_seq_len: int,
     token_dtypes: Sequence[np.dtype],
 ) -> TokensLayout | None:
-    """The layout of a pipeline's sources (their EOS ids, None where features are off;
-    chunk sizes; stored dtypes), or None when its tokens are not integers.
+    """The layout of a pipeline's sources (their EOS ids, None where features are off; the
+    most joins a window of their orders crosses; stored dtypes), or None when its tokens are
+    not integers.
 
-    >>> tokens_layout(eos_ids=[0], chunk_tokens=[65536], max_seq_len=1024,
+    >>> tokens_layout(eos_ids=[0], max_joins=1, max_seq_len=1024,
     ...               token_dtypes=[np.dtype("uint16")])
     TokensLayout(join_columns=1, eos_id=0, eos_column=False, dtype=dtype('uint16'))
     """
@@ -201,7 +201,7 @@ def tokens_layout(
         return None
     features = bool(eos_ids) and all(e is not None for e in eos_ids)
     distinct = {int(e) for e in eos_ids if e is not None} if features else set()
-    join_columns = max(math.ceil(max_seq_len / c) for c in chunk_tokens) if features else 0
+    join_columns = max_joins if features else 0
     largest = max([max_seq_len, *distinct]) if features else 0
     if largest > np.iinfo(dtype).max:
         dtype = np.result_type(dtype, np.min_scalar_type(largest))

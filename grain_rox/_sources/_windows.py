@@ -1,8 +1,9 @@
-"""Read the windows a :class:`~grain_rox._order._lanes.LaneOrder` names, a round at a time.
+"""Read the windows an order (``_order._blocks``, ``_order._lanes``) names, a group at a time.
 
-A window is ``seq_len + 1`` tokens of an epoch stream; it can span a chunk boundary, where the
-epoch stream joins two unrelated chunks. For each round the reader computes, vectorised, every
-window's *pieces* (shard, start, length) once and caches that plan; a batch is then a handful
+A window is ``seq_len + 1`` tokens of an epoch stream, in one or more *spans* (several when an
+order strings unrelated text together); it can cross a chunk boundary, where the epoch stream
+joins two unrelated chunks. For each group of samples the order plans together the reader
+computes, vectorised, every window's *pieces* (shard, start, length) once and caches that plan; a batch is then a handful
 of slice copies straight from the memory maps into one preallocated array, with the cast to
 the output dtype done by the copy. Each read also says where its windows cross a chunk join,
 for the segment features (``grain_rox._sources._segments``).
@@ -17,6 +18,7 @@ import threading
 import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus
+from grain_rox._order._blocks import BlockOrder
 from grain_rox._order._lanes import LaneOrder
 from grain_rox._sources._process_local import ProcessLocal, process_local
 
@@ -24,8 +26,8 @@ _PLAN_CACHE = 8
 
 
 @dataclasses.dataclass(frozen=True)
-class _RoundPlan:
-    """Pieces of every window of one round, in slot order."""
+class _GroupPlan:
+    """Pieces of every window of one group of samples, in slot order."""
 
     seq_len: np.ndarray  # (R,)
     first_piece: np.ndarray  # (R + 1,) row -> its pieces [first_piece[r], first_piece[r+1])
@@ -44,62 +46,61 @@ class WindowReader(ProcessLocal):
     # Round plans and strided views of the memory maps: rebuilt in each process.
     PROCESS_LOCAL = process_local(_lock=threading.Lock, _plans=collections.OrderedDict, _views=dict)
     _lock: threading.Lock
-    _plans: collections.OrderedDict[int, _RoundPlan]
+    _plans: collections.OrderedDict[int, _GroupPlan]
     _views: dict[tuple[int, int], np.ndarray]
 
-    def __init__(self, corpus: RoxCorpus, order: LaneOrder) -> None:
+    def __init__(self, corpus: RoxCorpus, order: BlockOrder | LaneOrder) -> None:
         self.corpus = corpus
         self.order = order
         self.start_process_local()
 
-    def _plan(self, round_: int) -> _RoundPlan:
+    def _plan(self, group: int) -> _GroupPlan:
         with self._lock:
-            plan = self._plans.get(round_)
+            plan = self._plans.get(group)
             if plan is not None:
-                self._plans.move_to_end(round_)
+                self._plans.move_to_end(group)
                 return plan
-        plan = self._make_plan(round_)
+        plan = self._make_plan(group)
         with self._lock:
-            self._plans[round_] = plan
+            self._plans[group] = plan
             while len(self._plans) > _PLAN_CACHE:
                 self._plans.popitem(last=False)
         return plan
 
-    def _make_plan(self, round_: int) -> _RoundPlan:
+    def _make_plan(self, group: int) -> _GroupPlan:
         order = self.order
-        lanes = order.lanes
-        rows = order.locate(np.arange(round_ * lanes, (round_ + 1) * lanes, dtype=np.int64))
+        size = order.group
+        rows = order.locate(np.arange(group * size, (group + 1) * size, dtype=np.int64))
+        span_row, span_offset, span_length, span_dest = rows.span_arrays()
         c = order.chunk_tokens
-        first_q = rows.offset // c
-        last_q = (rows.offset + rows.seq_len) // c  # window = seq_len + 1 tokens
-        counts = last_q - first_q + 1
-        first_piece = np.concatenate([[0], np.cumsum(counts)])
-        row_of_piece = np.repeat(np.arange(lanes), counts)
-        k = np.arange(first_piece[-1]) - first_piece[row_of_piece]  # piece number in its row
-        q = first_q[row_of_piece] + k
-        epoch = rows.epoch[row_of_piece]
+        first_q = span_offset // c
+        last_q = (span_offset + span_length - 1) // c
+        counts = last_q - first_q + 1  # pieces of each span: one per chunk it touches
+        heads = np.concatenate([[0], np.cumsum(counts)])
+        span_of_piece = np.repeat(np.arange(span_row.size), counts)
+        q = first_q[span_of_piece] + np.arange(heads[-1]) - heads[span_of_piece]
+        epoch = rows.epoch[span_row[span_of_piece]]
         phys = np.empty_like(q)
         for e in np.unique(epoch).tolist():
             sel = epoch == e
             phys[sel] = order.physical_chunks(e, q[sel])
         shard, chunk_start = order.chunk_location(phys)
-        win_start = rows.offset[row_of_piece]
-        win_end = win_start + rows.seq_len[row_of_piece] + 1
-        piece_lo = np.maximum(q * c, win_start)
-        piece_hi = np.minimum((q + 1) * c, win_end)
+        lo = span_offset[span_of_piece]
+        piece_lo = np.maximum(q * c, lo)
+        piece_hi = np.minimum((q + 1) * c, lo + span_length[span_of_piece])
         start = chunk_start + (piece_lo - q * c)
+        pieces_per_row = np.bincount(span_row[span_of_piece], minlength=size)
+        first_piece = np.concatenate([[0], np.cumsum(pieces_per_row)])
         head = first_piece[:-1]
-        single = counts == 1
-        slot_shard = shard[head]
-        return _RoundPlan(
+        return _GroupPlan(
             seq_len=rows.seq_len,
             first_piece=first_piece,
             shard=shard,
             start=start,
             length=piece_hi - piece_lo,
-            dest=piece_lo - win_start,
-            single=single,
-            slot_shard=slot_shard,
+            dest=span_dest[span_of_piece] + piece_lo - lo,
+            single=pieces_per_row == 1,
+            slot_shard=shard[head],
             slot_start=start[head],
         )
 
@@ -117,10 +118,10 @@ class WindowReader(ProcessLocal):
         return view
 
     def _read_slots(
-        self, round_: int, lo: int, n: int, dtype: np.dtype, out: np.ndarray | None
+        self, group: int, lo: int, n: int, dtype: np.dtype, out: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """Fast path: consecutive slots ``[lo, lo + n)`` of one round, one seq_len."""
-        plan = self._plan(round_)
+        """Fast path: consecutive slots ``[lo, lo + n)`` of one group, one seq_len."""
+        plan = self._plan(group)
         hi = lo + n
         width = int(plan.seq_len[lo]) + 1
         if n > 1 and not (plan.seq_len[lo:hi] == width - 1).all():
@@ -149,7 +150,7 @@ class WindowReader(ProcessLocal):
         return out, joins
 
     def _copy_pieces(
-        self, plan: _RoundPlan, slot: int, out: np.ndarray, row: int, joins: np.ndarray
+        self, plan: _GroupPlan, slot: int, out: np.ndarray, row: int, joins: np.ndarray
     ) -> None:
         fp = plan.first_piece
         for p in range(int(fp[slot]), int(fp[slot + 1])):
@@ -175,21 +176,21 @@ class WindowReader(ProcessLocal):
         of the memory map; the few that cross a chunk join are copied piece by piece.
         """
         samples = np.asarray(samples, dtype=np.int64)
-        lanes = self.order.lanes
+        size = self.order.group
         first, n = int(samples[0]), samples.size
-        if first // lanes == (first + n - 1) // lanes and int(samples[-1]) == first + n - 1:
-            fast = self._read_slots(first // lanes, first % lanes, n, dtype, out)
+        if first // size == (first + n - 1) // size and int(samples[-1]) == first + n - 1:
+            fast = self._read_slots(first // size, first % size, n, dtype, out)
             if fast is not None:
                 return fast
-        rounds = samples // lanes
+        groups = samples // size
         joins: np.ndarray | None = None
         dest: np.ndarray | None = None  # out, once its shape is known
-        first_round, last_round = int(rounds[0]), int(rounds[-1])
-        round_ids = [first_round] if first_round == last_round else np.unique(rounds).tolist()
-        for j in round_ids:
+        first_group, last_group = int(groups[0]), int(groups[-1])
+        group_ids = [first_group] if first_group == last_group else np.unique(groups).tolist()
+        for j in group_ids:
             plan = self._plan(j)
-            rows = np.arange(samples.size) if len(round_ids) == 1 else np.flatnonzero(rounds == j)
-            slots = samples[rows] - j * lanes
+            rows = np.arange(samples.size) if len(group_ids) == 1 else np.flatnonzero(groups == j)
+            slots = samples[rows] - j * size
             width = int(plan.seq_len[slots[0]]) + 1
             if dest is None:
                 dest = _destination(out, (samples.size, width), dtype)
@@ -201,10 +202,10 @@ class WindowReader(ProcessLocal):
             shards = plan.shard[pieces]
             starts = plan.start[pieces]
             if single.all():
-                groups = [(rows, shards, starts)]
+                parts = [(rows, shards, starts)]
             else:
-                groups = [(rows[single], shards[single], starts[single])]
-            for g_rows, g_shards, g_starts in groups:
+                parts = [(rows[single], shards[single], starts[single])]
+            for g_rows, g_shards, g_starts in parts:
                 if not g_rows.size:
                     continue
                 lo, hi = int(g_shards.min()), int(g_shards.max())

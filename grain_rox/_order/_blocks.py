@@ -1,0 +1,280 @@
+"""Where sample ``s`` of a token source comes from: blocks of the epoch stream, shuffled whole.
+
+The default order of a source, a pure function of (shard sizes, seed, seq_len schedule):
+
+* **Blocks.** Each epoch stream (``_chunks``: the source's 64K-token chunks in a seeded order)
+  is cut into ``ceil(stream / block_tokens)`` contiguous blocks of near-equal size (default
+  512 Mi tokens: the whole stream when it is smaller). Epochs and their blocks are read one
+  after the other.
+* **Windows.** A block begins with the seq_len ``s`` of the sample that opens it and is cut
+  into windows of ``s + 1`` tokens with stride ``s`` (its *grid*); the grid's windows are
+  served in the order of a seeded Feistel permutation of the block. So any step draws from a
+  pool of ``min(stream, block_tokens)`` tokens, and two windows of one document land a third
+  of a block apart on average, with no fixed period (``docs/order.md`` measures it).
+* **Holes.** When ``seq_len`` changes in mid-block (a curriculum phase ends, or is cut short
+  at a restore), the block's windows not yet served are strung together in their permuted
+  order into a stream of *holes*, and the new phase reads that stream front to back in windows
+  of its own seq_len, like a cursor: nothing is replayed and nothing skipped. Each hole is
+  unrelated text to the next, so a window over holes crosses *joins* (new segments, as at a
+  chunk join). Then the next block begins a fresh grid. A sample's place depends only on the
+  samples before it, so a schedule changed from some step on never moves served batches.
+
+Per block, the grid's tail shorter than a window (under ``s`` tokens) and the hole stream's
+last partial window are not served: under one window per block and per seq_len change.
+Locating any sample costs O(log #segments) plus one vectorised permutation evaluation,
+whatever the step, where the segments (about two per seq_len run) are laid out once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from grain_rox._order._chunks import ChunkStream, Rows, Run
+from grain_rox._order._permutation import FeistelPermutation, derive_key
+
+_PURPOSE_WINDOWS = 3
+DEFAULT_BLOCK_TOKENS = 1 << 29
+PLAN_GROUP = 1024  # samples a reader plans (and caches) together
+_GRID, _HOLES = 0, 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Segment:
+    """Samples ``[start, stop)`` read one way: grid windows (from the ``slot``-th window of
+    ``epoch``, on through later blocks and epochs) or a block's hole stream (grid seq_len
+    ``grid``, first unserved grid slot ``slot``, from token ``cursor`` of the stream)."""
+
+    start: int
+    stop: int
+    kind: int
+    epoch: int
+    block: int
+    slot: int
+    seq_len: int
+    grid: int = 0
+    cursor: int = 0
+
+
+class BlockOrder(ChunkStream):
+    """The sample -> (epoch, epoch-stream spans) map of one source (see the module doc).
+
+    >>> order = BlockOrder([1000], seed=0, chunk_tokens=100, runs=[Run(0, 10**18, 9)])
+    >>> order.num_blocks, order.windows_per_epoch  # one block: a full permutation
+    (1, 111)
+    >>> rows = order.locate(np.arange(111))
+    >>> sorted(rows.offset.tolist()) == list(range(0, 999, 9)), set(rows.epoch.tolist())
+    (True, {0})
+    >>> halves = BlockOrder([1000], seed=0, chunk_tokens=100, block_tokens=500,
+    ...                     runs=[Run(0, 10**18, 9)])
+    >>> first = halves.locate(np.arange(55)).offset  # block 0 (tokens 0-499) comes first
+    >>> halves.num_blocks, bool(first.max() < 500)
+    (2, True)
+    """
+
+    name = "blocks"
+    group = PLAN_GROUP
+
+    def __init__(
+        self,
+        shard_tokens: Sequence[int],
+        *,
+        seed: int,
+        chunk_tokens: int,
+        runs: Sequence[Run],
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        max_seq_len: int | None = None,
+    ) -> None:
+        super().__init__(shard_tokens, seed=seed, chunk_tokens=chunk_tokens)
+        self.runs = tuple(r for r in runs if r.stop > r.start)
+        longest = max(r.seq_len for r in self.runs)
+        self.max_seq_len = int(max_seq_len or longest)
+        if self.max_seq_len < longest:
+            raise ValueError(
+                f"max_seq_len={max_seq_len} is below the schedule's longest seq_len {longest}"
+            )
+        self.block_tokens = int(block_tokens)
+        window = self.max_seq_len + 1
+        if self.block_tokens < window:
+            raise ValueError(
+                f"block_tokens={block_tokens} cannot hold one window of seq_len "
+                f"{self.max_seq_len} + 1; pass block_tokens >= {window}"
+            )
+        if self.stream_tokens < window:
+            raise ValueError(
+                f"{self.stream_tokens} usable tokens ({self.num_chunks} chunks of "
+                f"{self.chunk_tokens}) cannot hold one window of seq_len {self.max_seq_len} + 1; "
+                "use a smaller chunk_tokens or seq_len, or more data"
+            )
+        self.num_blocks = -(-self.stream_tokens // self.block_tokens)
+        # blocks 0..long-1 hold size + 1 tokens, the rest size: near-equal, in closed form
+        self._size, self._long = divmod(self.stream_tokens, self.num_blocks)
+        self._segments = _lay_out(self)
+        self._starts = np.asarray([s.start for s in self._segments], dtype=np.int64)
+
+    # ---- the block geometry of every epoch (closed forms) -------------------------------
+    def block_start(self, block: np.ndarray | int) -> np.ndarray:
+        """Token offset of ``block`` in its epoch stream."""
+        return np.asarray(block) * self._size + np.minimum(block, self._long)
+
+    def block_windows(self, block: np.ndarray | int, seq_len: int) -> np.ndarray:
+        """Grid windows of ``seq_len`` in ``block``."""
+        return (self._size + (np.asarray(block) < self._long) - 1) // seq_len
+
+    def windows_before(self, block: np.ndarray | int, seq_len: int) -> np.ndarray:
+        """Grid windows of ``seq_len`` in an epoch's blocks before ``block``."""
+        block = np.asarray(block)
+        long_n, short_n = self._size // seq_len, (self._size - 1) // seq_len
+        return np.minimum(block, self._long) * long_n + np.maximum(block - self._long, 0) * short_n
+
+    def epoch_windows(self, seq_len: int) -> int:
+        """Grid windows of ``seq_len`` in one epoch."""
+        return int(self.windows_before(self.num_blocks, seq_len))
+
+    def block_of(self, window: np.ndarray, seq_len: int) -> np.ndarray:
+        """The block holding an epoch's ``window``-th grid window of ``seq_len``."""
+        long_n, short_n = self._size // seq_len, (self._size - 1) // seq_len
+        in_long = self._long * long_n
+        return np.where(
+            window < in_long,
+            window // max(long_n, 1),
+            self._long + (window - in_long) // short_n,
+        )
+
+    def window_permutation(self, epoch: int, block: int, seq_len: int) -> FeistelPermutation:
+        n = int(self.block_windows(block, seq_len))
+        return FeistelPermutation(n, derive_key(self.seed, _PURPOSE_WINDOWS, epoch, block))
+
+    # ---- what the pipeline asks -----------------------------------------------------------
+    @property
+    def windows_per_epoch(self) -> int:
+        """Samples in a fresh epoch under the first run's seq_len."""
+        return self.epoch_windows(self.runs[0].seq_len)
+
+    @property
+    def max_joins(self) -> int:
+        """The most joins (chunk joins, and joins between holes) one window can cross."""
+        lens = sorted({r.seq_len for r in self.runs})
+        joins = math.ceil(self.max_seq_len / self.chunk_tokens)
+        for s in lens:
+            for grid in lens:
+                if grid != s:  # a window of s over holes of grid + 1 tokens each
+                    pieces = s // grid + 2
+                    joins = max(
+                        joins, pieces - 1 + pieces * math.ceil(min(s, grid) / self.chunk_tokens)
+                    )
+        return joins
+
+    def identity(self) -> dict[str, int]:
+        """What a checkpoint names of this order besides the schedule and seed."""
+        return {"block_tokens": self.block_tokens}
+
+    def locate(self, samples: np.ndarray) -> Rows:
+        """Epoch, spans and seq_len of each sample (any order, any values in the schedule)."""
+        samples = np.asarray(samples, dtype=np.int64)
+        seg = np.searchsorted(self._starts, samples, side="right") - 1
+        n = samples.size
+        epoch = np.empty(n, dtype=np.int64)
+        offset = np.empty(n, dtype=np.int64)
+        seq_len = np.empty(n, dtype=np.int64)
+        extra: list[tuple[np.ndarray, ...]] = []
+        for k in np.unique(seg).tolist():
+            sel = np.flatnonzero(seg == k)
+            if k < 0 or samples[sel].max() >= self._segments[k].stop:
+                raise IndexError(f"samples {samples[sel]} lie outside the schedule's samples")
+            segment = self._segments[k]
+            seq_len[sel] = segment.seq_len
+            if segment.kind == _GRID:
+                epoch[sel], offset[sel] = self._grid_rows(segment, samples[sel])
+            else:
+                epoch[sel] = segment.epoch
+                spans = self._hole_spans(segment, samples[sel])
+                offset[sel] = spans[1][np.searchsorted(spans[0], np.arange(sel.size))]
+                extra.append((sel[spans[0]], *spans[1:]))
+        rows = Rows(epoch, offset, seq_len)
+        if not extra:
+            return rows
+        single = np.ones(n, dtype=bool)
+        for part in extra:
+            single[part[0]] = False
+        plain = rows.span_arrays()
+        keep = single[plain[0]]
+        cols = [np.concatenate([plain[i][keep], *(p[i] for p in extra)]) for i in range(4)]
+        by_row = np.lexsort((cols[3], cols[0]))
+        return Rows(
+            epoch,
+            offset,
+            seq_len,
+            (cols[0][by_row], cols[1][by_row], cols[2][by_row], cols[3][by_row]),
+        )
+
+    def _grid_rows(self, segment: _Segment, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s = segment.seq_len
+        per_epoch = self.epoch_windows(s)
+        j = segment.slot + (samples - segment.start)
+        epoch = segment.epoch + j // per_epoch
+        w = j % per_epoch
+        block = self.block_of(w, s)
+        slot = w - self.windows_before(block, s)
+        offset = np.empty_like(samples)
+        pairs = epoch * self.num_blocks + block
+        for pair in np.unique(pairs).tolist():
+            sel = pairs == pair
+            e, b = divmod(pair, self.num_blocks)
+            grid = self.window_permutation(e, b, s)(slot[sel])
+            offset[sel] = self.block_start(b) + grid * s
+        return epoch, offset
+
+    def _hole_spans(self, segment: _Segment, samples: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(row, stream offset, length, offset in the window) of windows over holes."""
+        s, grid = segment.seq_len, segment.grid
+        c = segment.cursor + (samples - segment.start) * s  # window [c, c + s + 1) of holes
+        first, last = c // grid, (c + s) // grid
+        counts = last - first + 1
+        row = np.repeat(np.arange(samples.size), counts)
+        heads = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        piece = first[row] + np.arange(row.size) - heads[row]
+        lo = np.maximum(c[row], piece * grid)
+        hi = np.minimum(c[row] + s + 1, (piece + 1) * grid)
+        perm = self.window_permutation(segment.epoch, segment.block, grid)
+        window = perm(segment.slot + piece)
+        start = self.block_start(segment.block) + window * grid + (lo - piece * grid)
+        return row, start, hi - lo, lo - c[row]
+
+
+def _lay_out(order: BlockOrder) -> list[_Segment]:
+    """The segments of ``order.runs``: each run reads the rest of a hole stream, if a block
+    was left in mid-grid at another seq_len, then grid windows block after block."""
+    segments: list[_Segment] = []
+    epoch, block, grid, slot = 0, 0, 0, 0  # grid == 0: the block has not begun
+    cursor = -1  # >= 0: reading the block's hole stream
+    for run in order.runs:
+        x, n, s = run.start, run.stop - run.start, run.seq_len
+        if grid and grid != s and cursor < 0:
+            cursor = 0  # the block's unserved grid windows become holes
+        if cursor >= 0:
+            holes = (int(order.block_windows(block, grid)) - slot) * grid
+            fit = (holes - cursor - s - 1) // s + 1 if cursor + s + 1 <= holes else 0
+            t = min(n, fit)
+            if t:
+                segments.append(_Segment(x, x + t, _HOLES, epoch, block, slot, s, grid, cursor))
+            x, n = x + t, n - t
+            if t < fit:
+                cursor += t * s
+                continue
+            epoch, block = (epoch, block + 1) if block + 1 < order.num_blocks else (epoch + 1, 0)
+            grid, slot, cursor = 0, 0, -1
+        if n == 0:
+            continue
+        first = int(order.windows_before(block, s)) + slot
+        segments.append(_Segment(x, x + n, _GRID, epoch, block, first, s))
+        j = first + n
+        per_epoch = order.epoch_windows(s)
+        epoch += j // per_epoch
+        block = int(order.block_of(np.asarray(j % per_epoch), s))
+        slot = j % per_epoch - int(order.windows_before(block, s))
+        grid = s if slot else 0
+    return segments
