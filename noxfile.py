@@ -1,9 +1,10 @@
-"""nox sessions: tests, tests_matrix, lint, typecheck, notebooks, bench, demo, build.
+"""nox sessions: tests, tests_matrix, lint, typecheck, notebooks, bench, demo, build, docs.
 
 pip install nox
 nox -s demo     # the main job, end to end, on the embedded default corpus
 nox -s tests    # the test suite (8 fake CPU devices for JAX)
 nox -s tests_matrix  # the suite, less its slow tests, on Python 3.12 and 3.13
+nox -s docs     # the documentation site (MkDocs), built with warnings as errors
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ JAX_ENV = {
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (and every doctest) on 8 fake CPU devices."""
-    session.install("-e", ".[test,tokenizers,hf]")
+    session.install("-e", ".[test,tokenizers,hf,docs]")  # docs: the site's build test
     args = session.posargs or ["-n", "2", "--durations=10"]
     session.run("pytest", *args, env=JAX_ENV)
 
@@ -121,3 +122,11 @@ def tests_matrix(session: nox.Session) -> None:
     session.install("--upgrade", "-e", ".[test,tokenizers,hf]")
     args = session.posargs or ["-m", "not slow", "-x", "-q", "-n", "2"]
     session.run("pytest", *args, env=JAX_ENV)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site into a temporary folder; a warning fails it."""
+    session.install("-e", ".[docs]")
+    site = str(Path(session.create_tmp()) / "site")
+    session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})

@@ -1,4 +1,4 @@
-"""How random is the window order? grain_rox's lane order against three others (issue 21).
+"""How random is the window order? grain_rox's default block order against three others (issue 21).
 
 Run as ``python benchmarks/bench_order.py [--quick] [--batch 32] [--seq-len 1024]
 [--corpus 3e8 1e10 1e12] [--real-tokens 2e7] [--chunks K] [--seed 0]``. No timing: every
@@ -9,24 +9,25 @@ stdout (markdown), progress to stderr, every number to ``bench_out/order.json``.
 in the order of the epoch's chunk permutation, the same for all four, so "chunk" below means a
 position in that stream (within an epoch, one physical chunk). Epoch 0, one phase.
 
-* ``lanes``: the package's real order for the current default. For the real corpus it is
+* ``blocks``: the package's default order (``_order._blocks``): the stream is cut into
+  near-equal blocks of at most 2**29 tokens (512 Mi; the whole stream if smaller), served in
+  stream order; inside a block all windows of the phase's ``seq_len`` (a grid from the block's
+  start) come in a Feistel-permuted order. For the real corpus it is
   ``TokenPipeline(path, ...).plan.orders[0]`` over a ``.rox`` file written here with
   ``write_rox``; for the virtual corpora (too big to write) it is what
-  ``grain_rox._pipeline._plan.lane_orders`` builds (that function itself, called with stand-in
-  corpora that have only shard sizes: its ``auto_lanes``, ``auto_chunk_tokens`` and seed
-  derivation). Sample numbers come from an inverse written here; each one is then located by
-  ``LaneOrder.locate`` and checked to land on the expected window.
+  ``grain_rox._pipeline._plan.source_orders`` builds (that function itself, called with
+  stand-in corpora that have only shard sizes). Sample numbers come from an inverse written
+  here; each one is then located by ``BlockOrder.locate`` and checked to land on its window.
+* ``lanes``: grain_rox 0.1's order, still selectable (``order="lanes"``), built and checked the
+  same way against ``LaneOrder.locate``.
 * ``full``: one Feistel permutation (``FeistelPermutation``) of all the epoch's windows (windows
   of ``seq_len + 1`` tokens at stride ``seq_len`` over the whole stream), as Megatron/Levanter.
-* ``blocks``: MosaicML-Streaming-like. The gist of its default (``py1e``, block 262,144
+* ``streaming``: MosaicML-Streaming-like. The gist of its default (``py1e``, block 262,144
   samples): the stream's windows, in stream order, are cut into blocks of 262,144 windows;
   the blocks are served in a permuted order, each block's windows in a permuted order.
   (``py1e`` itself places each shard's samples at clipped random offsets of about a block
   around the shard's place and sorts, so its mixing window slides instead of having fixed
   edges; its pool is about the same size.)
-* ``blocked-full``: the candidate. The stream is cut into blocks of 2**29 tokens (512 Mi; the
-  whole stream if smaller), served in stream order; inside a block all windows of the current
-  ``seq_len`` (a grid starting at the block's start) are served in a Feistel-permuted order.
 
 **Sampling.** K chunks are drawn uniformly; for each order, the steps that serve *every*
 window of those chunks are computed (an inverse map), so each statistic is exact for them.
@@ -59,10 +60,12 @@ window of those chunks are computed (an inverse map), so each statistic is exact
   uniform place inside each round, so the pooled autocorrelation of a chunk's draws is flat
   beyond one round (a deficit below it), not peaked at the round.
 
-**Holes** (third table): in ``blocked-full``, a switch to a longer ``seq_len`` in the middle of
-a block finds the served windows scattered over it: the unserved tokens are runs between
-them. The table gives those runs and the share of the unserved tokens that the new windows
-cannot tile, for a real Feistel order of one block.
+**Switches** (third table): the default order at a ``seq_len`` change in mid-block, measured
+with the real ``BlockOrder`` on one block: the block's unserved windows become a stream of
+holes that the new phase reads front to back, so nothing is replayed or skipped. The table
+gives how many steps of the new phase read holes, the mean number of pieces (unrelated
+stretches of text, split by joins) in one of those windows, and the tokens of the block not
+served (the hole stream's last partial window and the grid's tail).
 """
 
 from __future__ import annotations
@@ -82,13 +85,15 @@ from typing import Any
 import numpy as np
 
 from grain_rox import TokenPipeline, write_rox
+from grain_rox._order._blocks import DEFAULT_BLOCK_TOKENS, BlockOrder
+from grain_rox._order._chunks import Run
 from grain_rox._order._lanes import LaneOrder
 from grain_rox._order._permutation import FeistelPermutation, derive_key
-from grain_rox._pipeline._plan import lane_orders
+from grain_rox._pipeline._plan import source_orders
 
 REPO = Path(__file__).resolve().parent.parent
 STREAMING_BLOCK = 262_144  # samples per block of MosaicML Streaming's default shuffle
-BLOCK_TOKENS = 1 << 29  # the candidate's block: 512 Mi tokens
+BLOCK_TOKENS = DEFAULT_BLOCK_TOKENS  # the default order's block: 512 Mi tokens
 DOC_MEAN = 2_000  # fake documents' mean length in tokens
 SHARD_TOKENS = 1 << 32  # the virtual corpora's shard size
 REACH = (100, 1_000, 10_000)
@@ -149,7 +154,7 @@ class Order:
 
 
 class Lanes(Order):
-    """The package's order: the inverse of ``LaneOrder.locate`` for one phase, checked by it."""
+    """grain_rox 0.1's order: the inverse of ``LaneOrder.locate`` for one phase, checked by it."""
 
     def __init__(self, order: LaneOrder, seq_len: int) -> None:
         if len(order.runs) != 1 or order.runs[0].start != 0 or order.max_seq_len != seq_len:
@@ -191,12 +196,12 @@ class Full(Order):
         return owner, k * self.seq_len, self.perm.inverse(k)
 
 
-class Blocks(Order):
+class Streaming(Order):
     """Streaming's gist: blocks of ``block`` windows in stream order, shuffled within, block
     order shuffled."""
 
     def __init__(self, stream: int, chunk: int, seq_len: int, seed: int, block: int) -> None:
-        super().__init__("blocks", (stream - 1) // seq_len, chunk)
+        super().__init__("streaming", (stream - 1) // seq_len, chunk)
         self.seq_len, self.block, self.seed = seq_len, block, seed
         nb = -(-self.windows // block)
         self.sizes = np.minimum(block, self.windows - np.arange(nb) * block)
@@ -218,25 +223,33 @@ class Blocks(Order):
         return owner, k * self.seq_len, sample
 
 
-class BlockedFull(Order):
-    """Blocks of ``block_tokens`` in stream order, all windows of a block permuted."""
+class Blocks(Order):
+    """The package's default order: the inverse of ``BlockOrder.locate`` for one phase,
+    checked by it."""
 
-    def __init__(self, stream: int, chunk: int, seq_len: int, seed: int, block_tokens: int):
-        nb = -(-stream // block_tokens)
-        self.starts = np.arange(nb, dtype=np.int64) * block_tokens
-        self.counts = np.maximum(0, (np.minimum(block_tokens, stream - self.starts) - 1) // seq_len)
-        super().__init__("blocked-full", int(self.counts.sum()), chunk)
-        self.first_sample = np.cumsum(self.counts) - self.counts
-        self.seq_len, self.seed = seq_len, seed
+    def __init__(self, order: BlockOrder, seq_len: int) -> None:
+        if len(order.runs) != 1 or order.runs[0].start != 0:
+            raise ValueError("one phase from sample 0, please")
+        self.order, self.seq_len = order, seq_len
+        blocks = np.arange(order.num_blocks)
+        self.starts = order.block_start(blocks)
+        self.counts = order.block_windows(blocks, seq_len)
+        super().__init__("blocks", order.epoch_windows(seq_len), order.chunk_tokens)
 
     def draws(self, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        owner, b, m = grid_windows(chunks, self.chunk, self.starts, self.counts, self.seq_len)
+        o, s = self.order, self.seq_len
+        owner, b, m = grid_windows(chunks, self.chunk, self.starts, self.counts, s)
         sample = np.empty_like(m)
         for sel in grouped(b):
             i = int(b[sel[0]])
-            perm = FeistelPermutation(int(self.counts[i]), derive_key(self.seed, 0xB1F, i))
-            sample[sel] = self.first_sample[i] + perm.inverse(m[sel])
-        return owner, self.starts[b] + m * self.seq_len, sample
+            perm = o.window_permutation(0, i, s)
+            sample[sel] = o.windows_before(i, s) + perm.inverse(m[sel])
+        offset = self.starts[b] + m * s
+        for part in np.array_split(np.arange(sample.size), max(1, sample.size // 2048)):
+            rows = o.locate(sample[part])  # the package's own map, the ground truth
+            if not ((rows.epoch == 0).all() and np.array_equal(rows.offset, offset[part])):
+                raise AssertionError("the inverse disagrees with BlockOrder.locate")
+        return owner, offset, sample
 
 
 # ---- the metrics ------------------------------------------------------------------------------
@@ -359,26 +372,28 @@ def measure(order: Order, chunks: np.ndarray, num_chunks: int, batch: int, seq_l
     )
 
 
-def holes(seq_len: int, seed: int, block_tokens: int = BLOCK_TOKENS) -> list[dict[str, Any]]:
-    """A block of ``blocked-full`` switched to a longer seq_len after a share of its windows."""
-    n = (block_tokens - 1) // seq_len
-    order = FeistelPermutation(n, derive_key(seed, 0xB1F, 0))(np.arange(n))
+def switches(seq_len: int, batch: int, seed: int) -> list[dict[str, Any]]:
+    """The default order on one full block switched to another seq_len after a share of it."""
+    block = BLOCK_TOKENS
     out = []
     for done in (0.25, 0.5, 0.75):
-        served = np.zeros(n + 2, bool)
-        served[[0, -1]] = True  # sentinels
-        served[order[: int(done * n)] + 1] = True
-        edges = np.flatnonzero(np.diff(served.astype(np.int8)))
-        runs = edges[1::2] - edges[::2]  # unserved windows between served ones
-        for new in (2 * seq_len, 4 * seq_len):
-            fit = runs * seq_len // new  # new windows of new + 1 tokens a run of r windows holds
+        for new in (seq_len // 2, 2 * seq_len, 4 * seq_len):
+            served = int(done * ((block - 1) // seq_len))
+            runs = [Run(0, served, seq_len), Run(served, 1 << 62, new)]
+            order = BlockOrder([block], seed=seed, chunk_tokens=1 << 16, runs=runs,
+                               max_seq_len=max(seq_len, new))  # fmt: skip
+            segment = order._segments[1]  # the hole stream (a private view, read here only)
+            hole_windows = segment.stop - segment.start
+            probe = segment.start + np.linspace(0, hole_windows - 1, 2048).astype(np.int64)
+            pieces = np.bincount(order.locate(probe).span_arrays()[0]).mean()
+            used = served * seq_len + hole_windows * new
             out.append(
                 dict(
                     served=done,
                     new_seq_len=new,
-                    holes=int(runs.size),
-                    mean_hole_tokens=float(runs.mean() * seq_len),
-                    unusable=float(1 - (fit * new).sum() / (runs.sum() * seq_len)),
+                    hole_steps=hole_windows / batch,
+                    pieces_per_window=float(pieces),
+                    unserved_tokens=int(block - used),
                 )
             )
     return out
@@ -386,7 +401,7 @@ def holes(seq_len: int, seed: int, block_tokens: int = BLOCK_TOKENS) -> list[dic
 
 # ---- corpora ----------------------------------------------------------------------------------
 def stand_in(shard_tokens: Sequence[int], path: str) -> Any:
-    """What ``lane_orders`` reads of a corpus: its shards' sizes, their total, a path."""
+    """What ``source_orders`` reads of a corpus: its shards' sizes, their total, a path."""
     shards = [types.SimpleNamespace(num_tokens=int(t)) for t in shard_tokens]
     return types.SimpleNamespace(num_tokens=int(sum(shard_tokens)), shards=shards, paths=[path])
 
@@ -397,26 +412,29 @@ def virtual_shards(tokens: int) -> list[int]:
     return [SHARD_TOKENS] * full + ([rest] if rest else [])
 
 
-def real_order(
+def real_orders(
     tokens: int, batch: int, seq_len: int, seed: int, tmp: str
-) -> tuple[LaneOrder, TokenPipeline]:
-    """The order of a TokenPipeline over a .rox file of ``tokens`` random tokens."""
+) -> tuple[tuple[BlockOrder, LaneOrder], TokenPipeline]:
+    """The orders of TokenPipelines over a .rox file of ``tokens`` random tokens: the default
+    and ``order="lanes"``."""
     path = os.path.join(tmp, "order.rox")
     data = np.random.default_rng(seed).integers(1, 50_000, size=tokens, dtype=np.uint16)
     write_rox([data], path, separator=0)
     pipe = TokenPipeline(path, seq_len=seq_len, global_batch_size=batch, seed=seed)
-    order = pipe.plan.orders[0]
+    lanes_pipe = dataclasses.replace(pipe, order="lanes")
+    orders = (pipe.plan.orders[0], lanes_pipe.plan.orders[0])
     for step in (0, 1, 12_345):  # one source, one phase: step k holds samples [kB, kB + B)
         own = pipe.schedule.step_samples(step, 0, batch)[2]
         assert np.array_equal(own, step * batch + np.arange(batch))
-    # the virtual corpora's path (lane_orders on a stand-in) gives this very order
+    # the virtual corpora's path (source_orders on a stand-in) gives these very orders
     corpus = pipe.plan.corpora[pipe.names[0]]
-    shards = [sh.num_tokens for sh in corpus.shards]
-    twin = lane_orders(pipe, {pipe.names[0]: stand_in(shards, corpus.paths[0])})[0]
-    probe = np.random.default_rng(1).integers(0, order.windows_per_epoch * 3, 4096)
-    assert (twin.lanes, twin.lane_tokens, twin.seed) == (order.lanes, order.lane_tokens, order.seed)
-    assert np.array_equal(twin.locate(probe).offset, order.locate(probe).offset)
-    return order, pipe
+    stand = {pipe.names[0]: stand_in([sh.num_tokens for sh in corpus.shards], corpus.paths[0])}
+    probe = np.random.default_rng(1).integers(0, orders[0].windows_per_epoch * 3, 4096)
+    for p, order in zip((pipe, lanes_pipe), orders, strict=True):
+        twin = source_orders(p, stand)[0]
+        assert (twin.name, twin.seed, twin.num_chunks) == (order.name, order.seed, order.num_chunks)
+        assert np.array_equal(twin.locate(probe).offset, order.locate(probe).offset)
+    return orders, pipe  # type: ignore[return-value]
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -514,33 +532,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     batch, seq_len, seed = args.batch, args.seq_len, args.seed
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        real, pipe = real_order(int(args.real_tokens), batch, seq_len, seed, tmp)
+        real, pipe = real_orders(int(args.real_tokens), batch, seq_len, seed, tmp)
         log(
-            f"real corpus: {real.num_chunks} chunks, {real.lanes} lanes; checked against "
-            "lane_orders on a stand-in"
+            f"real corpus: {real[0].num_chunks} chunks, {real[0].num_blocks} block(s), "
+            f"{real[1].lanes} lanes; checked against source_orders on a stand-in"
         )
         corpora = [(f"{human(args.real_tokens)} (.rox)", real)]
+        lanes_pipe = dataclasses.replace(pipe, order="lanes")
         for tokens in args.corpus:
             stand = {pipe.names[0]: stand_in(virtual_shards(int(tokens)), f"<{tokens:.0e}>")}
-            corpora.append((f"{tokens:.0e}".replace("+", ""), lane_orders(pipe, stand)[0]))
+            pair = (source_orders(pipe, stand)[0], source_orders(lanes_pipe, stand)[0])
+            corpora.append((f"{tokens:.0e}".replace("+", ""), pair))
     rng = np.random.default_rng(seed)
-    for label, lanes in corpora:
+    for label, (blocks, lanes) in corpora:
         stream, chunk = lanes.stream_tokens, lanes.chunk_tokens
         n = min(k, lanes.num_chunks)
         chunks = np.sort(rng.choice(lanes.num_chunks, size=n, replace=False)).astype(np.int64)
         orders: list[tuple[Order, str]] = [
+            (
+                Blocks(blocks, seq_len),
+                f"{blocks.num_blocks} x {human(min(BLOCK_TOKENS, stream))} tok",
+            ),
             (Lanes(lanes, seq_len), f"{lanes.lanes} lanes"),
             (Full(stream, chunk, seq_len, seed), "1"),
-            (Blocks(stream, chunk, seq_len, seed, STREAMING_BLOCK), ""),
-            (BlockedFull(stream, chunk, seq_len, seed, BLOCK_TOKENS), ""),
+            (Streaming(stream, chunk, seq_len, seed, STREAMING_BLOCK), ""),
         ]
         for order, units in orders:
             t0 = time.perf_counter()
             row = measure(order, chunks, lanes.num_chunks, batch, seq_len)
-            if isinstance(order, Blocks):
+            if isinstance(order, Streaming):
                 units = f"{order.sizes.size} x {human(STREAMING_BLOCK * seq_len)} tok"
-            if isinstance(order, BlockedFull):
-                units = f"{order.starts.size} x {human(min(BLOCK_TOKENS, stream))} tok"
             row.update(
                 corpus=label, corpus_tokens=stream, units=units, seconds=time.perf_counter() - t0
             )
@@ -549,22 +570,22 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{label:>14} {order.name:<12} {n} chunks, {row['successor_pairs']} pairs, "
                 f"{row['seconds']:.1f} s"
             )
-    gaps = holes(seq_len, seed)
+    gaps = switches(seq_len, batch, seed)
     print(
         f"# Window order at ({batch}, {seq_len}), seed {seed}, {k} chunks sampled per corpus "
         f"({'quick' if args.quick else 'full'} mode)\n"
     )
     print(tables(rows))
     print(
-        f"\nHoles: one blocked-full block ({human(BLOCK_TOKENS)} tokens, seq_len {seq_len}) "
-        "switched to a longer seq_len after a share of its windows\n"
+        f"\nSwitches: the default order on one {human(BLOCK_TOKENS)}-token block, seq_len "
+        f"{seq_len} switched to another after a share of the block's windows\n"
     )
-    print("| served | new seq_len | holes | mean hole | unusable share of the rest |")
+    print("| served | new seq_len | steps reading holes | pieces per window | unserved tokens |")
     print("|---|---|---|---|---|")
     for h in gaps:
         print(
-            f"| {pct(h['served'])} | {h['new_seq_len']} | {h['holes']} | "
-            f"{human(h['mean_hole_tokens'])} tok | {pct(h['unusable'])} |"
+            f"| {pct(h['served'])} | {h['new_seq_len']} | {human(h['hole_steps'])} | "
+            f"{h['pieces_per_window']:.2f} | {h['unserved_tokens']} |"
         )
     elapsed = time.perf_counter() - _T0
     print(f"\n({elapsed:.0f} s)")
@@ -581,7 +602,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         doc_mean=DOC_MEAN,
     )
     out.write_text(
-        json.dumps(dict(config=config, rows=rows, holes=gaps, seconds=elapsed), indent=1)
+        json.dumps(dict(config=config, rows=rows, switches=gaps, seconds=elapsed), indent=1)
     )
 
 

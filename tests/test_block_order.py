@@ -247,3 +247,14 @@ def test_order_arguments_are_checked(positional):
         TokenPipeline(positional, seq_len=32, global_batch_size=4, block_tokens=16).describe()
     described = TokenPipeline(positional, seq_len=8, global_batch_size=4).describe()
     assert (described["order"], described["block_tokens"]) == ("blocks", {"": 1 << 29})
+
+
+def test_a_max_seq_len_below_a_phase_is_refused_before_any_data_is_read():
+    with pytest.raises(ValueError) as e:
+        TokenPipeline(
+            "/nowhere/*.rox", phases=[Phase(10, 8, 16), Phase(None, 8, 64)], max_seq_len=32
+        )
+    assert str(e.value) == (
+        "TokenPipeline: max_seq_len=32 is below the longest phase's seq_len 64: set "
+        "max_seq_len=64 or more, or leave it unset (default: the longest phase's seq_len)"
+    )

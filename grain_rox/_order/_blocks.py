@@ -3,13 +3,13 @@
 The default order of a source, a pure function of (shard sizes, seed, seq_len schedule):
 
 * **Blocks.** Each epoch stream (``_chunks``: the source's 64K-token chunks in a seeded order)
-  is cut into ``ceil(stream / block_tokens)`` contiguous blocks of near-equal size (default
-  512 Mi tokens: the whole stream when it is smaller). Epochs and their blocks are read one
-  after the other.
+  is cut into ``floor(stream / block_tokens)`` contiguous blocks of near-equal size, each at
+  least ``block_tokens`` (default 512 Mi) and under twice that: the whole stream when it is
+  smaller. Epochs and their blocks are read one after the other.
 * **Windows.** A block begins with the seq_len ``s`` of the sample that opens it and is cut
   into windows of ``s + 1`` tokens with stride ``s`` (its *grid*); the grid's windows are
   served in the order of a seeded Feistel permutation of the block. So any step draws from a
-  pool of ``min(stream, block_tokens)`` tokens, and two windows of one document land a third
+  pool of at least ``min(stream, block_tokens)`` tokens, and two windows of one document land a third
   of a block apart on average, with no fixed period (``docs/order.md`` measures it).
 * **Holes.** When ``seq_len`` changes in mid-block (a curriculum phase ends, or is cut short
   at a restore), the block's windows not yet served are strung together in their permuted
@@ -109,7 +109,7 @@ class BlockOrder(ChunkStream):
                 f"{self.chunk_tokens}) cannot hold one window of seq_len {self.max_seq_len} + 1; "
                 "use a smaller chunk_tokens or seq_len, or more data"
             )
-        self.num_blocks = -(-self.stream_tokens // self.block_tokens)
+        self.num_blocks = max(1, self.stream_tokens // self.block_tokens)
         # blocks 0..long-1 hold size + 1 tokens, the rest size: near-equal, in closed form
         self._size, self._long = divmod(self.stream_tokens, self.num_blocks)
         self._segments = _lay_out(self)

@@ -45,10 +45,10 @@ class TokenPipeline:
     ``max_seq_len`` (default: the longest phase's) is the longest window any phase may use; a
     run that may later add a phase with longer windows must set it up front.
 
-    The order (``order="blocks"``, the default) cuts each epoch of a source into blocks of
-    ``block_tokens`` (512 Mi; the whole source when smaller) and serves every block's windows
-    in a seeded permutation, so each step draws from ``min(source, block_tokens)`` tokens
-    with no fixed period; a ``seq_len`` change continues through the rest of the block with
+    The order (``order="blocks"``, the default) cuts each epoch of a source into blocks of at
+    least ``block_tokens`` (512 Mi; the whole source when smaller) and serves every block's
+    windows in a seeded permutation, so each step draws from ``min(source, block_tokens)``
+    tokens or more, with no fixed period; a ``seq_len`` change continues through the rest of the block with
     nothing replayed or skipped (``docs/order.md``). ``order="lanes"`` is grain_rox 0.1's
     order (a 64M-token pool at the defaults), kept to continue runs saved with it.
 
@@ -88,8 +88,9 @@ class TokenPipeline:
         chunk_tokens: Tokens per shuffled chunk of a source (default: 64K, smaller for a small
             corpus).
         order: ``"blocks"`` (default) or ``"lanes"`` (grain_rox 0.1's order), see above.
-        block_tokens: Tokens per shuffled block of ``order="blocks"`` (default 2**29; a
-            smaller block mixes a smaller pool).
+        block_tokens: The least tokens per shuffled block of ``order="blocks"`` (default
+            2**29; blocks are near-equal, under twice this; a smaller block mixes a smaller
+            pool).
         lanes: ``order="lanes"`` only: contiguous parts of a source's shuffled chunks read
             side by side, one window each per round (default: up to 1024, each holding 64 or
             more longest windows).
@@ -169,6 +170,13 @@ class TokenPipeline:
                 "give each Phase its steps (see estimate_steps)"
             )
         _check_order_args(self.order, self.lanes, self.block_tokens)
+        longest = max(p.seq_len for p in phases)
+        if self.max_seq_len is not None and self.max_seq_len < longest:
+            raise ValueError(
+                f"TokenPipeline: max_seq_len={self.max_seq_len} is below the longest phase's "
+                f"seq_len {longest}: set max_seq_len={longest} or more, or leave it unset "
+                "(default: the longest phase's seq_len)"
+            )
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r}; use one of {', '.join(map(repr, LAYOUTS))}")
