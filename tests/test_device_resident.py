@@ -298,25 +298,32 @@ def test_inputs_the_devices_cannot_hold_are_refused(root):
 
 
 # ---- processes ----------------------------------------------------------------------------------
-def resident_in_process(root: str, state: bytes | None = None) -> MultiHostDataLoadIterator:
-    """A device-resident iterator built in each process (each reads the rows itself)."""
-    it = MultiHostDataLoadIterator(batches(root, "NumpySource(dict)"), placement="device")
+def resident_in_process(
+    root: str, state: bytes | None = None, budget: int | None = None
+) -> MultiHostDataLoadIterator:
+    """A device-resident iterator built in each process (each reads the rows it holds)."""
+    ds = batches(root, "NumpySource(dict)")
+    it = MultiHostDataLoadIterator(ds, placement="device", device_memory_budget=budget)
     if state is not None:
         it.set_state(state)
     return it
 
 
 @pytest.mark.slow
-def test_two_jax_processes_build_what_one_does_from_a_state_saved_on_the_host_path(root):
+@pytest.mark.parametrize("layout", ["replicated", "sharded"])
+def test_two_jax_processes_build_what_one_does_from_a_state_saved_on_the_host_path(root, layout):
     ds = batches(root, "NumpySource(dict)")
     with MultiHostDataLoadIterator(ds) as host:
         everything = take(host)
     with MultiHostDataLoadIterator(ds) as host:
         take(host, 3)
         state = host.get_state()  # one process, host path
-    with resident_in_process(root, state) as it:
+    budget = budget_for(npy_dict(root), layout)
+    with resident_in_process(root, state, budget) as it:
+        assert it.placement == layout
         assert_same(take(it, 3), everything[3:6])
-    testing.check_processes_equal(functools.partial(resident_in_process, root, state), read=3)
+    make = functools.partial(resident_in_process, root, state, budget)
+    testing.check_processes_equal(make, read=3)
 
 
 @pytest.mark.slow
