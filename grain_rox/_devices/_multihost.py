@@ -55,7 +55,16 @@ def _stop_all_at_exit() -> None:
 
 
 class MultiHostDataLoadIterator:
-    """Iterate global ``jax.Array`` batches laid out on ``mesh`` (see the module doc).
+    """Iterate global ``jax.Array`` batches laid out on ``mesh``, resumable from ``get_state()``.
+
+    Each process reads only the rows its devices hold and places them with
+    ``jax.make_array_from_process_local_data``; a background thread keeps ``prefetch`` batches
+    on the devices ahead of the training step (an error there is raised in the caller after
+    the good batches before it, never a hang). The state is the number of global batches
+    handed out (plus Grain's own state for a Grain input), so a TokenPipeline's state restores
+    on any number of processes; ``set_state`` refuses a state from other data, another config
+    or another kind of input, naming what changed. Use it as a context manager, or call
+    ``close()``, to stop the thread.
 
     ``loader_or_dataset`` is a :class:`~grain_rox.TokenPipeline` (recommended: each process
     reads only its rows and the state restores on any host count), a ``grain.DataLoader``, or
@@ -88,6 +97,13 @@ class MultiHostDataLoadIterator:
         device_memory_budget: For ``placement="device"``/``"auto"``: bytes of rows one
             device may hold (default: a quarter of its free memory; CPU devices: a quarter
             of the host's RAM shared among this process's devices).
+
+    Raises:
+        ValueError: a batch whose rows the mesh's ``data_axis`` cannot split evenly (naming
+            the batch size, the devices on that axis and a size that works);
+            ``data_sharding`` built on another mesh than ``mesh``; with
+            ``placement="device"``, rows that fit on the devices neither replicated nor
+            sharded.
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import TokenPipeline, write_rox
