@@ -258,3 +258,35 @@ def test_a_max_seq_len_below_a_phase_is_refused_before_any_data_is_read():
         "TokenPipeline: max_seq_len=32 is below the longest phase's seq_len 64: set "
         "max_seq_len=64 or more, or leave it unset (default: the longest phase's seq_len)"
     )
+
+
+def test_a_longer_phase_added_at_a_restore_needs_no_max_seq_len_up_front(positional):
+    """The block order keeps no room at lane ends, so a run may grow its windows later; the
+    lanes order cannot, and says what to set next time."""
+    for order in ("blocks", "lanes"):
+        first = TokenPipeline(positional, phases=[Phase(None, 8, 16)], seed=0, order=order)
+        with MultiHostDataLoadIterator(first) as it:
+            ran = [np.asarray(next(it)["inputs"]) for _ in range(3)]
+            state = it.get_state()
+        longer = [Phase(3, 8, 16), Phase(None, 8, 32)]
+        grown = TokenPipeline(positional, phases=longer, seed=0, order=order)
+        with MultiHostDataLoadIterator(grown) as it:
+            if order == "lanes":
+                with pytest.raises(ValueError) as e:
+                    it.set_state(state)
+                message = str(e.value)  # the lane count follows max_seq_len too
+                assert "max_seq_len: saved 16 -> now 32). Restore with the same" in message
+                assert message.endswith(
+                    "or start a new run. The run started with windows of at most 16 tokens and "
+                    "order='lanes' kept room for no longer ones at every lane's end: a lanes run "
+                    "that may add a phase with longer windows must be started with "
+                    "TokenPipeline(max_seq_len=...) set to the longest seq_len it may use; this "
+                    "run can continue with phases of seq_len <= 16 only (the default "
+                    "order='blocks' has no such limit)"
+                )
+                continue
+            it.set_state(state)
+            assert np.asarray(next(it)["inputs"]).shape == (8, 32)
+        ds = grown.map_dataset()
+        for k in range(3):
+            np.testing.assert_array_equal(ds[k]["inputs"], ran[k])

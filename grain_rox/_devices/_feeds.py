@@ -197,9 +197,20 @@ class PipelineFeed:
                 f"{k}: {a}" if k == "phases" else f"{k}: saved {a!r} -> now {b!r}"
                 for k, (a, b) in changed.items()
             )
+            grown = changed.get("max_seq_len")
+            hint = ""
+            if grown is not None and isinstance(grown[0], int) and grown[1] > grown[0]:
+                hint = (
+                    f". The run started with windows of at most {grown[0]} tokens and "
+                    "order='lanes' kept room for no longer ones at every lane's end: a lanes "
+                    "run that may add a phase with longer windows must be started with "
+                    "TokenPipeline(max_seq_len=...) set to the longest seq_len it may use; this "
+                    f"run can continue with phases of seq_len <= {grown[0]} only (the default "
+                    "order='blocks' has no such limit)"
+                )
             raise ValueError(
                 f"cannot restore this data state: the pipeline changed ({details}). Restore "
-                "with the same data and config, or start a new run"
+                f"with the same data and config, or start a new run{hint}"
             )
         length = self.length
         limit = self.pipeline.step_limit if length is None else ENDLESS

@@ -42,8 +42,9 @@ class TokenPipeline:
     ``sources`` is one path spec (file, glob, directory, base path, list) or a mapping
     ``{name: path spec}``. Either give ``seq_len`` and ``global_batch_size`` (one endless
     phase; ``weights`` when mixing), or ``phases=[Phase(...), ...]`` for a curriculum.
-    ``max_seq_len`` (default: the longest phase's) is the longest window any phase may use; a
-    run that may later add a phase with longer windows must set it up front.
+    ``max_seq_len`` (default: the longest phase's) is the longest window any phase may use. With
+    the default order a run may add a phase with longer windows at a restore; with
+    ``order="lanes"`` it must be set up front.
 
     The order (``order="blocks"``, the default) cuts each epoch of a source into blocks of at
     least ``block_tokens`` (512 Mi; the whole source when smaller) and serves every block's
@@ -355,7 +356,9 @@ class TokenPipeline:
                 key: {n: o.identity()[key] for n, o in zip(names, plan.orders, strict=True)}
                 for key in plan.orders[0].identity()
             },
-            "max_seq_len": plan.orders[0].max_seq_len,
+            # the lanes order keeps room for max_seq_len at every lane's end: it is part of
+            # that order; the block order places nothing by it (a longer phase may come later)
+            **({"max_seq_len": plan.orders[0].max_seq_len} if self.order == "lanes" else {}),
             "dtype": self.dtype.name,
             "layout": self.layout,
         }
