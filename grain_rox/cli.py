@@ -4,16 +4,20 @@
     grain-rox convert --builtin code -o data/code.rox --max-shard-bytes 64MiB
     grain-rox convert docs.array_record -o data/train.rox --record-dtype uint16 --tokenizer bytes
     grain-rox export data/train.rox -o docs.array_record
-    grain-rox inspect data/ [--json]
-    grain-rox verify data/
+    grain-rox inspect data/ [--json] [--plot lengths.png]
+    grain-rox verify data/ [--log-level info]
 
 Exit status: 0 on success, 1 when ``verify`` finds damage, 2 for bad arguments or inputs.
+``--log-level {warning,info,debug}`` (before or after the command) shows the ``grain_rox``
+logger's records on stderr: skipped inputs and damage (the default), milestones (info: a
+conversion's start and end, a verify's), per-file and per-shard detail (debug).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
@@ -21,7 +25,10 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from grain_rox._cli._describe import describe
+from grain_rox._cli._logging import LOG_LEVELS, cli_logging
 from grain_rox._cli._progress import byte_bar, count_bar
 from grain_rox._cli._verify_report import verify_lines
 from grain_rox._cli._wording import cli_wording, tokenizer_line
@@ -46,6 +53,7 @@ from grain_rox._text._tokenizers import get_tokenizer
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+logger = logging.getLogger("grain_rox")
 
 
 def parse_size(text: str) -> int:
@@ -61,14 +69,30 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[unit]
 
 
+def _log_flag(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument(
+        "--log-level",
+        choices=tuple(LOG_LEVELS),
+        # on the commands: absent unless given, so a level given before the command stays
+        default=argparse.SUPPRESS if default is None else default,
+        help="log lines on stderr: warning (skipped inputs, damage; the default), info "
+        "(milestones, with time and level) or debug (each file and shard)",
+    )
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grain-rox", description="Convert, inspect and verify .rox token shards."
     )
+    _log_flag(parser, "warning")
+    common = argparse.ArgumentParser(add_help=False)
+    _log_flag(common, None)
     sub = parser.add_subparsers(dest="command", required=True)
 
     conv = sub.add_parser(
-        "convert", help="tokenize text/JSONL/Parquet files or a saved HF dataset into .rox shards"
+        "convert",
+        parents=[common],
+        help="tokenize text/JSONL/Parquet files or a saved HF dataset into .rox shards",
     )
     conv.add_argument("inputs", nargs="*", help="files, directories or globs")
     conv.add_argument("--builtin", choices=BUILTIN_CORPORA, help="use an embedded corpus")
@@ -123,7 +147,9 @@ def _build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     conv.add_argument("--no-verify", action="store_true", help="skip re-reading the checksums")
 
-    exp = sub.add_parser("export", help="write .rox documents (split at EOS) to ArrayRecord")
+    exp = sub.add_parser(
+        "export", parents=[common], help="write .rox documents (split at EOS) to ArrayRecord"
+    )
     exp.add_argument("path", nargs="+", help="shard file, directory, glob or base path")
     exp.add_argument("-o", "--output", required=True, help="the .array_record file to write")
     exp.add_argument("--eos-id", type=int, default=None, help="default: the manifest's EOS id")
@@ -132,11 +158,28 @@ def _build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--overwrite", action="store_true", help="replace an existing output")
     exp.add_argument("--no-progress", action="store_true", help="never show a progress bar")
 
-    insp = sub.add_parser("inspect", help="describe shards: dtype, blocks, tokens, manifest")
+    insp = sub.add_parser(
+        "inspect", parents=[common], help="describe shards: dtype, blocks, tokens, manifest"
+    )
     insp.add_argument("path", nargs="+", help="shard file, directory, glob or base path")
     insp.add_argument("--json", action="store_true", help="print JSON")
+    insp.add_argument(
+        "--plot",
+        metavar="FILE",
+        default=None,
+        help="draw a histogram of the documents' lengths in tokens into FILE (.png, .svg, "
+        ".pdf); needs matplotlib",
+    )
+    insp.add_argument(
+        "--eos-id",
+        type=int,
+        default=None,
+        help="with --plot: the token that ends each document (default: the manifest's)",
+    )
 
-    ver = sub.add_parser("verify", help="check structure and checksums of every shard")
+    ver = sub.add_parser(
+        "verify", parents=[common], help="check structure and checksums of every shard"
+    )
     ver.add_argument("path", nargs="+", help="shard file, directory, glob or base path")
     ver.add_argument("--no-checksums", action="store_true", help="skip sha256 checks")
     ver.add_argument("--json", action="store_true", help="print JSON")
@@ -152,6 +195,15 @@ def _limited(docs: Iterator[str], limit: int | None) -> Iterator[str]:
         if limit is not None and i >= limit:
             return
         yield doc
+
+
+def _inputs_in_words(args: argparse.Namespace, files: list[str], token_docs: bool) -> str:
+    """What a conversion reads, for the log: ``3 files (docs/, notes.jsonl; format auto)``."""
+    if args.builtin:
+        return f"the built-in corpus {args.builtin!r}"
+    n = f"{len(files)} {'ArrayRecord ' if token_docs else ''}file{'' if len(files) == 1 else 's'}"
+    kind = f"{args.record_dtype} token documents" if token_docs else f"format {args.fmt}"
+    return f"{n} ({', '.join(args.inputs)}; {kind})"
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -199,6 +251,13 @@ def _convert(args: argparse.Namespace) -> int:
         docs = _limited(docs, args.limit)
         if total_bytes is None:
             docs = count_bar(docs, total_docs, desc, "doc", enabled=show)
+        logger.info(
+            "converting %s into %s with the %s tokenizer%s",
+            _inputs_in_words(args, files, token_docs),
+            args.output,
+            tok.name,
+            " (the default)" if args.tokenizer is None else "",
+        )
         start = time.perf_counter()
         result = write_rox(
             docs if token_docs else tokenize_in_order(docs, tok, workers=args.workers),
@@ -211,6 +270,19 @@ def _convert(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - start
     rate = result.num_tokens / seconds if seconds > 0 else float("inf")
     summary = f"read {label}" if args.builtin or token_docs else stats.summary()
+    logger.info(
+        "converted into %s: %d document%s, %d tokens (%s, no padding), %d shard(s), %.1fs; "
+        "%s; manifest %s",
+        args.output,
+        result.num_documents,
+        "" if result.num_documents == 1 else "s",
+        result.num_tokens,
+        result.dtype,
+        len(result.paths),
+        seconds,
+        summary,
+        result.manifest_path,
+    )
     print(
         f"wrote {result.num_documents} documents, {result.num_tokens} {tok.name} tokens "
         f"({result.dtype}) into {len(result.paths)} shard(s) in {seconds:.1f}s "
@@ -246,9 +318,45 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot(args: argparse.Namespace) -> dict[str, Any]:
+    """Draw the document-length histogram ``--plot`` asks for; what it shows, for the output."""
+    from grain_rox._cli._plot import document_lengths, length_summary, plot_lengths
+    from grain_rox._format._rox_corpus import open_rox
+
+    with open_rox(_path_spec(args.path)) as corpus:
+        eos = corpus.eos_id if args.eos_id is None else args.eos_id
+        if eos is None:
+            raise ValueError(
+                f"{corpus.paths[0]}: no EOS id to find the documents at (the shards have no "
+                "manifest, or their manifests disagree); pass --eos-id"
+            )
+        lengths = document_lengths(corpus, int(eos), corpus.pad_id)
+        recorded = corpus.num_documents
+    title = " ".join(args.path)
+    log = plot_lengths(lengths, args.plot, title)
+    summary = length_summary(lengths)
+    if recorded is not None and recorded != lengths.size:
+        summary += (
+            f" (the manifests record {recorded:,} documents: empty ones, or an EOS id inside "
+            "documents, make the difference)"
+        )
+    return {
+        "path": args.plot,
+        "documents": int(lengths.size),
+        "min": int(lengths.min()),
+        "median": float(np.median(lengths)),
+        "max": int(lengths.max()),
+        "log_x": log,
+        "summary": summary,
+    }
+
+
 def _inspect(args: argparse.Namespace) -> int:
     info = describe(_path_spec(args.path))
+    plotted = _plot(args) if args.plot else None
     if args.json:
+        if plotted is not None:
+            info["plot"] = plotted
         print(json.dumps(info, indent=1))
         return 0
     tok = info["tokenizer"]
@@ -287,6 +395,9 @@ def _inspect(args: argparse.Namespace) -> int:
             f"{os.path.basename(f['path']):<{width}}  {f['bytes']:>14,}  {f['blocks']:>10,}  "
             f"{f['tokens']:>14,}  {pad:>10}  {digest}"
         )
+    if plotted is not None:
+        scale = ", log-scaled x" if plotted["log_x"] else ""
+        print(f"\nplotted {plotted['summary']}{scale}; wrote {plotted['path']}")
     return 0
 
 
@@ -311,13 +422,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _build_parser().parse_args(argv)
     try:
-        if args.command == "convert":
-            return _convert(args)
-        if args.command == "inspect":
-            return _inspect(args)
-        if args.command == "export":
-            return _export(args)
-        return _verify(args)
+        with cli_logging(args.log_level, args.command):
+            if args.command == "convert":
+                return _convert(args)
+            if args.command == "inspect":
+                return _inspect(args)
+            if args.command == "export":
+                return _export(args)
+            return _verify(args)
     except (
         FileNotFoundError,
         FileExistsError,

@@ -436,3 +436,115 @@ def test_verify_reports_the_bytes_it_hashes(tmp_path):
     read.clear()
     verify_rox(path, checksums=False, on_bytes=read.append)
     assert read == sizes  # not hashed: each shard's bytes at once
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_inspect_plots_the_document_lengths(tmp_path, capsys):
+    wide = str(tmp_path / "wide.rox")  # lengths 3 .. 1000: over 100x, a log-scaled x axis
+    write_rox(["abc", "hello", "x" * 10, "y" * 1000], wide, tokenizer="bytes", block_size=64)
+    png = str(tmp_path / "hist.png")
+    assert main(["inspect", wide, "--plot", png]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == (
+        "plotted 4 documents, tokens per document (EOS not counted): min 3, median 7.5, "
+        f"max 1,000, log-scaled x; wrote {png}"
+    )
+    with open(png, "rb") as f:
+        assert f.read(8) == PNG
+    narrow = str(tmp_path / "narrow.rox")
+    write_rox(["abc", "hello", "x" * 10], narrow, tokenizer="bytes", block_size=64)
+    svg = str(tmp_path / "hist.svg")  # the suffix picks the format
+    assert main(["inspect", narrow, "--plot", svg, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["plot"] == {
+        "path": svg,
+        "documents": 3,
+        "min": 3,
+        "median": 5.0,
+        "max": 10,
+        "log_x": False,
+        "summary": "3 documents, tokens per document (EOS not counted): min 3, median 5, max 10",
+    }
+    with open(svg) as f:
+        assert "<svg" in f.read(2000)
+
+
+def test_plotted_lengths_leave_out_padding_and_say_what_the_manifest_counts(tmp_path, capsys):
+    from grain_rox._cli._plot import document_lengths
+
+    path = str(tmp_path / "p.rox")  # a pad token (9) that is not the EOS (0), then an append
+    docs = [np.array([5, 6, 7], np.uint16), np.array([], np.uint16)]
+    write_rox(docs, path, separator=0, pad_id=9, block_size=16)
+    more = [np.array([9, 8], np.uint16)]
+    write_rox(more, path, separator=0, pad_id=9, block_size=16, if_exists="append")
+    with open_rox(path) as corpus:
+        assert corpus.num_tokens == 16
+        assert corpus.tokens(0, 8).tolist() == [5, 6, 7, 0, 0, 9, 9, 9]
+        assert corpus.tokens(8, 16).tolist() == [9, 8, 0, 9, 9, 9, 9, 9]
+        # the first write's padding is not part of the next document: [9, 8], not 9 9 9 9 8
+        assert document_lengths(corpus, 0, 9).tolist() == [3, 1]
+        assert document_lengths(corpus, 0).tolist() == [3, 5]  # without the pad id: glued on
+    png = str(tmp_path / "p.png")
+    assert main(["inspect", path, "--plot", png]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "plotted 2 documents, tokens per document (EOS not counted): min 1, median 2, max 3 "
+        "(the manifests record 3 documents: empty ones, or an EOS id inside documents, make "
+        f"the difference); wrote {png}"
+    )
+
+
+def test_inspect_plot_without_an_eos_id_or_matplotlib_says_what_to_do(
+    tmp_path, capsys, monkeypatch
+):
+    path = str(tmp_path / "bare.rox")  # no manifest, as roxxel writes
+    write_rox(
+        [np.array([5, 6], np.uint16), np.array([7], np.uint16)], path, separator=0, manifest=False
+    )
+    png = str(tmp_path / "h.png")
+    assert main(["inspect", path, "--plot", png]) == 2
+    assert capsys.readouterr().err == (
+        f"grain-rox inspect: error: {path}: no EOS id to find the documents at (the shards "
+        "have no manifest, or their manifests disagree); pass --eos-id\n"
+    )
+    assert main(["inspect", path, "--plot", png, "--eos-id", "0"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "plotted 2 documents, tokens per document (EOS not counted): min 1, median 1.5, max 2; "
+        f"wrote {png}"
+    )
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if not installed
+    assert main(["inspect", path, "--plot", png, "--eos-id", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "grain-rox inspect: error: drawing the histogram (--plot) needs matplotlib: "
+        "pip install matplotlib\n"
+    )
+
+
+def test_log_lines_are_printed_above_the_progress_bars(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a" * 1_500_000)
+    (src / "c.bin").write_bytes(b"\0" * 1000)
+    args = ("convert", "src", "-o", "o.rox", "--log-level", "info")
+    _, shown = run_in_a_terminal(*args, cwd=tmp_path)
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+    logged = [
+        re.sub(stamp, "", line.rsplit("\r", 1)[-1])
+        for line in shown.split("\r\n")
+        if re.search(stamp, line)
+    ]
+    assert [re.sub(r", \d+\.\ds;", ", <t>;", line) for line in logged] == [
+        "INFO grain_rox: converting 2 files (src; format auto) into o.rox with the bytes "
+        "tokenizer (the default)",
+        "WARNING grain_rox: skipped src/c.bin: it looks binary (a NUL byte at offset 0); pass "
+        "--on-binary error to stop instead",
+        "INFO grain_rox: converted into o.rox: 1 document, 1500001 tokens (uint16, no "
+        "padding), 1 shard(s), <t>; 1 file read, skipped 1 file (1 binary); manifest "
+        "o.manifest.json",
+        "INFO grain_rox: verifying 1 shard (structure and checksums)",
+        "INFO grain_rox: verified 1 shard in 1 set: 1 sound, 0 damaged",
+    ]
+    converting, verifying = last_frames(shown)  # each bar drawn whole, below the lines
+    assert converting.startswith("converting src (bytes): 100%|")
+    assert verifying.startswith("verifying o.rox: 100%|")

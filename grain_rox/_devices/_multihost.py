@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import queue
 import threading
 import weakref
@@ -40,6 +41,7 @@ from grain_rox._devices._resident import resident_feed
 from grain_rox._pipeline._pipeline import TokenPipeline
 
 _DONE = object()
+_log = logging.getLogger("grain_rox")
 _running: weakref.WeakSet[MultiHostDataLoadIterator] = weakref.WeakSet()
 _exit_hook: list[bool] = []
 
@@ -52,6 +54,17 @@ def _stop_all_at_exit() -> None:
             it.close()
         except Exception:
             pass
+
+
+def _input_kind(feed: Feed) -> str:
+    """The input a restore continues, in words, for the log."""
+    if isinstance(feed, PipelineFeed):
+        data = feed.identity.get("data") or {}
+        named = ", ".join(f"{k} {v}" if k else str(v) for k, v in data.items())
+        return f"a TokenPipeline over data {named}"
+    if isinstance(feed, GrainFeed):
+        return f"a Grain input ({type(feed.source).__name__})"
+    return f"a .batches() dataset held on the devices ({getattr(feed, 'layout', '?')})"
 
 
 class MultiHostDataLoadIterator:
@@ -318,7 +331,8 @@ class MultiHostDataLoadIterator:
 
         A state from other data, another config or another kind of input is refused, naming
         what changed; so is a hand-edited one (a step that is not a non-negative int, or past
-        the end of a finite input)."""
+        the end of a finite input). A restore is logged at INFO to the ``"grain_rox"`` logger,
+        naming the step and the kind of input."""
         decoded = decode_state(state)
         step = decoded["step"]
         position = self._feed.restore(decoded)
@@ -328,6 +342,11 @@ class MultiHostDataLoadIterator:
         self._step = step
         self._position = position
         self._exhausted = False
+        _log.info(
+            "MultiHostDataLoadIterator.set_state: resuming at step %d; input: %s",
+            step,
+            _input_kind(self._feed),
+        )
 
     # ---- lifetime --------------------------------------------------------------------------
     def close(self) -> None:

@@ -3,12 +3,16 @@
 The shards a path names may belong to several sets (a directory holding ``train.rox`` and
 ``code_0000.rox ...``): each shard is checked against its own set (its manifest, and the dtype
 of the set's first shard), so two healthy sets of different dtypes are two sets, not damage.
+
+The ``"grain_rox"`` logger hears of the work: its start and its outcome at INFO, each damaged
+shard at WARNING, each sound shard and each leftover temporary file at DEBUG.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 from collections.abc import Callable
 
@@ -26,6 +30,8 @@ from grain_rox._format._rox_format import (
 from grain_rox._format._shard_set import current_manifest
 
 _HASH_CHUNK = 8 << 20
+
+logger = logging.getLogger("grain_rox")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +103,12 @@ def verify_rox(
     reports = []
     firsts: dict[str, ShardHeader] = {}  # each set's first readable shard: the set's dtype
     resolved = resolve_shard_paths(paths, roxxel_names=roxxel_names)
+    logger.info(
+        "verifying %d shard%s (%s)",
+        len(resolved),
+        "" if len(resolved) == 1 else "s",
+        "structure and checksums" if checksums else "structure only, no checksums",
+    )
     for path in resolved:
         name = set_base(path)
         sent = 0
@@ -133,6 +145,7 @@ def verify_rox(
             reports.append(ShardReport(path, f"{e.problem}. Fix: {e.fix}.", set=name))
         except OSError as e:
             reports.append(ShardReport(path, f"cannot read: {e}", set=name))
+        _log_report(reports[-1])
         if _size(path) > sent:  # the rest: all of it when it was not hashed
             count(_size(path) - sent)
     for tmp in leftovers_of(resolved):
@@ -142,7 +155,42 @@ def verify_rox(
             "again (the next write removes it)"
         )
         reports.append(ShardReport(tmp, None, kind="leftover", note=note, set=set_base(tmp)))
+        logger.debug("leftover %s: %s", tmp, note)
+    shards = [r for r in reports if r.kind == "shard"]
+    damaged, sets, leftovers = (
+        sum(not r.ok for r in shards),
+        len(shard_sets(shards)),
+        len(reports) - len(shards),
+    )
+    logger.info(
+        "verified %d shard%s in %d set%s: %d sound, %d damaged%s",
+        len(shards),
+        "" if len(shards) == 1 else "s",
+        sets,
+        "" if sets == 1 else "s",
+        len(shards) - damaged,
+        damaged,
+        f", {leftovers} leftover temporary file{'' if leftovers == 1 else 's'}"
+        if leftovers
+        else "",
+    )
     return reports
+
+
+def _log_report(report: ShardReport) -> None:
+    """One shard's outcome: damage at WARNING, a sound shard at DEBUG."""
+    if report.ok:
+        logger.debug(
+            "shard %s is sound: %d block%s, %d tokens (%s), checksum %s",
+            report.path,
+            report.num_blocks,
+            "" if report.num_blocks == 1 else "s",
+            report.num_tokens,
+            report.dtype,
+            report.checksum,
+        )
+    else:
+        logger.warning("damaged shard %s: %s", report.path, report.problem)
 
 
 def shard_sizes(paths: PathSpec, *, roxxel_names: bool = False) -> int:

@@ -14,7 +14,9 @@ pickling documents to worker processes, and chunks come back in input order, so 
 shards are deterministic.
 
 The per-format readers and :class:`ReadStats` live in :mod:`grain_rox._text._document_readers`;
-this module finds the inputs, picks each one's reader and tokenizes what they yield.
+this module finds the inputs, picks each one's reader and tokenizes what they yield. Each file
+read is logged at DEBUG to the ``"grain_rox"`` logger (its path, format and documents), each
+file skipped at WARNING (its path and why).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import glob
+import logging
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -51,6 +54,8 @@ ENCODING_ERRORS = ("strict", "replace")
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
+
+logger = logging.getLogger("grain_rox")
 
 
 def require_documents(docs: Iterator[str], stats: ReadStats, what: str) -> Iterator[str]:
@@ -166,7 +171,9 @@ def read_documents(
     is not UTF-8 is an error unless ``encoding_errors="replace"``; a null text is an error
     naming its record unless ``on_null="skip"`` (then counted in ``stats``). ``on_bytes`` is
     told the bytes of the files on disk as they are read (text and JSONL files chunk by chunk,
-    the others when done): the calls add up to :func:`input_bytes` of ``files``.
+    the others when done): the calls add up to :func:`input_bytes` of ``files``. Each file is
+    logged to the ``"grain_rox"`` logger when done: read at DEBUG (``read a.txt (text): 1
+    document``), skipped at WARNING (``skipped b.bin: it looks binary ...``).
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp()
@@ -199,11 +206,15 @@ def read_documents(
                 on_bytes(n)
 
         kind = detect_format(path) if fmt == "auto" else fmt
+        docs_before, skipped_before = stats.documents, stats.files_skipped
         for doc in _file_documents(
             path, kind, text_column, on_binary, encoding_errors, stats, count
         ):
             stats.documents += 1
             yield doc
+        if stats.files_skipped == skipped_before:  # a skipped file was logged when skipped
+            n = stats.documents - docs_before
+            logger.debug("read %s (%s): %d document%s", path, kind, n, "" if n == 1 else "s")
         rest = _size_on_disk(path) - sent  # skipped files, and what a reader took at its end
         if rest > 0:
             count(rest)

@@ -56,10 +56,15 @@ class ReadStats:
         self.skipped.setdefault(reason, []).append(path)
         logger.warning("skipped %s: %s", path, detail)
 
+    @property
+    def files_skipped(self) -> int:
+        """Input files skipped so far, for any reason."""
+        return sum(len(v) for v in self.skipped.values())
+
     def summary(self) -> str:
         """``"N files read"``, then what was skipped and why."""
         text = f"{self.files_read} file{'' if self.files_read == 1 else 's'} read"
-        count = sum(len(v) for v in self.skipped.values())
+        count = self.files_skipped
         skips = []
         if count:
             why = ", ".join(f"{len(v)} {k}" for k, v in sorted(self.skipped.items()))

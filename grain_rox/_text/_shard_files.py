@@ -5,7 +5,8 @@ which files a write creates (one file, copied first for a copy-on-write append, 
 ``<base>_NNNN.rox`` shards numbered after the existing ones) and spreads blocks over them by
 roxxel's rotation rule. Each :class:`ShardFile` is written under a temporary name, hashed as it
 is written and fsynced when finished; publishing them is
-:func:`grain_rox._format._shard_set.publish_set`'s job.
+:func:`grain_rox._format._shard_set.publish_set`'s job. Each shard begun and each shard
+finished (fsynced under its temporary name) is logged at DEBUG to the ``"grain_rox"`` logger.
 
 >>> import tempfile, os
 >>> import numpy as np
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 from typing import BinaryIO, Literal, NamedTuple
 
@@ -45,6 +47,8 @@ from grain_rox._format._shard_set import shard_number
 IfExists = Literal["error", "append", "overwrite"]
 _COPY_BYTES = 8 << 20
 _INDEX_CHUNK = 1 << 20  # index entries written at a time (bounded memory)
+
+logger = logging.getLogger("grain_rox")
 
 
 class FinishedShard(NamedTuple):
@@ -229,6 +233,11 @@ class ShardSetWriter:
             f = ShardFile(f"{self.base}_{self.next_index:04d}.rox", self.dtype)
             self.next_index += 1
         self.files.append(f)
+        logger.debug(
+            "writing shard %s%s, under a temporary name until the set is published",
+            f.final_path,
+            "" if f.copied_from is None else " (a copy of it, then the appended blocks)",
+        )
         return f
 
     def write(self, blocks: np.ndarray) -> None:
@@ -249,7 +258,18 @@ class ShardSetWriter:
 
     def finish(self) -> list[FinishedShard]:
         """Finish every file (index, footer, fsync); what each holds, in order."""
-        results = [f.finish() for f in self.files]
+        results = []
+        for f in self.files:
+            size, raw, digest = f.finish()
+            logger.debug(
+                "finished shard %s: %d block%s, %d bytes, sha256 %s, fsynced",
+                f.final_path,
+                f.num_blocks,
+                "" if f.num_blocks == 1 else "s",
+                size,
+                digest[:16],
+            )
+            results.append((size, raw, digest))
         mtimes = [os.stat(f.tmp_path).st_mtime_ns for f in self.files]
         return [FinishedShard(*r, mtime) for r, mtime in zip(results, mtimes, strict=True)]
 

@@ -1,0 +1,105 @@
+"""``grain-rox inspect --plot hist.png``: a histogram of the documents' lengths, in tokens.
+
+A document is the tokens before each EOS, found with one vectorised scan per chunk of each
+shard (as :class:`~grain_rox.RoxDocumentSource` finds them), the EOS itself not counted. Runs
+of EOS (the padding of a write's last block, when the pad is the EOS) are no documents; a
+padding token other than the EOS at the start of a document (the last block of an earlier
+write, before an append) is not counted in it; tokens after the last EOS are no document.
+The x axis is logarithmic when the longest document is over 100 times the shortest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grain_rox._format._rox_corpus import RoxCorpus
+
+_SCAN = 1 << 24  # tokens compared at a time: a bounded temporary of 16 MiB
+_LOG_RANGE = 100  # max / min above which the x axis is logarithmic
+
+
+def _positions(corpus: RoxCorpus, token: int) -> np.ndarray:
+    """Every corpus-wide position of ``token``, in order."""
+    found = [np.empty(0, np.int64)]
+    for s, shard in enumerate(corpus.shards):
+        tokens = corpus.shard_tokens(s)
+        for lo in range(0, tokens.size, _SCAN):
+            hits = np.flatnonzero(tokens[lo : lo + _SCAN] == token)
+            found.append(hits.astype(np.int64) + (shard.first_token + lo))
+    return np.concatenate(found)
+
+
+def document_lengths(corpus: RoxCorpus, eos_id: int, pad_id: int | None = None) -> np.ndarray:
+    """The tokens of each document of ``corpus`` (EOS not counted), in corpus order.
+
+    >>> import tempfile, os
+    >>> from grain_rox import open_rox, write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "d.rox")
+    >>> _ = write_rox(["abc", "", "hello"], path, tokenizer="bytes", block_size=32)
+    >>> document_lengths(open_rox(path), eos_id=256).tolist()  # "" and the padding: no documents
+    [3, 5]
+    """
+    ends = _positions(corpus, eos_id)
+    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+    if pad_id is not None and pad_id != eos_id:  # an earlier write's padding before a document
+        pads = _positions(corpus, pad_id)
+        if pads.size:
+            # the last position of the run of consecutive pad tokens each pad position is in
+            breaks = np.flatnonzero(np.diff(pads) != 1)
+            run_last = np.concatenate([pads[breaks], pads[-1:]])
+            run_of = np.concatenate([[0], np.cumsum(np.diff(pads) != 1)])
+            i = np.minimum(np.searchsorted(pads, starts), pads.size - 1)
+            led = pads[i] == starts
+            starts[led] = run_last[run_of[i[led]]] + 1
+    lengths = ends - starts
+    return lengths[lengths > 0]
+
+
+def _median(lengths: np.ndarray) -> str:
+    median = float(np.median(lengths))
+    return f"{median:,.0f}" if median.is_integer() else f"{median:,.1f}"
+
+
+def length_summary(lengths: np.ndarray) -> str:
+    """The numbers a plot of ``lengths`` shows, in words.
+
+    >>> length_summary(np.array([3, 5, 10, 1000]))
+    '4 documents, tokens per document (EOS not counted): min 3, median 7.5, max 1,000'
+    """
+    mid = _median(lengths)
+    n = lengths.size
+    return (
+        f"{n:,} document{'' if n == 1 else 's'}, tokens per document (EOS not counted): "
+        f"min {int(lengths.min()):,}, median {mid}, max {int(lengths.max()):,}"
+    )
+
+
+def plot_lengths(lengths: np.ndarray, path: str, title: str) -> bool:
+    """Draw the histogram of ``lengths`` into ``path`` (its suffix picks the format: .png,
+    .svg, .pdf); returns whether the x axis is logarithmic. Needs matplotlib."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError(
+            "drawing the histogram (--plot) needs matplotlib: pip install matplotlib"
+        ) from None
+    if lengths.size == 0:
+        raise ValueError(f"{title} holds no documents (no tokens before an EOS) to plot")
+    lo, hi = int(lengths.min()), int(lengths.max())
+    log = hi > _LOG_RANGE * lo
+    bins = (
+        np.geomspace(lo, hi + 1, 61) if log else np.linspace(lo, hi + 1, min(60, hi - lo + 1) + 1)
+    )
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.subplots()
+    ax.hist(lengths, bins=bins.tolist(), color="#3b6ea8")
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel("tokens per document (EOS not counted)" + (", log scale" if log else ""))
+    ax.set_ylabel("documents")
+    ax.set_title(f"{title}: {length_summary(lengths).split(', tokens')[0]}")
+    median = float(np.median(lengths))
+    ax.axvline(median, color="#c0392b", linestyle="--", label=f"median {_median(lengths)}")
+    ax.legend()
+    fig.savefig(path, dpi=100)
+    return log
