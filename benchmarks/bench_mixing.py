@@ -183,7 +183,7 @@ def bench_mixing(cfg: Config, paths: dict[str, str], force_profile: bool) -> tup
     b = src[0]
     assert b["inputs"].shape == (BATCH, SEQ_LEN) and "inputs_segmentation" in b, sorted(b)
     drawn = np.bincount(np.concatenate([src.sources_of(k) for k in range(n)]), minlength=3)
-    lanes = [o.lanes for o in src.orders]
+    units = [o.num_blocks if o.name == "blocks" else o.lanes for o in src.orders]
 
     contenders = {
         "unmixed": reads(unmixed(True)),
@@ -207,8 +207,8 @@ def bench_mixing(cfg: Config, paths: dict[str, str], force_profile: bool) -> tup
         f"TokenPipeline(a, seq_len={SEQ_LEN}, global_batch_size={BATCH}).batch_source()[k], "
         f"k = 1..{n}",
         ratio_at_least(0.8),
-        note=f"rows drawn per source over k < {n}: a/b/c = {'/'.join(map(str, drawn))}; lanes "
-        f"a/b/c = {'/'.join(map(str, lanes))}; each run builds a fresh source and reads [0] first",
+        note=f"rows drawn per source over k < {n}: a/b/c = {'/'.join(map(str, drawn))}; {src.orders[0].name} "
+        f"a/b/c = {'/'.join(map(str, units))}; each run builds a fresh source and reads [0] first",
     )  # fmt: skip
     rows = [
         row,
@@ -222,7 +222,7 @@ def bench_mixing(cfg: Config, paths: dict[str, str], force_profile: bool) -> tup
             f"counts + per-source sample numbers), k = 1..{n}",
             "the same for the unmixed single-source schedule"),
     ]  # fmt: skip
-    details: dict[str, Any] = {"runs": runs, "bookkeeping_runs": book_runs, "lanes": lanes}
+    details: dict[str, Any] = {"runs": runs, "bookkeeping_runs": book_runs, "units": units}
     if force_profile or row.verdict == "MISS":
         log("row 1a: profiling the mixed reads")
 

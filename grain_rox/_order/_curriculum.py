@@ -31,6 +31,7 @@ from grain_rox._order._permutation import int_arg
 
 ENDLESS = 1 << 62
 SAMPLE_LIMIT = 1 << 61  # sample numbers stay below this (int64 arithmetic with room to spare)
+MIX_SPAN = 4096  # a phase's samples whose mixture is worked out at once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +110,7 @@ class Schedule:
             if p.steps is not None:
                 drawn = self.mixtures[i].counts(p.steps * p.batch_size)
                 base = [b + d for b, d in zip(base, drawn, strict=True)]
+        self._spans: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self.total_steps = None if self.phases[-1].steps is None else self.step_starts[-1]
         if self.total_steps is None:  # the endless phase runs until its samples reach the limit
             last = self.phases[-1]
@@ -152,14 +154,49 @@ class Schedule:
         if len(self.names) == 1:  # no mixing: the source's own samples, in order
             own = self.source_starts[i][0] + first + np.arange(lo, hi, dtype=np.int64)
             return i, np.zeros(hi - lo, dtype=np.int64), own
+        a, b = first + lo, first + hi
+        span = a // MIX_SPAN
+        if (b - 1) // MIX_SPAN == span:  # nearly always: the rows lie in one cached span
+            sources, own = self._mix_span(i, span)
+            return (
+                i,
+                sources[a % MIX_SPAN : a % MIX_SPAN + hi - lo],
+                own[a % MIX_SPAN : a % MIX_SPAN + hi - lo],
+            )
         mixture = self.mixtures[i]
-        before = mixture.counts(first + lo)
-        sources = mixture.sources_from(first + lo, first + hi, before)
-        own = np.empty(hi - lo, dtype=np.int64)
+        before = mixture.counts(a)
+        sources = mixture.sources_from(a, b, before)
+        return i, sources, self._own_samples(i, sources, before)
+
+    def _own_samples(self, phase: int, sources: np.ndarray, before: Sequence[int]) -> np.ndarray:
+        """Each row's sample number in its source's own numbering, for rows of ``phase``
+        whose sources are ``sources``, the first coming after ``before`` samples per source."""
+        own = np.empty(sources.size, dtype=np.int64)
         for s in range(len(self.names)):
             rows = np.flatnonzero(sources == s)
-            own[rows] = self.source_starts[i][s] + before[s] + np.arange(rows.size)
-        return i, sources, own
+            own[rows] = self.source_starts[phase][s] + before[s] + np.arange(rows.size)
+        return own
+
+    def _mix_span(self, phase: int, span: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, own sample number) of the phase's samples ``[span * MIX_SPAN, ...)``: the
+        mixture worked out once for many batches (a few cached; the cache is not pickled)."""
+        key = (phase, span)
+        hit = self._spans.get(key)
+        if hit is None:
+            mixture = self.mixtures[phase]
+            a = span * MIX_SPAN
+            before = mixture.counts(a)
+            sources = mixture.sources_from(a, a + MIX_SPAN, before)
+            own = self._own_samples(phase, sources, before)
+            sources.flags.writeable = own.flags.writeable = False  # shared by many batches
+            hit = (sources, own)
+            if len(self._spans) >= 8:
+                self._spans.clear()
+            self._spans[key] = hit
+        return hit
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_spans": {}}
 
     def describe(self) -> list[dict[str, Any]]:
         return [p.describe() for p in self.phases]

@@ -185,9 +185,8 @@ class GlobalBatchSource:
             out = np.empty((samples.size, seq_len + 1), dtype=dtype)
         joins = None
         for s in np.unique(sources).tolist():
-            sel = np.flatnonzero(sources == s)
-            part, part_joins = self.readers[s].read(samples[sel], dtype=dtype)
-            out[sel] = part
+            sel = np.flatnonzero(sources == s)  # this source's rows, straight into the batch
+            part_joins = self.readers[s].read_rows(samples[sel], out, sel)
             if part_joins is not None:
                 if joins is None:
                     joins = np.zeros(out.shape, dtype=bool)

@@ -38,6 +38,9 @@ class _GroupPlan:
     single: np.ndarray  # (R,) bool: the window lies in one chunk (one piece)
     slot_shard: np.ndarray  # (R,) shard of the slot's first piece
     slot_start: np.ndarray  # (R,) start of the slot's first piece
+    one_seq_len: bool  # every window of the group has one seq_len
+    multi_before: np.ndarray  # (R + 1,) windows of several pieces among slots [0, r)
+    one_shard: int  # the shard every single-piece window reads, or -1
 
 
 class WindowReader(ProcessLocal):
@@ -92,6 +95,9 @@ class WindowReader(ProcessLocal):
         pieces_per_row = np.bincount(span_row[span_of_piece], minlength=size)
         first_piece = np.concatenate([[0], np.cumsum(pieces_per_row)])
         head = first_piece[:-1]
+        single = pieces_per_row == 1
+        slot_shard = shard[head]
+        shards = np.unique(slot_shard[single])
         return _GroupPlan(
             seq_len=rows.seq_len,
             first_piece=first_piece,
@@ -99,9 +105,12 @@ class WindowReader(ProcessLocal):
             start=start,
             length=piece_hi - piece_lo,
             dest=span_dest[span_of_piece] + piece_lo - lo,
-            single=pieces_per_row == 1,
-            slot_shard=shard[head],
+            single=single,
+            slot_shard=slot_shard,
             slot_start=start[head],
+            one_seq_len=bool((rows.seq_len == rows.seq_len[0]).all()),
+            multi_before=np.concatenate([[0], np.cumsum(~single)]),
+            one_shard=int(shards[0]) if shards.size == 1 else -1,
         )
 
     def _windows_view(self, shard: int, width: int) -> np.ndarray:
@@ -118,41 +127,63 @@ class WindowReader(ProcessLocal):
         return view
 
     def _read_slots(
-        self, group: int, lo: int, n: int, dtype: np.dtype, out: np.ndarray | None
+        self,
+        group: int,
+        lo: int,
+        n: int,
+        dtype: np.dtype,
+        out: np.ndarray | None,
+        rows: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """Fast path: consecutive slots ``[lo, lo + n)`` of one group, one seq_len."""
+        """Fast path: consecutive slots ``[lo, lo + n)`` of one group, one seq_len (written to
+        rows ``rows`` of ``out`` when given, else to an ``(n, seq_len + 1)`` ``out``)."""
         plan = self._plan(group)
         hi = lo + n
         width = int(plan.seq_len[lo]) + 1
-        if n > 1 and not (plan.seq_len[lo:hi] == width - 1).all():
+        if n > 1 and not plan.one_seq_len and not (plan.seq_len[lo:hi] == width - 1).all():
             return None
-        out = _destination(out, (n, width), dtype)
+        if rows is None:
+            out = _destination(out, (n, width), dtype)
+        assert out is not None
         single = plan.single[lo:hi]
-        all_single = bool(single.all())
+        all_single = plan.multi_before[hi] == plan.multi_before[lo]
         shards, starts = plan.slot_shard[lo:hi], plan.slot_start[lo:hi]
         if not all_single:
             shards, starts = shards[single], starts[single]
-        first, last = (int(shards.min()), int(shards.max())) if shards.size else (0, -1)
+        if plan.one_shard >= 0:
+            first = last = plan.one_shard
+        else:
+            first, last = (int(shards.min()), int(shards.max())) if shards.size else (0, -1)
         for s in range(first, last + 1):
             if first == last:
                 target = slice(None) if all_single else single
-                out[target] = self._windows_view(s, width)[starts]
+                out[target if rows is None else rows[target]] = self._windows_view(s, width)[starts]
             else:
                 sel = shards == s
                 if sel.any():
-                    rows = np.flatnonzero(single)[sel]
-                    out[rows] = self._windows_view(s, width)[starts[sel]]
+                    local = np.flatnonzero(single)[sel]
+                    out[local if rows is None else rows[local]] = self._windows_view(s, width)[
+                        starts[sel]
+                    ]
         joins = None
         if not all_single:
             joins = np.zeros((n, width), dtype=bool)
             for r in np.flatnonzero(~single).tolist():
-                self._copy_pieces(plan, lo + r, out, r, joins)
+                row = r if rows is None else int(rows[r])
+                self._copy_pieces(plan, lo + r, out, row, joins, r)
         return out, joins
 
     def _copy_pieces(
-        self, plan: _GroupPlan, slot: int, out: np.ndarray, row: int, joins: np.ndarray
+        self,
+        plan: _GroupPlan,
+        slot: int,
+        out: np.ndarray,
+        row: int,
+        joins: np.ndarray,
+        joins_row: int | None = None,
     ) -> None:
         fp = plan.first_piece
+        joins_row = row if joins_row is None else joins_row
         for p in range(int(fp[slot]), int(fp[slot + 1])):
             s, a, n, d = (
                 int(plan.shard[p]),
@@ -162,7 +193,23 @@ class WindowReader(ProcessLocal):
             )
             out[row, d : d + n] = self.corpus.shard_tokens(s)[a : a + n]
             if d:
-                joins[row, d] = True
+                joins[joins_row, d] = True
+
+    def read_rows(
+        self, samples: np.ndarray, out: np.ndarray, rows: np.ndarray
+    ) -> np.ndarray | None:
+        """:meth:`read` into rows ``rows`` of ``out`` (a whole batch's buffer, written in
+        place, in its dtype); returns the chunk-join mask of those rows (None: no join)."""
+        samples = np.asarray(samples, dtype=np.int64)
+        size = self.order.group
+        first, n = int(samples[0]), samples.size
+        if first // size == (first + n - 1) // size and int(samples[-1]) == first + n - 1:
+            fast = self._read_slots(first // size, first % size, n, out.dtype, out, rows)
+            if fast is not None:
+                return fast[1]
+        part, joins = self.read(samples, dtype=out.dtype)
+        out[rows] = part
+        return joins
 
     def read(
         self, samples: np.ndarray, *, dtype: np.dtype, out: np.ndarray | None = None
