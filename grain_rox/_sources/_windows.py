@@ -41,6 +41,7 @@ class _GroupPlan:
     one_seq_len: bool  # every window of the group has one seq_len
     multi_before: np.ndarray  # (R + 1,) windows of several pieces among slots [0, r)
     one_shard: int  # the shard every single-piece window reads, or -1
+    pieces: list[tuple[int, int, int, int]]  # (shard, start, length, dest) as Python ints
 
 
 class WindowReader(ProcessLocal):
@@ -111,6 +112,15 @@ class WindowReader(ProcessLocal):
             one_seq_len=bool((rows.seq_len == rows.seq_len[0]).all()),
             multi_before=np.concatenate([[0], np.cumsum(~single)]),
             one_shard=int(shards[0]) if shards.size == 1 else -1,
+            pieces=list(
+                zip(
+                    shard.tolist(),
+                    start.tolist(),
+                    (piece_hi - piece_lo).tolist(),
+                    (span_dest[span_of_piece] + piece_lo - lo).tolist(),
+                    strict=True,
+                )
+            ),
         )
 
     def _windows_view(self, shard: int, width: int) -> np.ndarray:
@@ -168,32 +178,31 @@ class WindowReader(ProcessLocal):
         joins = None
         if not all_single:
             joins = np.zeros((n, width), dtype=bool)
-            for r in np.flatnonzero(~single).tolist():
-                row = r if rows is None else int(rows[r])
-                self._copy_pieces(plan, lo + r, out, row, joins, r)
+            multi = np.flatnonzero(~single)
+            self._copy_pieces(plan, lo + multi, out, multi if rows is None else rows[multi],
+                              joins, multi)  # fmt: skip
         return out, joins
 
     def _copy_pieces(
         self,
         plan: _GroupPlan,
-        slot: int,
+        slots: np.ndarray,
         out: np.ndarray,
-        row: int,
+        out_rows: np.ndarray,
         joins: np.ndarray,
-        joins_row: int | None = None,
+        joins_rows: np.ndarray,
     ) -> None:
+        """Copy windows made of several pieces (``slots`` of ``plan``) into rows ``out_rows`` of
+        ``out``, a slice copy per piece, and mark their joins."""
         fp = plan.first_piece
-        joins_row = row if joins_row is None else joins_row
-        for p in range(int(fp[slot]), int(fp[slot + 1])):
-            s, a, n, d = (
-                int(plan.shard[p]),
-                int(plan.start[p]),
-                int(plan.length[p]),
-                int(plan.dest[p]),
-            )
-            out[row, d : d + n] = self.corpus.shard_tokens(s)[a : a + n]
-            if d:
-                joins[joins_row, d] = True
+        for slot, row, joins_row in zip(
+            slots.tolist(), out_rows.tolist(), joins_rows.tolist(), strict=True
+        ):
+            for p in range(fp[slot], fp[slot + 1]):
+                s, a, n, d = plan.pieces[p]
+                out[row, d : d + n] = self.corpus.shard_tokens(s)[a : a + n]
+                if d:
+                    joins[joins_row, d] = True
 
     def read_rows(
         self, samples: np.ndarray, out: np.ndarray, rows: np.ndarray
@@ -259,10 +268,11 @@ class WindowReader(ProcessLocal):
                 for s in [lo] if lo == hi else np.unique(g_shards).tolist():
                     sel = slice(None) if lo == hi else g_shards == s
                     dest[g_rows[sel]] = self._windows_view(s, width)[g_starts[sel]]
-            for r, slot in zip(rows[~single].tolist(), slots[~single].tolist(), strict=True):
+            if not single.all():
                 if joins is None:
                     joins = np.zeros((samples.size, width), dtype=bool)
-                self._copy_pieces(plan, slot, dest, r, joins)
+                multi = rows[~single]
+                self._copy_pieces(plan, slots[~single], dest, multi, joins, multi)
         assert dest is not None
         return dest, joins
 
