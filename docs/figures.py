@@ -12,9 +12,9 @@ can be checked for staleness byte for byte with the same matplotlib version.
 
 from __future__ import annotations
 
-import os
+import contextlib
+import io
 import pathlib
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -29,10 +29,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 import grain_rox
-from grain_rox import Phase, TokenPipeline
+from grain_rox import Phase, TokenPipeline, cli
 
 FIGURES_DIR = pathlib.Path(__file__).parent / "figures"
-GRAIN_ROX = os.path.join(os.path.dirname(sys.executable), "grain-rox")
 PHASE_COLORS = ("#4c72b0", "#dd8452", "#55a868")
 SOURCE_COLORS = {"code": "#4c72b0", "prose": "#dd8452"}
 STYLE = {
@@ -332,30 +331,19 @@ def mixture_figure(workdir: pathlib.Path) -> Figure:
 
 
 # ---- packing efficiency -----------------------------------------------------------------
-PACK_DOCUMENTS = 150
+PACK_DOCUMENTS = 100
 PACK_SEQ_LENS = (256, 512, 1024, 2048)
-PACK_BATCH = 8
+PACK_BATCH = 16
 
 
 def packing_figure(workdir: pathlib.Path) -> Figure:
     """The embedded prose corpus (byte tokens): its document lengths, and the share of real
     tokens in the rows of pack_documents' best- and first-fit, against one document per row."""
     path = workdir / "prose.rox"
-    subprocess.run(
-        [
-            GRAIN_ROX,
-            "convert",
-            "--builtin",
-            "prose",
-            "-o",
-            str(path),
-            "--limit",
-            str(PACK_DOCUMENTS),
-            "--no-progress",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    argv = ["convert", "--builtin", "prose", "-o", str(path), "--limit", str(PACK_DOCUMENTS)]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        status = cli.main([*argv, "--no-progress"])  # the grain-rox command, in this process
+    assert status == 0, argv
     whole = grain_rox.RoxDocumentSource(path, seq_len=1 << 30)  # one record per document
     lengths = np.array([whole[i]["inputs"].size + 1 for i in range(len(whole))])  # + its EOS
     efficiency: dict[str, list[float]] = {
@@ -408,7 +396,7 @@ def packing_figure(workdir: pathlib.Path) -> Figure:
     right.set_xlabel("seq_len")
     right.set_ylabel("real tokens / row positions")
     right.set_ylim(0, 1.05)
-    right.set_title(f"padding_efficiency of pack_documents (batch_size {PACK_BATCH})")
+    right.set_title(f"padding_efficiency of pack_documents, {PACK_BATCH} rows a batch")
     right.legend(loc="lower left", fontsize=8, frameon=False)
     return fig
 

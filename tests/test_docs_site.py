@@ -1,9 +1,11 @@
 """The documentation site: ``mkdocs build --strict`` passes (a warning fails it), the API page
-documents every public name, and the landing page's examples run as written, in order."""
+documents every public name, every page is in the navigation, every page's examples run as
+written, in order, in an empty directory, and the figures are what docs/figures.py draws."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import pathlib
@@ -11,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,7 +21,9 @@ import grain_rox
 
 ROOT = pathlib.Path(__file__).parent.parent
 DOCS = ROOT / "docs"
-GRAIN_ROX = os.path.join(os.path.dirname(sys.executable), "grain-rox")
+NOT_RUN = "<!-- not run -->"  # before a block that needs a GPU or the network: shown, not run
+MAX_NOT_RUN = 2  # keep such blocks few
+PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
 
 
 @pytest.fixture(scope="module")
@@ -55,34 +60,97 @@ def test_the_api_page_documents_every_public_name(site):
 def test_every_page_in_the_docs_folder_is_in_the_navigation():
     config = (ROOT / "mkdocs.yml").read_text()
     nav = config[config.index("\nnav:") : config.index("\nmarkdown_extensions:")]
-    listed = re.findall(r"^  - [^:]+: (\S+\.md)$", nav, flags=re.MULTILINE)
-    assert sorted(listed) == sorted(p.name for p in DOCS.glob("*.md"))
+    listed = re.findall(r"^\s+- [^:]+: (\S+\.md)$", nav, flags=re.MULTILINE)
+    assert sorted(listed) == PAGES
 
 
-def test_the_landing_page_runs_top_to_bottom(tmp_path, monkeypatch):
-    """Its python blocks in one namespace, printing what their comments say, and its grain-rox
-    lines through the installed console script, in an empty directory."""
-    text = (DOCS / "index.md").read_text()
-    blocks = re.findall(r"```(python|bash)\n(.*?)```", text, flags=re.DOTALL)
-    monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {}
-    ran = 0
-    for index, (lang, body) in enumerate(blocks):
+def code_blocks(text: str) -> Iterator[tuple[int, str, str, bool]]:
+    """(line, language, body, marked not-run) of each ```python / ```bash block of a page."""
+    for m in re.finditer(r"^(<!-- not run -->\n)?```(python|bash)\n(.*?)^```$", text, re.M | re.S):
+        yield text.count("\n", 0, m.start(2)) + 1, m[2], m[3], m[1] is not None
+
+
+def run_cli(line: str, where: str) -> None:
+    """One ``grain-rox`` line, through the CLI's entry point in this process (the console
+    script itself is run by test_readme and test_cli); a non-zero status fails."""
+    from grain_rox import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(shlex.split(line, comments=True)[1:])
+    assert status == 0, f"{where}: {line}\n{out.getvalue()}{err.getvalue()}"
+
+
+def run_page(page: str) -> tuple[dict[str, object], int, int]:
+    """Run a page's blocks top to bottom in the current directory: python blocks in one
+    namespace, each ``print(...)  # text`` line's output checked against its comment (the
+    first printed lines, in order), and the ``grain-rox`` lines of bash blocks (pip, git and
+    the like are not run). Returns the namespace, blocks run, blocks marked not run."""
+    text = (DOCS / page).read_text()
+    namespace: dict[str, object] = {"__name__": "__docs__"}
+    ran = skipped = 0
+    for line, lang, body, not_run in code_blocks(text):
+        where = f"docs/{page}:{line}"
+        if not_run:
+            skipped += 1
+            continue
         if lang == "bash":
-            for line in body.splitlines():
-                if not line.startswith("grain-rox "):
-                    continue  # pip and git lines: the install section
-                argv = shlex.split(line, comments=True)
-                proc = subprocess.run([GRAIN_ROX, *argv[1:]], capture_output=True, text=True)
-                assert proc.returncode == 0, f"docs/index.md: {line}\n{proc.stdout}{proc.stderr}"
-                ran += 1
+            commands = [c for c in body.splitlines() if c.startswith("grain-rox ")]
+            for command in commands:
+                run_cli(command, where)
+            ran += bool(commands)
             continue
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
-            exec(compile(body, f"docs/index.md[block {index}]", "exec"), namespace)
+            exec(compile(body, where, "exec"), namespace)
         expected = re.findall(r"^\s*print\(.*\)  # (.*)$", body, flags=re.MULTILINE)
         lines = printed.getvalue().splitlines()
-        assert lines[: len(expected)] == expected, body
+        assert lines[: len(expected)] == expected, f"{where}\n{body}"
         ran += 1
-    assert ran == 5
-    assert namespace["batch"]["inputs"].shape == (8, 64)  # type: ignore[index]
+    return namespace, ran, skipped
+
+
+RUNNABLE = [p for p in PAGES if any(True for _ in code_blocks((DOCS / p).read_text()))]
+
+
+@pytest.mark.parametrize("page", RUNNABLE)
+def test_every_page_runs_top_to_bottom(page, tmp_path, monkeypatch):
+    """Each page in a fresh empty directory, as a reader would run it."""
+    monkeypatch.chdir(tmp_path)
+    namespace, ran, _ = run_page(page)
+    assert ran >= 1
+    if page == "index.md":
+        assert ran == 3  # its shell block (3 grain-rox lines) and two python blocks
+        assert namespace["batch"]["inputs"].shape == (8, 64)  # type: ignore[index]
+
+
+def test_few_blocks_are_shown_without_running():
+    marked = [
+        (p, line)
+        for p in PAGES
+        for line, *_, not_run in code_blocks((DOCS / p).read_text())
+        if not_run
+    ]
+    assert len(marked) <= MAX_NOT_RUN, marked
+    assert all(p in RUNNABLE for p in ("getting_started.md", "concepts.md", "trainer.md", "cli.md"))
+
+
+def test_the_figures_are_what_the_script_draws(tmp_path):
+    """docs/figures/*.svg are current: docs/figures.py draws them again byte for byte (with the
+    matplotlib version that drew them; regenerate with ``python docs/figures.py``)."""
+    matplotlib = pytest.importorskip("matplotlib")
+    committed = sorted((DOCS / "figures").glob("*.svg"))
+    versions = {re.search(r"Matplotlib v([\d.]+)", p.read_text())[1] for p in committed}  # type: ignore[index]
+    if versions != {matplotlib.__version__}:
+        pytest.skip(f"figures drawn with matplotlib {versions}, this is {matplotlib.__version__}")
+    spec = importlib.util.spec_from_file_location("docs_figures", DOCS / "figures.py")
+    assert spec is not None and spec.loader is not None
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    figures.write_figures(tmp_path)
+    drawn = sorted(tmp_path.glob("*.svg"))
+    assert [p.name for p in drawn] == [p.name for p in committed]
+    stale = [p.name for p in committed if p.read_bytes() != (tmp_path / p.name).read_bytes()]
+    assert not stale, f"{stale} are stale: run python docs/figures.py and commit docs/figures/"
+    pages = "".join((DOCS / p).read_text() for p in PAGES)
+    assert all(f"figures/{p.name}" in pages for p in committed)  # each one is shown somewhere
