@@ -74,6 +74,12 @@ def test_a_conversion_logs_its_start_each_file_each_shard_the_skip_and_its_end(
             ("grain_rox", "DEBUG", f"finished shard {s}: 1 block, 48 bytes, sha256 {d}, fsynced")
             for s, d in zip(shard, digests, strict=True)
         ],
+        *[("grain_rox", "DEBUG", f"committed shard {s}") for s in shard],
+        (
+            "grain_rox",
+            "INFO",
+            f"published 3 shard(s) of {tmp_path / 'o'}; manifest {tmp_path / 'o.manifest.json'}",
+        ),
         (
             "grain_rox",
             "INFO",
@@ -100,6 +106,7 @@ def test_info_leaves_out_the_detail_and_a_library_user_sees_nothing_unasked(
     assert [(level, message[:12]) for _, level, message in records(caplog)] == [
         ("INFO", "converting 3"),
         ("WARNING", f"skipped {inputs}"[:12]),
+        ("INFO", "published 1 "),
         ("INFO", "converted in"),
     ]
     # Python's own default (no handler configured, the "grain_rox" logger at NOTSET): the

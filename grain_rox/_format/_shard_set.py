@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -42,6 +43,8 @@ from grain_rox._format._manifest import (
     write_manifest,
 )
 from grain_rox._format._rox_format import RoxFormatError, read_header, require_regular
+
+_log = logging.getLogger("grain_rox")
 
 
 def shard_number(name: str) -> int:
@@ -290,6 +293,7 @@ def publish_set(
         raise
     for tmp, final_path in moves:
         os.replace(tmp, final_path)
+        _log.debug("committed shard %s", final_path)
     fsync_dir(directory)
     stale = [n for n in disk if n not in final.shards]
     for name in stale:
@@ -302,6 +306,12 @@ def publish_set(
     else:
         os.unlink(mpath)  # the set is written without grain_rox's extras
         fsync_dir(directory)
+    _log.info(
+        "published %d shard(s) of %s; manifest %s",
+        len(moves),
+        mpath[: -len(".manifest.json")],
+        mpath if keep_manifest else "none (manifest=False)",
+    )
 
 
 def _check_kept(path: str, st: os.stat_result, rec: ShardRecord, mpath: str) -> None:
