@@ -377,6 +377,14 @@ def open_rox(
         (reads every byte; see :meth:`RoxCorpus.verify`).
       roxxel_names: resolve a set name with roxxel's looser ``name*.rox`` fallback.
 
+    Returns:
+      The opened :class:`RoxCorpus` (memory maps open lazily; ``close()`` or ``with``).
+
+    Raises:
+      FileNotFoundError: no shard matches ``paths`` (the message says what was searched).
+      RoxFormatError: a shard is damaged or inconsistent, or the set differs from its
+        manifest (the message names the file and the fix).
+
     >>> import tempfile, os
     >>> from grain_rox import write_rox
     >>> d = tempfile.mkdtemp()

@@ -40,6 +40,11 @@ class RoxFormatError(ValueError):
 
     The message names the file, the problem and the fix; the parts are also attributes.
 
+    Args:
+        path: The shard (or set) at fault; kept as ``err.path``.
+        problem: What is wrong with it, as a clause; kept as ``err.problem``.
+        fix: What to do about it; kept as ``err.fix``.
+
     >>> err = RoxFormatError("a.rox", "the footer signature is b'XXXXXXXX'", "re-write it")
     >>> str(err)
     "a.rox: the footer signature is b'XXXXXXXX'. Fix: re-write it."

@@ -177,6 +177,15 @@ def mix_datasets(
         length: Elements of the mixture (default: see above; with ``phases`` ending in a
             fixed count, their sum).
 
+    Returns:
+        A ``grain.MapDataset`` whose element ``i`` is the mixture's sample ``i``; its
+        iterators' states name the sources and this config.
+
+    Raises:
+        TypeError: ``datasets`` is not a non-empty mapping of ``grain.MapDataset``s.
+        ValueError: Unknown names or bad values in ``weights`` or ``phases``, both or
+            neither of them (with several datasets), or a ``length`` the phases contradict.
+
     >>> import grain
     >>> ds = mix_datasets({"a": grain.MapDataset.range(100), "b": grain.MapDataset.range(1000, 1010)},
     ...                   {"a": 0.75, "b": 0.25}, seed=0, length=8)

@@ -223,6 +223,14 @@ def pack_documents(
             are not ``{"inputs", "targets"}``).
         long_documents: ``"split"`` (default), ``"truncate"`` or ``"error"``, as above.
 
+    Returns:
+        A ``grain.IterDataset`` of packed batches (dicts of ``(batch_size, seq_len)``
+        arrays) with a ``packing_stats`` attribute counting split and truncated documents.
+
+    Raises:
+        ValueError: A bad argument (named in the message), or with
+            ``long_documents="error"``, the first document longer than ``seq_len``.
+
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import RoxDocumentSource, write_rox
     >>> path = os.path.join(tempfile.mkdtemp(), "p.rox")
@@ -307,6 +315,13 @@ def pack_documents(
 
 def padding_efficiency(batches: Sequence[dict[str, np.ndarray]]) -> float:
     """Fraction of positions that hold a real token (segmentation != 0).
+
+    Args:
+        batches: Batches with an ``inputs_segmentation`` array (segment 0 = padding), such
+            as those of :func:`pack_documents`.
+
+    Returns:
+        Real positions over all positions (0.0 for no positions).
 
     >>> padding_efficiency([{"inputs_segmentation": np.array([[1, 1, 2, 0]])}])
     0.75

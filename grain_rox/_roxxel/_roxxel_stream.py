@@ -336,6 +336,15 @@ def roxxel_stream(
       total_steps: an upper bound on the number of batches (>= 0), as in roxxel.
       dtype: the output dtype (tokens are converted with ``.astype``).
 
+    Returns:
+      A ``grain.MapDataset`` of ``(batch_size, seq_len)`` arrays of ``dtype``: record ``k``
+      is the stream's batch ``k`` (counted from ``start_step``).
+
+    Raises:
+      TypeError: an argument that is not an int, or ``completed_phases`` that is not a
+        sequence of ``(steps, batch_size, seq_len)``.
+      ValueError: an argument out of range (named in the message), or an empty corpus.
+
     Costs O(n_blocks) time and memory for roxxel's block permutation (see the module
     docstring); records are then O(1) to locate. Notes: Grain's ``MapDataset.source`` wraps
     indices modulo ``len`` (``ds[len(ds)]`` is ``ds[0]``), so bound loops by ``len(ds)``;

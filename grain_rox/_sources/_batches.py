@@ -157,6 +157,24 @@ def shuffled_batches(
     dataset, whose iterator state is the bare position: apply them after
     ``.to_iter_dataset(...)`` (iterator datasets pass the state through) to keep the check.
 
+    Args:
+        source: A source with ``len`` and a vectorised ``get_batch(rows)`` (grain_rox's
+            NumPy, HF eager, ArrayRecord and ``.rox`` token sources).
+        batch_size: Rows per global batch (at most ``len(source)``).
+        seed: Seeds each epoch's permutation.
+        shuffle: Permute the rows (default True); False serves them in order.
+        num_epochs: Passes over the rows (default 1; None or -1: forever).
+        shard: ``(index, count)``: this process keeps rows ``[index * b, (index + 1) * b)``
+            of every batch, ``b = batch_size // count``.
+
+    Returns:
+        A ``grain.MapDataset`` of batches (dicts or arrays, as ``get_batch`` returns them)
+        whose iterator states carry the identity above.
+
+    Raises:
+        ValueError: A bad ``batch_size``, ``num_epochs`` or ``shard`` (named in the
+            message); at ``set_state``, a state of other data or another order.
+
     >>> import numpy as np
     >>> from grain_rox import NumpySource
     >>> ds = shuffled_batches(NumpySource(np.arange(10)), 4, seed=3, num_epochs=2)

@@ -120,6 +120,13 @@ class RoxTokenSource:
 class RoxBlockSource:
     """Record ``i`` = block ``i`` (roxxel's record) as a numpy array of the shard dtype.
 
+    Blocks are served as stored, padding included. Thread-safe; pickles without open
+    handles; stable repr.
+
+    Args:
+        paths: The `.rox` shards: a file, glob, directory, base path, list of them, or an
+            open :class:`~grain_rox.RoxCorpus`.
+
     >>> import tempfile, os
     >>> from grain_rox import write_rox
     >>> path = os.path.join(tempfile.mkdtemp(), "b.rox")

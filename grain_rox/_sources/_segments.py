@@ -117,6 +117,15 @@ def windows_record(windows: np.ndarray, features: Mapping[str, np.ndarray]) -> d
 def unpack_windows(batch: Mapping[str, Any]) -> dict[str, Any]:
     """MaxText features from a ``layout="windows"`` batch (numpy or jax; cheap inside a jit).
 
+    Args:
+        batch: A ``TokenPipeline(..., layout="windows")`` batch: ``{"windows": (B, L + 1)}``
+            and, with segmentation, ``"segments"``: ``(B, 3, L)``.
+
+    Returns:
+        ``inputs`` and ``targets`` (views of the windows) and, when the batch has
+        ``"segments"``, ``inputs_segmentation``, ``inputs_position``,
+        ``targets_segmentation`` and ``targets_position``.
+
     >>> import numpy as np
     >>> b = unpack_windows({"windows": np.arange(5)[None]})
     >>> b["inputs"].tolist(), b["targets"].tolist()

@@ -131,6 +131,15 @@ def write_rox(
       manifest: write ``<base>.manifest.json`` with checksums, counts and tokenizer identity.
       progress: show a progress bar (tokens written) on a terminal.
 
+    Returns:
+      A :class:`WriteResult`: the shard paths, the manifest path, token, padding and
+      document counts, dtype and block size of what this call wrote.
+
+    Raises:
+      FileExistsError: ``path`` exists and ``if_exists="error"``.
+      ValueError: a token outside the dtype or the tokenizer's vocabulary, a block size that
+        splits tokens, a separator that is not one token, or an append with another dtype.
+
     >>> import tempfile, os
     >>> from grain_rox import open_rox, write_rox
     >>> path = os.path.join(tempfile.mkdtemp(), "docs.rox")

@@ -190,6 +190,18 @@ def get_tokenizer(spec: str | os.PathLike[str] | Tokenizer) -> Tokenizer:
     ``"bytes"``, ``"cl100k_base"``, ``"o200k_base"``, a path to a ``tokenizer.json`` (or a
     directory holding one), or an existing :class:`Tokenizer` (returned unchanged).
 
+    Args:
+        spec: A tokenizer name (``"bytes"``, ``"cl100k_base"``, ``"o200k_base"``), the path
+            of a ``tokenizer.json`` or of a directory holding one, or a :class:`Tokenizer`.
+
+    Returns:
+        The tokenizer: a :class:`ByteTokenizer`, :class:`~grain_rox.TiktokenTokenizer` or
+        :class:`~grain_rox.HFTokenizer`, or ``spec`` itself.
+
+    Raises:
+        ValueError: ``spec`` names no known tokenizer and no ``tokenizer.json`` (the message
+            lists the accepted names).
+
     >>> get_tokenizer("bytes")
     ByteTokenizer()
     """
