@@ -39,6 +39,19 @@ class Phase:
     """One curriculum phase: ``steps`` global batches (None: forever) of ``batch_size`` rows
     of ``seq_len`` tokens, drawn from the sources with ``weights`` (name -> weight).
 
+    Args:
+        steps: Global batches in the phase (None: forever; only the last phase may be
+            endless).
+        batch_size: Rows per global batch, over all processes.
+        seq_len: Tokens per row of ``inputs``.
+        weights: ``{name: weight}`` over the pipeline's sources (a missing name has weight 0;
+            None: a single source).
+
+    Raises:
+        TypeError: a non-int ``steps``, ``batch_size`` or ``seq_len`` (bools and floats too),
+            or ``weights`` that is not a mapping.
+        ValueError: a count below 1.
+
     >>> Phase(steps=100, batch_size=32, seq_len=256, weights={"code": 0.7, "prose": 0.3})
     Phase(steps=100, batch_size=32, seq_len=256, weights={'code': 0.7, 'prose': 0.3})
     """

@@ -53,6 +53,16 @@ class GlobalBatchSource:
 
     Thread-safe, picklable without open handles, with a repr that identifies data and config
     (not the process's rows, so a DataLoader checkpoint restores on another host count).
+    Made by :meth:`TokenPipeline.batch_source`.
+
+    Args:
+        pipeline: The :class:`~grain_rox.TokenPipeline` whose batches it serves.
+        rows: This process's rows ``(lo, hi)`` of every global batch, or ``{batch_size:
+            (lo, hi)}`` per phase batch size (None: all rows).
+        first_step: The global batch that record 0 is.
+
+    Raises:
+        ValueError: rows outside a batch, or a ``first_step`` past the pipeline's end.
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import TokenPipeline, write_rox
