@@ -163,7 +163,7 @@ class PipelinePlan:
     >>> pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, num_epochs=1)
     >>> plan = resolve_plan(pipe)
     >>> plan.num_batches, plan.eos_ids, plan.orders[0].name
-    (311, (0,), 'blocks')
+    (95, (0,), 'blocks')
     """
 
     corpora: dict[str, RoxCorpus]  # name -> its opened shards, in the pipeline's order
