@@ -290,3 +290,36 @@ def test_a_longer_phase_added_at_a_restore_needs_no_max_seq_len_up_front(positio
         ds = grown.map_dataset()
         for k in range(3):
             np.testing.assert_array_equal(ds[k]["inputs"], ran[k])
+
+
+def test_order_lanes_keeps_grain_rox_0_1_batch_source_repr(tmp_path):
+    """A grain.DataLoader checkpoint names its source by repr: 0.1's must still match
+    (the value printed by grain_rox 0.1, commit 8965957, for this file and config)."""
+    path = str(tmp_path / "r.rox")
+    write_rox([np.arange(20000, dtype=np.uint16) % 1000], path, separator=0)
+    lanes = TokenPipeline(path, seq_len=16, global_batch_size=8, seed=1, order="lanes")
+    expected = (
+        "GlobalBatchSource(data=51129bf6c049d452, phases=1, seed=1, first_step=0, "
+        "config=9235559c84733346)"
+    )
+    assert repr(lanes.batch_source()) == expected
+    blocks = TokenPipeline(path, seq_len=16, global_batch_size=8, seed=1)
+    assert repr(blocks.batch_source()) != expected  # Grain refuses a 0.1 DataLoader state
+
+
+def test_a_version_2_state_of_a_grain_dataset_over_a_pipeline_names_the_order(positional):
+    lanes = TokenPipeline(positional, seq_len=16, global_batch_size=8, seed=1, order="lanes")
+    with MultiHostDataLoadIterator(lanes.map_dataset().to_iter_dataset()) as it:
+        for _ in range(3):
+            next(it)
+        state = {**json.loads(it.get_state()), "version": 2}  # as grain_rox 0.1 wrote it
+        expected = [np.asarray(next(it)["inputs"]) for _ in range(2)]
+    with MultiHostDataLoadIterator(lanes.map_dataset().to_iter_dataset()) as it:
+        it.set_state(json.dumps(state).encode())
+        for e in expected:
+            np.testing.assert_array_equal(np.asarray(next(it)["inputs"]), e)
+    blocks = TokenPipeline(positional, seq_len=16, global_batch_size=8, seed=1)
+    with MultiHostDataLoadIterator(blocks.map_dataset().to_iter_dataset()) as it:
+        with pytest.raises(ValueError, match=r"saved by grain_rox 0.1 \(state version 2\), whose"):
+            it.set_state(json.dumps(state).encode())
+        it.set_state(json.dumps({**state, "version": 3}).encode())  # a state of this release

@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding
 from grain_rox._devices._iterator_state import check_step
 from grain_rox._devices._placement import data_shards, process_rows
 from grain_rox._order._curriculum import ENDLESS, history_problems
+from grain_rox._pipeline._batch_source import GlobalBatchSource
 from grain_rox._pipeline._pipeline import TokenPipeline
 from grain_rox._sources._tokens_layout import TOKENS
 
@@ -308,6 +309,16 @@ class GrainFeed:
                 f"({str(decoded['pipeline'])[:200]}); restore it on an iterator over that "
                 "same TokenPipeline"
             )
+        if decoded["version"] == 2:  # grain_rox 0.1 read TokenPipelines in the lanes order
+            for pipeline in _pipelines_under(self.source):
+                if pipeline.order != "lanes":
+                    raise ValueError(
+                        "cannot restore this data state: it was saved by grain_rox 0.1 (state "
+                        "version 2), whose TokenPipeline used order='lanes', and the "
+                        f"TokenPipeline inside this Grain input uses order={pipeline.order!r}, "
+                        "which serves batches in another order. Pass TokenPipeline(..., "
+                        "order='lanes') to continue this run bit-exactly, or start a new run"
+                    )
         position, step = decoded["grain"], decoded["step"]
         loader = isinstance(self.source, grain.DataLoader)
         if position is None:
@@ -336,3 +347,18 @@ class GrainFeed:
                 "of input with the same data and config"
             )
         return saved["bytes"].encode("utf-8") if from_loader else saved
+
+
+def _pipelines_under(node: Any, depth: int = 0) -> Iterator[TokenPipeline]:
+    """The TokenPipelines whose batch sources feed a Grain loader or dataset graph."""
+    if depth > 64:
+        return
+    if isinstance(node, GlobalBatchSource):
+        yield node.pipeline
+        return
+    for name in ("_data_source", "_source"):
+        child = getattr(node, name, None)
+        if child is not None:
+            yield from _pipelines_under(child, depth + 1)
+    for parent in getattr(node, "_parents", None) or ():
+        yield from _pipelines_under(parent, depth + 1)

@@ -156,16 +156,16 @@ class BlockOrder(ChunkStream):
 
     @property
     def max_joins(self) -> int:
-        """The most joins (chunk joins, and joins between holes) one window can cross."""
-        lens = sorted({r.seq_len for r in self.runs})
-        joins = math.ceil(self.max_seq_len / self.chunk_tokens)
-        for s in lens:
-            for grid in lens:
-                if grid != s:  # a window of s over holes of grid + 1 tokens each
-                    pieces = s // grid + 2
-                    joins = max(
-                        joins, pieces - 1 + pieces * math.ceil(min(s, grid) / self.chunk_tokens)
-                    )
+        """The most joins (chunk joins, and joins between holes) one window can cross: for a
+        window of ``s`` over holes of an earlier grid ``g``, up to ``s // g + 2`` holes, each
+        crossing up to ``ceil(min(s, g) / chunk)`` chunk joins; never more than ``s``."""
+        c = self.chunk_tokens
+        joins = min(self.max_seq_len, math.ceil(self.max_seq_len / c))
+        lens = [r.seq_len for r in self.runs]
+        for i, grid in enumerate(lens):
+            for s in set(lens[i + 1 :]) - {grid}:  # a later seq_len reads this grid's holes
+                pieces = s // grid + 2
+                joins = max(joins, min(s, pieces - 1 + pieces * math.ceil(min(s, grid) / c)))
         return joins
 
     def identity(self) -> dict[str, int]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from grain_rox._format._digest import facts_digest
 from grain_rox._order._curriculum import Phase
+from grain_rox._order._lanes import LaneOrder
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._segments import maxtext_record, segment_features, windows_record
@@ -118,7 +119,13 @@ class GlobalBatchSource:
                 int(p.seed),
                 p.num_epochs,
                 list(self.eos_ids),
-                [(o.name, o.chunk_tokens, o.identity()) for o in self.orders],
+                # the lanes order as grain_rox 0.1 named it: its DataLoader states restore
+                [
+                    (o.chunk_tokens, o.lanes)
+                    if isinstance(o, LaneOrder)
+                    else (o.name, o.chunk_tokens, o.identity())
+                    for o in self.orders
+                ],
                 p.dtype.name,
                 self.first_step,
             ]
@@ -156,7 +163,7 @@ class GlobalBatchSource:
     def sources_of(self, step: int) -> np.ndarray:
         """Which source (index into ``pipeline.names``) serves each row of global ``step``."""
         p = self.schedule.phases[self.schedule.phase_of_step(step)]
-        return self.schedule.step_samples(step, 0, p.batch_size)[1]
+        return self.schedule.step_samples(step, 0, p.batch_size)[1].copy()  # not the cache
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         step = self.first_step + self._index(index)
