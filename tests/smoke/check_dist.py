@@ -1,13 +1,16 @@
 """Check a built sdist and wheel of grain_rox: what they hold and what they must not.
 
 ``python tests/smoke/check_dist.py DIST_DIR`` (run by ``nox -s build``): the wheel holds every
-file of the source tree's ``grain_rox/`` (modules and package data) and nothing from outside
-it; the sdist holds README, LICENSE when there is one, pyproject.toml and the package, and no
+file of the source tree's ``grain_rox/`` (modules and package data), the LICENSE in its
+``.dist-info/licenses/`` and nothing else from outside ``grain_rox/``; its metadata says
+``License-Expression: Apache-2.0`` and the version of ``grain_rox/__init__.py`` (the one
+version source). The sdist holds README, LICENSE, pyproject.toml and the package, and no
 build, cache or output folders. Prints what it checked; exits non-zero naming what is wrong.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import tarfile
 import zipfile
@@ -16,6 +19,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NEVER = {".nox", ".venv", "bench_out", "demo_out", "dist", "build", "__pycache__", ".git",
          ".hypothesis", ".mypy_cache", ".ruff_cache", ".pytest_cache"}  # fmt: skip
+LICENSE = "Apache-2.0"
+
+
+def source_version() -> str:
+    """``__version__`` from the checkout's grain_rox/__init__.py (what hatch reads)."""
+    text = (ROOT / "grain_rox" / "__init__.py").read_text()
+    found = re.findall(r'^__version__ = "([^"]+)"$', text, flags=re.M)
+    if len(found) != 1:
+        sys.exit(f"grain_rox/__init__.py must set __version__ once, found {found}")
+    return found[0]
 
 
 def package_files() -> set[str]:
@@ -40,6 +53,14 @@ def check_wheel(wheel: Path, expected: set[str]) -> list[str]:
     errors = [f"wheel lacks {n}" for n in sorted(expected - names)]
     errors += [f"wheel holds {n} (outside grain_rox/)" for n in sorted(names)
                if n.split("/")[0] not in ("grain_rox", dist_info)]  # fmt: skip
+    licenses = sorted(n for n in names if n.startswith(f"{dist_info}/licenses/"))
+    if licenses != [f"{dist_info}/licenses/LICENSE"]:
+        errors.append(f"wheel should hold {dist_info}/licenses/LICENSE alone, holds {licenses}")
+    meta = zipfile.ZipFile(wheel).read(f"{dist_info}/METADATA").decode()
+    for field, value in (("License-Expression", LICENSE), ("Version", source_version())):
+        if f"\n{field}: {value}\n" not in meta:
+            got = re.findall(rf"^{field}: .*$", meta, flags=re.M)
+            errors.append(f"wheel metadata should say '{field}: {value}', says {got}")
     errors += [f"wheel holds {n}" for n in sorted(names) if NEVER & set(n.split("/"))]
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info}/entry_points.txt").decode()
     if "grain-rox = grain_rox.cli:main" not in entry_points:
@@ -53,8 +74,7 @@ def check_wheel(wheel: Path, expected: set[str]) -> list[str]:
 def check_sdist(sdist: Path, expected: set[str]) -> list[str]:
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    wanted = {"README.md", "pyproject.toml", "PKG-INFO"} | expected
-    wanted |= {p.name for p in ROOT.glob("LICEN[CS]E*")}
+    wanted = {"README.md", "pyproject.toml", "PKG-INFO", "LICENSE"} | expected
     errors = [f"sdist lacks {n}" for n in sorted(wanted - names)]
     errors += [f"sdist holds {n}" for n in sorted(names) if NEVER & set(n.split("/"))]
     tops = sorted({n.split("/")[0] for n in names})
@@ -67,8 +87,6 @@ def main() -> None:
     expected = package_files()
     errors = check_wheel(only(dist, "*.whl"), expected)
     errors += check_sdist(only(dist, "*.tar.gz"), expected)
-    if not any(ROOT.glob("LICEN[CS]E*")):
-        print("note: no LICENSE file in the checkout (license given as text in pyproject.toml)")
     if errors:
         sys.exit("dist check failed:\n  " + "\n  ".join(errors))
     print("dist contents OK")
