@@ -539,6 +539,7 @@ def test_log_lines_are_printed_above_the_progress_bars(tmp_path):
         "tokenizer (the default)",
         "WARNING grain_rox: skipped src/c.bin: it looks binary (a NUL byte at offset 0); pass "
         "--on-binary error to stop instead",
+        "INFO grain_rox: published 1 shard(s) of o; manifest o.manifest.json",
         "INFO grain_rox: converted into o.rox: 1 document, 1500001 tokens (uint16, no "
         "padding), 1 shard(s), <t>; 1 file read, skipped 1 file (1 binary); manifest "
         "o.manifest.json",
