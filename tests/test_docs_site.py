@@ -143,6 +143,10 @@ def test_the_figures_are_what_the_script_draws(tmp_path):
     versions = {re.search(r"Matplotlib v([\d.]+)", p.read_text())[1] for p in committed}  # type: ignore[index]
     if versions != {matplotlib.__version__}:
         pytest.skip(f"figures drawn with matplotlib {versions}, this is {matplotlib.__version__}")
+    if sys.version_info[:2] != (3, 11):  # the packing figure reads the embedded Python docs
+        pytest.skip(
+            "figures are drawn on Python 3.11 (CI's main stack): the embedded corpus differs"
+        )
     spec = importlib.util.spec_from_file_location("docs_figures", DOCS / "figures.py")
     assert spec is not None and spec.loader is not None
     figures = importlib.util.module_from_spec(spec)
