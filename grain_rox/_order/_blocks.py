@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from grain_rox._order._chunks import ChunkStream, Rows, Run
+from grain_rox._order._chunks import ChunkStream, Rows, Run, schedule_runs
 from grain_rox._order._permutation import FeistelPermutation, derive_key
 
 _PURPOSE_WINDOWS = 3
@@ -89,13 +89,7 @@ class BlockOrder(ChunkStream):
         max_seq_len: int | None = None,
     ) -> None:
         super().__init__(shard_tokens, seed=seed, chunk_tokens=chunk_tokens)
-        self.runs = tuple(r for r in runs if r.stop > r.start)
-        longest = max(r.seq_len for r in self.runs)
-        self.max_seq_len = int(max_seq_len or longest)
-        if self.max_seq_len < longest:
-            raise ValueError(
-                f"max_seq_len={max_seq_len} is below the schedule's longest seq_len {longest}"
-            )
+        self.runs, self.max_seq_len = schedule_runs(runs, max_seq_len)
         self.block_tokens = int(block_tokens)
         window = self.max_seq_len + 1
         if self.block_tokens < window:

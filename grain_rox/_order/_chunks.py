@@ -56,6 +56,23 @@ class Rows:
         return np.arange(n), self.offset, self.seq_len + 1, np.zeros(n, dtype=np.int64)
 
 
+def schedule_runs(runs: Sequence[Run], max_seq_len: int | None) -> tuple[tuple[Run, ...], int]:
+    """A source's non-empty runs and its longest window (``max_seq_len``, default the
+    schedule's longest seq_len; below it is an error).
+
+    >>> schedule_runs([Run(0, 5, 8), Run(5, 5, 64), Run(5, 9, 16)], None)
+    ((Run(start=0, stop=5, seq_len=8), Run(start=5, stop=9, seq_len=16)), 16)
+    """
+    kept = tuple(r for r in runs if r.stop > r.start)
+    longest = max(r.seq_len for r in kept)
+    window = int(max_seq_len or longest)
+    if window < longest:
+        raise ValueError(
+            f"max_seq_len={max_seq_len} is below the schedule's longest seq_len {longest}"
+        )
+    return kept, window
+
+
 class ChunkStream:
     """A source's chunks and their per-epoch order (see the module doc).
 

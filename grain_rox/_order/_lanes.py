@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from grain_rox._order._chunks import DEFAULT_CHUNK_TOKENS, ChunkStream, Rows, Run
+from grain_rox._order._chunks import DEFAULT_CHUNK_TOKENS, ChunkStream, Rows, Run, schedule_runs
 from grain_rox._order._permutation import FeistelPermutation, derive_key
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "LaneOrder", "Rows", "Run", "auto_lanes"]
@@ -86,13 +86,7 @@ class LaneOrder(ChunkStream):
         super().__init__(shard_tokens, seed=seed, chunk_tokens=chunk_tokens)
         self.lanes = int(lanes)
         self.lane_tokens = self.stream_tokens // self.lanes
-        self.runs = tuple(r for r in runs if r.stop > r.start)
-        longest = max(r.seq_len for r in self.runs)
-        self.max_seq_len = int(max_seq_len or longest)
-        if self.max_seq_len < longest:
-            raise ValueError(
-                f"max_seq_len={max_seq_len} is below the schedule's longest seq_len {longest}"
-            )
+        self.runs, self.max_seq_len = schedule_runs(runs, max_seq_len)
         if self.lane_tokens < self.max_seq_len + 1:
             raise ValueError(
                 f"a lane of {self.lane_tokens} tokens ({self.stream_tokens} usable tokens / "

@@ -31,17 +31,15 @@ class _GroupPlan:
 
     seq_len: np.ndarray  # (R,)
     first_piece: np.ndarray  # (R + 1,) row -> its pieces [first_piece[r], first_piece[r+1])
-    shard: np.ndarray  # (P,)
-    start: np.ndarray  # (P,) token offset inside the shard
-    length: np.ndarray  # (P,)
-    dest: np.ndarray  # (P,) offset inside the window
     single: np.ndarray  # (R,) bool: the window lies in one chunk (one piece)
     slot_shard: np.ndarray  # (R,) shard of the slot's first piece
     slot_start: np.ndarray  # (R,) start of the slot's first piece
     one_seq_len: bool  # every window of the group has one seq_len
     multi_before: np.ndarray  # (R + 1,) windows of several pieces among slots [0, r)
     one_shard: int  # the shard every single-piece window reads, or -1
-    pieces: list[tuple[int, int, int, int]]  # (shard, start, length, dest) as Python ints
+    # every piece: (shard, token offset inside it, length, offset inside the window), as
+    # Python ints (multi-piece windows are copied a slice per piece)
+    pieces: list[tuple[int, int, int, int]]
 
 
 class WindowReader(ProcessLocal):
@@ -102,10 +100,6 @@ class WindowReader(ProcessLocal):
         return _GroupPlan(
             seq_len=rows.seq_len,
             first_piece=first_piece,
-            shard=shard,
-            start=start,
-            length=piece_hi - piece_lo,
-            dest=span_dest[span_of_piece] + piece_lo - lo,
             single=single,
             slot_shard=slot_shard,
             slot_start=start[head],
@@ -252,11 +246,9 @@ class WindowReader(ProcessLocal):
                 dest = _destination(out, (samples.size, width), dtype)
             if np.any(plan.seq_len[slots] + 1 != width):
                 raise ValueError("one read holds windows of one seq_len (one phase)")
-            fp = plan.first_piece
-            pieces = fp[slots]
-            single = fp[slots + 1] - pieces == 1
-            shards = plan.shard[pieces]
-            starts = plan.start[pieces]
+            single = plan.single[slots]
+            shards = plan.slot_shard[slots]
+            starts = plan.slot_start[slots]
             if single.all():
                 parts = [(rows, shards, starts)]
             else:
