@@ -62,8 +62,6 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 import grain_rox
-from grain_rox._text._builtin_corpus import builtin_documents
-from grain_rox._text._convert import expand_inputs, read_documents, tokenize_in_order
 
 VOCAB = 4096  # the model's vocabulary: the corpus's most frequent tokenizer ids, + 1 for "other"
 
@@ -93,12 +91,10 @@ def build_sources(args: argparse.Namespace, out: str) -> dict[str, str]:
         if os.path.exists(os.path.join(out, f"{name}.manifest.json")):
             continue
         if kind == "builtin":
-            docs = builtin_documents(what)
+            docs = grain_rox.builtin_documents(what)
         else:
-            docs = read_documents(expand_inputs(what), text_column=args.text_column)
-        result = grain_rox.write_rox(
-            tokenize_in_order(docs, tok), path, tokenizer=tok, max_shard_bytes=16 << 20
-        )
+            docs = grain_rox.read_documents(what, text_column=args.text_column)
+        result = grain_rox.write_rox(docs, path, tokenizer=tok, max_shard_bytes=16 << 20)
         print(f"wrote {name}: {result.num_documents} documents, {result.num_tokens:,} tokens")
     for i, spec in enumerate(args.rox):
         paths[f"rox{i}"] = spec

@@ -20,6 +20,8 @@ _LAZY: dict[str, str] = {
     "ShardInfo": "grain_rox._format._rox_corpus",
     "RoxFormatError": "grain_rox._format._rox_format",
     "write_rox": "grain_rox._text._rox_writer",
+    "builtin_documents": "grain_rox._text._builtin_corpus",
+    "read_documents": "grain_rox._text._convert",
     "WriteResult": "grain_rox._text._rox_writer",
     "ByteTokenizer": "grain_rox._text._tokenizers",
     "get_tokenizer": "grain_rox._text._tokenizers",
@@ -79,6 +81,8 @@ if TYPE_CHECKING:  # the same names for type checkers; tests/test_public_api.py 
     from grain_rox._sources._rox_source import RoxBlockSource as RoxBlockSource
     from grain_rox._sources._rox_source import RoxTokenSource as RoxTokenSource
     from grain_rox._sources._segments import unpack_windows as unpack_windows
+    from grain_rox._text._builtin_corpus import builtin_documents as builtin_documents
+    from grain_rox._text._convert import read_documents as read_documents
     from grain_rox._text._hf_tokenizer import HFTokenizer as HFTokenizer
     from grain_rox._text._rox_writer import WriteResult as WriteResult
     from grain_rox._text._rox_writer import write_rox as write_rox

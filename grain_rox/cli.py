@@ -44,11 +44,11 @@ from grain_rox._text._convert import (
     detect_format,
     expand_inputs,
     input_bytes,
-    read_documents,
+    read_files,
     require_documents,
-    tokenize_in_order,
 )
 from grain_rox._text._rox_writer import write_rox
+from grain_rox._text._tokenize_ahead import tokenize_in_order
 from grain_rox._text._tokenizers import get_tokenizer
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -237,7 +237,7 @@ def _convert(args: argparse.Namespace) -> int:
             docs = source.iter_arrays()
             total_docs = min(len(source), args.limit or len(source))
         else:
-            docs = read_documents(
+            docs = read_files(
                 files,
                 fmt=args.fmt,
                 text_column=args.text_column,
@@ -260,7 +260,7 @@ def _convert(args: argparse.Namespace) -> int:
         )
         start = time.perf_counter()
         result = write_rox(
-            docs if token_docs else tokenize_in_order(docs, tok, workers=args.workers),
+            tokenize_in_order(docs, tok, workers=args.workers),
             args.output,
             tokenizer=tok,
             block_size=args.block_size,

@@ -30,13 +30,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import grain_rox
-from grain_rox._text._builtin_corpus import builtin_documents
 
 workdir = tempfile.mkdtemp(prefix="grain_rox_pipelines_")
 paths = {}
 for name, limit in [("code", 60), ("prose", 300)]:
     paths[name] = os.path.join(workdir, f"{name}.rox")
-    grain_rox.write_rox(builtin_documents(name, limit=limit), paths[name], tokenizer="bytes")
+    grain_rox.write_rox(
+        grain_rox.builtin_documents(name, limit=limit), paths[name], tokenizer="bytes"
+    )
 
 # %% [markdown]
 # ## A two-phase curriculum

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from grain_rox import open_rox
-from grain_rox._text._convert import ReadStats, read_documents
+from grain_rox._text._convert import ReadStats, read_files
 from grain_rox.cli import main
 
 
@@ -155,13 +155,13 @@ def test_convert_bad_input_is_an_exact_error(tmp_path, capsys, name, data, flags
 
 
 def test_zstd_without_the_zstandard_package_names_the_file_and_the_package(tmp_path, monkeypatch):
-    from grain_rox._text._convert import read_documents
+    from grain_rox._text._convert import read_files
 
     path = tmp_path / "a.txt.zst"
     path.write_bytes(b"(not read)")
     monkeypatch.setitem(sys.modules, "zstandard", None)  # as if it were not installed
     with pytest.raises(ImportError) as info:
-        list(read_documents([str(path)]))
+        list(read_files([str(path)]))
     assert str(info.value) == (
         f"{path} is zstd-compressed: reading it needs the zstandard package (pip install "
         "zstandard), or decompress it first (zstd -d)"
@@ -194,11 +194,11 @@ def test_compressed_text_and_jsonl_give_the_same_tokens_as_plain(tmp_path, capsy
 
 def test_zstd_text_is_read_when_zstandard_is_installed(tmp_path):
     zstandard = pytest.importorskip("zstandard")
-    from grain_rox._text._convert import read_documents
+    from grain_rox._text._convert import read_files
 
     path = tmp_path / "a.jsonl.zst"
     path.write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "zz"}\n'))
-    assert list(read_documents([str(path)])) == ["zz"]
+    assert list(read_files([str(path)])) == ["zz"]
 
 
 def test_skipped_binaries_empties_and_fifos_are_counted_logged_and_summarised(
@@ -545,7 +545,7 @@ def test_a_null_parquet_text_names_its_row(tmp_path):
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"text": ["a", "b", None]}), path)
     with pytest.raises(ValueError, match=rf"^{path} row 2: the text is null"):
-        list(read_documents([str(path)]))
+        list(read_files([str(path)]))
     stats = ReadStats()
-    assert list(read_documents([str(path)], on_null="skip", stats=stats)) == ["a", "b"]
+    assert list(read_files([str(path)], on_null="skip", stats=stats)) == ["a", "b"]
     assert stats.null_texts == 1

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from grain_rox import open_rox, write_rox
-from grain_rox._text._convert import tokenize_in_order
+from grain_rox._text._tokenize_ahead import tokenize_in_order
 from grain_rox._text._tokenizers import ByteTokenizer
 from grain_rox.cli import main
 
@@ -405,7 +405,7 @@ def test_progress_bars_show_a_total_percent_and_eta_on_a_terminal(tmp_path):
 def test_reading_reports_the_bytes_of_every_input_file_as_it_goes(tmp_path):
     import gzip
 
-    from grain_rox._text._convert import expand_inputs, input_bytes, read_documents
+    from grain_rox._text._convert import expand_inputs, input_bytes, read_files
 
     (tmp_path / "a.txt").write_bytes(b"x" * (5 << 19))  # 2.5 MiB: three 1 MiB reads
     (tmp_path / "b.bin").write_bytes(b"\0\1")  # skipped
@@ -414,7 +414,7 @@ def test_reading_reports_the_bytes_of_every_input_file_as_it_goes(tmp_path):
     (tmp_path / "d.txt").write_bytes(b"")  # skipped
     files = expand_inputs([str(tmp_path)])
     read: list[int] = []
-    docs = read_documents(files, on_bytes=read.append)
+    docs = read_files(files, on_bytes=read.append)
     assert next(docs) == "x" * (5 << 19)
     assert read == [1 << 20, 1 << 20, 1 << 19]  # the first file, as it was read
     assert list(docs) == ["c"] * 1000

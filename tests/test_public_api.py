@@ -35,3 +35,40 @@ def test_the_type_checking_imports_match_the_lazy_table():
         for alias in node.names
     }
     assert imported == grain_rox._LAZY
+
+
+def _private_imports(path: pathlib.Path) -> list[str]:
+    """The ``grain_rox._...`` modules a Python file imports, or a Markdown page's code imports."""
+    text = path.read_text()
+    if path.suffix == ".md":
+        blocks = text.split("```")[1::2]
+        text = "\n".join(b.split("\n", 1)[1] for b in blocks if b.startswith("python"))
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found += [n for n in names if n.startswith("grain_rox._")]
+    return found
+
+
+def test_examples_notebooks_and_docs_use_only_the_public_api():
+    root = pathlib.Path(__file__).resolve().parent.parent
+    files = [
+        *sorted((root / "examples").glob("*.py")),
+        *sorted((root / "notebooks").glob("*.py")),
+        root / "README.md",
+        *sorted((root / "docs").glob("**/*.md")),
+    ]
+    assert len(files) > 5
+    private = {str(f.relative_to(root)): _private_imports(f) for f in files}
+    assert {f: mods for f, mods in private.items() if mods} == {}
+
+
+def test_the_private_import_finder_finds_them(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```python\nfrom grain_rox._text._convert import x\nimport grain_rox\n```\n")
+    assert _private_imports(page) == ["grain_rox._text._convert"]

@@ -275,3 +275,31 @@ def test_sharded_write_named_like_a_member_is_refused_and_deletes_nothing(tmp_pa
         )
     assert sorted(os.listdir(tmp_path)) == before
     assert open_rox(str(tmp_path / "x.rox")).tokens(0, 16).tolist() == [1] * 8 + [2] * 8
+
+
+def test_text_is_encoded_in_batches_ahead_yet_lands_in_item_order(tmp_path, monkeypatch):
+    """write_rox encodes str items in batches on a thread; token arrays given between them keep
+    their places, and an error still names the item's index in the input."""
+    from grain_rox._text._tokenize_ahead import tokenize_in_order
+
+    monkeypatch.setattr(
+        "grain_rox._text._rox_writer.tokenize_in_order",
+        lambda items, tok: tokenize_in_order(items, tok, chunk_chars=7),
+    )
+    calls: list[int] = []
+    tok = ByteTokenizer()
+    encode_batch = tok.encode_batch
+    monkeypatch.setattr(
+        tok, "encode_batch", lambda docs: calls.append(len(docs)) or encode_batch(docs)
+    )
+    items = ["abc", "defgh", np.array([1, 2], np.uint16), "ij", "klmnopq", "r", [3]]
+    result = write_rox(items, tmp_path / "a.rox", tokenizer=tok)
+    expected: list[int] = []
+    for item in items:
+        ids = tok.encode(item).tolist() if isinstance(item, str) else list(np.asarray(item))
+        expected += [*ids, tok.eos_id]
+    with open_rox(tmp_path / "a.rox") as corpus:
+        assert corpus.tokens(0, result.num_tokens).tolist() == expected
+    assert calls == [2, 2, 1]  # runs of text, cut at 7 characters and at each token array
+    with pytest.raises(ValueError, match="item 2 holds token id 300"):
+        write_rox(["ab", "c", [300]], tmp_path / "b.rox", tokenizer=tok)

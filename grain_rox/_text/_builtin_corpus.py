@@ -74,8 +74,24 @@ def prose_documents() -> Iterator[str]:
 
 
 def builtin_documents(name: str, *, limit: int | None = None) -> Iterator[str]:
-    """Yield the documents of the embedded corpus ``name`` (``"code"`` or ``"prose"``).
+    """Yield the documents of an embedded corpus: real text every machine with Python has.
 
+    ``"code"`` is the standard library's ``.py`` sources, one document per file in sorted path
+    order (about 30 MB); ``"prose"`` is the reference manual's topics and the standard library's
+    long docstrings. Both are deterministic for a given Python build and need no network; the
+    demo and ``grain-rox convert --builtin`` use them.
+
+    Args:
+      name: ``"code"`` or ``"prose"``.
+      limit: stop after this many documents (default: all of them).
+
+    Returns:
+      An iterator of ``str`` documents, read lazily.
+
+    Raises:
+      ValueError: an unknown ``name`` (raised when iteration starts).
+
+    >>> from grain_rox import builtin_documents
     >>> docs = list(builtin_documents("prose", limit=2))
     >>> len(docs), all(isinstance(d, str) and d for d in docs)
     (2, True)

@@ -1,4 +1,4 @@
-"""Read documents from text, JSONL or Parquet files and tokenize them on all cores, in order.
+"""Read documents from text, JSONL, Parquet or saved HF dataset files, exactly or loudly.
 
 Inputs are read exactly or refused loudly: compressed files (``.gz``, ``.bz2``, ``.xz``,
 ``.zst``) are decompressed on the fly; binary files (a NUL byte or mostly control bytes in
@@ -8,28 +8,20 @@ is not UTF-8 is an error naming the file and the byte offset unless
 ``encoding_errors="replace"``; a record whose text is null is an error naming it unless
 ``on_null="skip"`` (then skipped and counted).
 
-Tokenization runs in a thread pool over chunks of about a megabyte of text: tiktoken and HF
-``tokenizers`` release the GIL inside their Rust cores, so threads use every core without
-pickling documents to worker processes, and chunks come back in input order, so the output
-shards are deterministic.
-
 The per-format readers and :class:`ReadStats` live in :mod:`grain_rox._text._document_readers`;
-this module finds the inputs, picks each one's reader and tokenizes what they yield. Each file
+this module finds the inputs and picks each one's reader; :func:`read_documents` is the public
+door (inputs as the CLI takes them). Each file
 read is logged at DEBUG to the ``"grain_rox"`` logger (its path, format and documents), each
 file skipped at WARNING (its path and why).
 """
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import glob
 import logging
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
-
-import numpy as np
 
 from grain_rox._text._document_readers import (
     ReadStats,
@@ -45,7 +37,6 @@ from grain_rox._text._text_files import (
     compression_of,
     decode,
 )
-from grain_rox._text._tokenizers import Tokenizer
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf", "array_record")
 ON_BINARY = ("skip", "error")
@@ -72,7 +63,7 @@ def require_documents(docs: Iterator[str], stats: ReadStats, what: str) -> Itera
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
     """Expand files, directories (recursively, sorted, hidden files skipped) and globs.
 
-    Everything that is not a directory is listed, special files too: :func:`read_documents`
+    Everything that is not a directory is listed, special files too: :func:`read_files`
     counts those it skips instead of dropping them unseen.
     """
     files: list[str] = []
@@ -129,7 +120,7 @@ def detect_format(path: str) -> str:
 
 def input_bytes(files: Iterable[str]) -> int:
     """The bytes of ``files`` on disk (a saved HF dataset: all its files), the total that
-    :func:`read_documents`'s ``on_bytes`` calls add up to.
+    :func:`read_files`'s ``on_bytes`` calls add up to.
 
     >>> import tempfile
     >>> d = tempfile.mkdtemp()
@@ -152,7 +143,7 @@ def _size_on_disk(path: str) -> int:
     return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
-def read_documents(
+def read_files(
     files: Iterable[str],
     *,
     fmt: str = "auto",
@@ -181,7 +172,7 @@ def read_documents(
     >>> for name, data in files.items():
     ...     _ = open(os.path.join(d, name), "wb").write(data)
     >>> stats, read = ReadStats(), []
-    >>> list(read_documents(expand_inputs([d]), stats=stats, on_bytes=read.append))
+    >>> list(read_files(expand_inputs([d]), stats=stats, on_bytes=read.append))
     ['hi', 'x']
     >>> stats.summary(), read
     ('2 files read, skipped 1 file (1 binary)', [2, 2, 13])
@@ -276,43 +267,57 @@ def _file_documents(
         yield decode(data, path, encoding_errors)
 
 
-def _chunks(docs: Iterable[str], chunk_chars: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    size = 0
-    for doc in docs:
-        chunk.append(doc)
-        size += len(doc)
-        if size >= chunk_chars:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
-
-
-def tokenize_in_order(
-    docs: Iterable[str],
-    tokenizer: Tokenizer,
+def read_documents(
+    inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
-    workers: int | None = None,
-    chunk_chars: int = 1 << 20,
-) -> Iterator[np.ndarray]:
-    """Yield ``tokenizer.encode(doc)`` for each doc, in order, tokenizing ahead on threads.
+    text_column: str = "text",
+    fmt: str = "auto",
+    on_binary: str = "skip",
+    encoding_errors: str = "strict",
+    on_null: str = "error",
+) -> Iterator[str]:
+    """Yield the documents of files, directories and globs, as ``grain-rox convert`` reads them.
 
-    ``workers`` chunks are tokenized concurrently (default 1: tiktoken and HF tokenizers
-    already spread one ``encode_batch`` over all cores; more threads only oversubscribe).
+    One document per text file, JSONL line (or record of a JSON list), Parquet row or row of a
+    HuggingFace dataset saved with ``save_to_disk``; directories are read recursively in sorted
+    order (hidden files skipped), compressed files (``.gz``, ``.bz2``, ``.xz``, ``.zst``) through.
+    Give the result to :func:`~grain_rox.write_rox` with a ``tokenizer=`` to make a shard set.
 
-    >>> from grain_rox import ByteTokenizer
-    >>> [a.tolist() for a in tokenize_in_order(["ab", "c"], ByteTokenizer(), workers=2)]
-    [[97, 98], [99]]
+    Args:
+      inputs: a path, directory or glob, or a list of them.
+      text_column: the JSONL key, Parquet column or dataset column holding the text.
+      fmt: ``"auto"`` (by suffix and content), ``"text"``, ``"jsonl"``, ``"parquet"`` or ``"hf"``.
+      on_binary: ``"skip"`` binary files (logged at WARNING to the ``"grain_rox"`` logger) or
+        ``"error"``.
+      encoding_errors: ``"strict"`` (text that is not UTF-8 is an error naming the file and the
+        byte offset) or ``"replace"``.
+      on_null: ``"error"`` (a null text is an error naming its record) or ``"skip"``.
+
+    Returns:
+      An iterator of ``str``, lazily read: files are opened as it is consumed.
+
+    Raises:
+      FileNotFoundError: an input that does not exist, a glob that matches nothing or an empty
+        directory (raised at once, before any document).
+      ValueError: a bad option; while iterating, text that is not UTF-8, a null text or a
+        binary file (with the ``"error"`` choices).
+
+    >>> import os, tempfile
+    >>> from grain_rox import read_documents
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(os.path.join(d, "a.txt"), "w").write("first")
+    >>> _ = open(os.path.join(d, "b.jsonl"), "w").write('{"text": "second"}\n{"text": "third"}\n')
+    >>> list(read_documents(d))
+    ['first', 'second', 'third']
     """
-    workers = max(1, workers or 1)
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        pending: collections.deque[concurrent.futures.Future[list[np.ndarray]]] = (
-            collections.deque()
-        )
-        for chunk in _chunks(docs, chunk_chars):
-            pending.append(pool.submit(tokenizer.encode_batch, chunk))
-            if len(pending) > workers:
-                yield from pending.popleft().result()
-        while pending:
-            yield from pending.popleft().result()
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    files = expand_inputs([os.fspath(i) for i in inputs])
+    return read_files(
+        files,
+        fmt=fmt,
+        text_column=text_column,
+        on_binary=on_binary,
+        encoding_errors=encoding_errors,
+        on_null=on_null,
+    )

@@ -27,7 +27,7 @@ logger = logging.getLogger("grain_rox")
 
 @dataclasses.dataclass
 class ReadStats:
-    """What :func:`~grain_rox._text._convert.read_documents` read and skipped, filled in as it reads.
+    """What :func:`~grain_rox._text._convert.read_files` read and skipped, filled in as it reads.
 
     >>> stats = ReadStats(files_read=3, documents=5)
     >>> stats.skip("a.bin", "binary", "it looks binary")

@@ -47,6 +47,7 @@ from grain_rox._format._shard_set import (
 )
 from grain_rox._text._item_encoding import Item, ItemEncoder, TokenLayout, plan_layout
 from grain_rox._text._shard_files import IfExists, ShardSetWriter, is_set_member
+from grain_rox._text._tokenize_ahead import tokenize_in_order
 from grain_rox._text._tokenizers import Tokenizer, get_tokenizer
 from grain_rox._text._write_manifest import build_manifest, check_append_compatible
 
@@ -125,7 +126,8 @@ def write_rox(
       pad_id: the token that pads the final block; default the tokenizer's pad id, else the
         separator, else 0.
       tokenizer: ``"bytes"``, ``"cl100k_base"``, ``"o200k_base"``, a ``tokenizer.json`` path,
-        or a tokenizer object; str items are encoded with it.
+        or a tokenizer object; str items are encoded with it, in batches of about a megabyte
+        of text encoded ahead on a thread (on every core for tiktoken and HF tokenizers).
       if_exists: ``"error"`` (default), ``"append"`` (existing bytes are never modified) or
         ``"overwrite"``.
       manifest: write ``<base>.manifest.json`` with checksums, counts and tokenizer identity.
@@ -156,6 +158,8 @@ def write_rox(
     if isinstance(items, (str, bytes, np.ndarray)):
         items = [items]  # a single item, not an iterable of characters/rows
     layout, item_iter = plan_layout(iter(items), dtype, block_size, separator, pad_id, tok)
+    if tok is not None:  # text is encoded in batches, a batch ahead on a thread
+        item_iter = tokenize_in_order(item_iter, tok)
 
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
