@@ -47,6 +47,7 @@ class Rows:
     offset: np.ndarray  # (n,) int64, token offset in the epoch stream (of the first span)
     seq_len: np.ndarray  # (n,) int64
     spans: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    content: np.ndarray | None = None  # (n,) tokens of each row, the rest padding (None: full)
 
     def span_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(row, stream offset, length, offset in the window) of every span."""

@@ -179,7 +179,7 @@ class GlobalBatchSource:
             row_eos = np.asarray(self.eos_ids)[sources] if layout.eos_column else None
             return {TOKENS: layout.fill(batch, joins, row_eos)}
         windows, joins = self._read(sources, samples, None, phase.seq_len)
-        features = self._features(windows, joins, sources)
+        features = self._features(windows, joins, sources, self._content(sources, samples))
         windows.flags.writeable = False  # inputs and targets are views of one buffer
         if self.pipeline.layout == "windows":
             return windows_record(windows, features)
@@ -210,19 +210,38 @@ class GlobalBatchSource:
                 joins[sel] = part_joins
         return out, joins
 
+    def _content(self, sources: np.ndarray, samples: np.ndarray) -> np.ndarray | None:
+        """Tokens of each packed row, the rest padding (None: full windows)."""
+        if not self.pipeline.packing:
+            return None
+        if len(self.readers) == 1:
+            return self.readers[0].row_content(samples)
+        content = np.empty(samples.size, dtype=np.int64)
+        for s in np.unique(sources).tolist():
+            sel = np.flatnonzero(sources == s)
+            part = self.readers[s].row_content(samples[sel])
+            assert part is not None
+            content[sel] = part
+        return content
+
     def _features(
-        self, windows: np.ndarray, joins: np.ndarray | None, sources: np.ndarray
+        self,
+        windows: np.ndarray,
+        joins: np.ndarray | None,
+        sources: np.ndarray,
+        content: np.ndarray | None,
     ) -> dict[str, np.ndarray]:
         if not self.features:
             return {}
         eos_ids = [int(e) for e in self.eos_ids if e is not None]
         if len(set(eos_ids)) == 1:  # one EOS id for all sources: one pass over the batch
-            return segment_features(windows, eos_ids[0], joins)
+            return segment_features(windows, eos_ids[0], joins, content)
         out: dict[str, np.ndarray] = {}
         for s in np.unique(sources).tolist():
             sel = np.flatnonzero(sources == s)
             part_joins = None if joins is None else joins[sel]
-            part = segment_features(windows[sel], eos_ids[s], part_joins)
+            part_content = None if content is None else content[sel]
+            part = segment_features(windows[sel], eos_ids[s], part_joins, part_content)
             for key, value in part.items():
                 if key not in out:
                     out[key] = np.empty((windows.shape[0], windows.shape[1] - 1), np.int32)

@@ -25,11 +25,13 @@ import grain
 import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._order._bin_packing import PACKINGS
 from grain_rox._order._curriculum import Phase, Schedule
 from grain_rox._order._permutation import int_arg, seed_arg
 from grain_rox._pipeline._batch_source import GlobalBatchSource, RowSpec
 from grain_rox._pipeline._plan import PipelinePlan, open_sources, resolve_plan, source_orders
 from grain_rox._sources._grain_setup import batch_read_options
+from grain_rox._sources._segments import unpack_windows
 from grain_rox._sources._tokens_layout import TOKENS, TokensLayout
 
 LAYOUTS = ("maxtext", "tokens", "windows")
@@ -101,6 +103,10 @@ class TokenPipeline:
         layout: ``"maxtext"`` (six arrays, default), ``"tokens"`` (one array) or
             ``"windows"`` (see above).
         allow_mixed_tokenizers: Mix sources tokenized differently (default False: refused).
+        packing: ``None`` (default: rows of concatenated text, split anywhere), or
+            ``"best_fit"`` / ``"first_fit"``: each row holds whole documents (a document
+            longer than a row in pieces), padded, with segment ids that keep them apart, in
+            an order with the same contracts (see ``docs/packing.md``).
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import write_rox
@@ -131,6 +137,7 @@ class TokenPipeline:
     dtype: Any = np.int32
     layout: str = "maxtext"
     allow_mixed_tokenizers: bool = False
+    packing: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", _normalize_sources(self.sources))
@@ -171,6 +178,7 @@ class TokenPipeline:
                 "give each Phase its steps (see estimate_steps)"
             )
         _check_order_args(self.order, self.lanes, self.block_tokens)
+        _check_packing_args(self)
         longest = max(p.seq_len for p in phases)
         if self.max_seq_len is not None and self.max_seq_len < longest:
             raise ValueError(
@@ -296,14 +304,16 @@ class TokenPipeline:
 
     def unpack(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """The MaxText features (``inputs``, ``targets`` and, with an EOS id, the four
-        segment features) of a ``layout="tokens"`` batch: NumPy for NumPy, ``jax.Array``
-        for JAX (cheap inside ``jax.jit``: a cumulative sum and max per row). See
-        :meth:`with_layout` for an example."""
+        segment features) of a ``layout="tokens"`` or ``layout="windows"`` batch: NumPy for
+        NumPy, ``jax.Array`` for JAX (cheap inside ``jax.jit``: a cumulative sum and max per
+        row, or views). See :meth:`with_layout` for an example."""
+        if "windows" in batch:
+            return unpack_windows(batch)
         if TOKENS not in batch:
             raise KeyError(
-                f"unpack() reads a layout='tokens' batch (key {TOKENS!r}); this one has keys "
-                f"{sorted(batch)}: build the pipeline with layout='tokens', or use "
-                "pipe.with_layout('tokens')"
+                f"unpack() reads a layout='tokens' or 'windows' batch (key {TOKENS!r} or "
+                f"'windows'); this one has keys {sorted(batch)}: build the pipeline with one of "
+                "those layouts, or use pipe.with_layout('tokens')"
             )
         return self.tokens_layout().unpack(batch[TOKENS], out_dtype=self.dtype)
 
@@ -435,6 +445,36 @@ def _check_order_args(order: Any, lanes: int | None, block_tokens: int | None) -
             f"TokenPipeline: block_tokens={block_tokens} applies to order='blocks'; "
             "order='lanes' takes lanes"
         )
+
+
+def _check_packing_args(pipeline: TokenPipeline) -> None:
+    """``packing`` is known, and the rest of the config can carry packed rows."""
+    packing = pipeline.packing
+    if packing is None:
+        return
+    if packing not in PACKINGS:
+        raise ValueError(
+            f"TokenPipeline: packing={packing!r}; use 'best_fit', 'first_fit' or None (rows of "
+            "concatenated text, the default)"
+        )
+    if pipeline.order != "blocks":
+        raise ValueError(
+            f"TokenPipeline: packing={packing!r} has its own order; order={pipeline.order!r} "
+            "applies to unpacked rows (leave order at its default)"
+        )
+    if pipeline.layout == TOKENS:
+        raise ValueError(
+            f"TokenPipeline: packing={packing!r} pads rows, which layout='tokens' cannot say; "
+            "use layout='maxtext' (default) or 'windows'"
+        )
+    if not pipeline.segmentation:
+        raise ValueError(
+            f"TokenPipeline: packing={packing!r} needs segmentation=True: the segment ids are "
+            "what keep a row's documents (and its padding) apart"
+        )
+    short = [p.seq_len for p in pipeline.phases or () if p.seq_len < 2]
+    if short:
+        raise ValueError(f"TokenPipeline: packing={packing!r} needs seq_len >= 2, not {short[0]}")
 
 
 def _worker_args(worker_count: Any, worker_buffer_size: Any) -> tuple[int, int]:

@@ -16,14 +16,16 @@ import dataclasses
 import json
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._order._blocks import DEFAULT_BLOCK_TOKENS, BlockOrder
 from grain_rox._order._curriculum import SAMPLE_LIMIT
 from grain_rox._order._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
+from grain_rox._order._packed import DEFAULT_PACKED_BLOCK_TOKENS, PackedOrder
 from grain_rox._order._permutation import derive_key, int_arg
+from grain_rox._sources._chunk_documents import EosDocuments
 from grain_rox._sources._output_dtype import check_output_dtype
 from grain_rox._sources._tokens_layout import TokensLayout, tokens_layout
 
@@ -38,6 +40,31 @@ def auto_chunk_tokens(num_tokens: int) -> int:
     (65536, 1562)
     """
     return int(min(DEFAULT_CHUNK_TOKENS, max(64, num_tokens // 64)))
+
+
+def packing_chunk_tokens(shard_tokens: Sequence[int], seq_len: int) -> int:
+    """Chunk size for packed rows (``seq_len``: the longest), the one losing least of two
+    costs: shard tails shorter than a chunk are never served, and each chunk, packed on its
+    own, ends in about one row of padding. Candidates: powers of two up to 64 rows (at least
+    64K, at most 1M tokens: a chunk is packed whole when first read) and the largest shard cut
+    into 1 to 64 equal chunks.
+
+    >>> packing_chunk_tokens([10**8], 1024), packing_chunk_tokens([10**8], 8192)
+    (131072, 1048576)
+    >>> packing_chunk_tokens([300_000] * 3, 1024)  # each shard in three chunks: no tail
+    100000
+    """
+    total = sum(shard_tokens)
+    cap = 1 << min(20, max(16, (64 * (seq_len + 1) - 1).bit_length()))
+    least = min(auto_chunk_tokens(total), cap)
+    largest = max(shard_tokens)
+    candidates = {cap >> i for i in range(16) if cap >> i >= least}
+    candidates |= {largest // k for k in range(1, 65) if least <= largest // k <= cap}
+
+    def loss(chunk: int) -> float:
+        return sum(t % chunk for t in shard_tokens) / total + (seq_len + 1) / chunk
+
+    return min(sorted(candidates, reverse=True), key=loss)
 
 
 def _source_seed(seed: int, name: str) -> int:
@@ -84,7 +111,7 @@ def open_sources(
     return corpora
 
 
-SourceOrder = BlockOrder | LaneOrder
+SourceOrder = BlockOrder | LaneOrder | PackedOrder
 
 
 def source_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> list[SourceOrder]:
@@ -97,9 +124,13 @@ def source_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> 
     longest = pipeline.max_seq_len or max(p.seq_len for p in pipeline.phases)
     batch = math.lcm(*(p.batch_size for p in pipeline.phases))
     for s, (name, corpus) in enumerate(corpora.items()):
-        chunk = pipeline.chunk_tokens or auto_chunk_tokens(corpus.num_tokens)
-        usable = sum((sh.num_tokens // chunk) * chunk for sh in corpus.shards)
         shard_tokens = [sh.num_tokens for sh in corpus.shards]
+        chunk = pipeline.chunk_tokens or (
+            packing_chunk_tokens(shard_tokens, longest)
+            if pipeline.packing
+            else auto_chunk_tokens(corpus.num_tokens)
+        )
+        usable = sum((sh.num_tokens // chunk) * chunk for sh in corpus.shards)
         seed = _source_seed(int(pipeline.seed), name)
         runs = schedule.source_runs(s)
         try:
@@ -112,6 +143,25 @@ def source_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> 
                         chunk_tokens=chunk,
                         lanes=lanes,
                         runs=runs,
+                        max_seq_len=longest,
+                    )
+                )
+            elif pipeline.packing:
+                eos = pipeline.eos_id if pipeline.eos_id is not None else corpus.eos_id
+                if eos is None:
+                    raise ValueError(
+                        f"packing={pipeline.packing!r} finds documents by their EOS token, and "
+                        "no manifest names one: pass eos_id="
+                    )
+                orders.append(
+                    PackedOrder(
+                        shard_tokens,
+                        seed=seed,
+                        chunk_tokens=chunk,
+                        runs=runs,
+                        documents=EosDocuments(corpus, eos_id=eos, chunk_tokens=chunk),
+                        packing=pipeline.packing,
+                        block_tokens=pipeline.block_tokens or DEFAULT_PACKED_BLOCK_TOKENS,
                         max_seq_len=longest,
                     )
                 )

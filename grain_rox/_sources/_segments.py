@@ -49,11 +49,16 @@ STACKED_SEGMENT_FEATURES = (INPUTS_SEGMENTATION, INPUTS_POSITION, TARGETS_SEGMEN
 
 
 def segment_features(
-    windows: np.ndarray, eos_id: int, joins: np.ndarray | None
+    windows: np.ndarray,
+    eos_id: int,
+    joins: np.ndarray | None,
+    content: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """MaxText packing features for (n, seq_len + 1) windows (see the module doc), as
     read-only arrays: ``targets_position`` is ``inputs_position``, and without chunk joins
-    ``targets_segmentation`` is ``inputs_segmentation``.
+    ``targets_segmentation`` is ``inputs_segmentation``. With ``content`` (packed rows: the
+    tokens of each row, padding after them) the padding has segment 0 and position 0, and so
+    does every target that is padding.
 
     >>> w = np.array([[5, 6, 0, 7, 8, 0, 9]])
     >>> f = segment_features(w, eos_id=0, joins=None)
@@ -80,6 +85,12 @@ def segment_features(
     target_segmentation = segmentation
     if joins is not None and joins[:, 1:].any():
         target_segmentation = np.where(joins[:, 1:], 0, segmentation).astype(np.int32)
+    padded = np.flatnonzero(content <= seq_len) if content is not None else ()
+    if len(padded) and target_segmentation is segmentation:
+        target_segmentation = segmentation.copy()
+    for r, c in zip(padded, content[padded] if content is not None else (), strict=True):
+        segmentation[r, c:] = position[r, c:] = 0  # padding: a suffix of the row
+        target_segmentation[r, max(c - 1, 0) :] = 0  # a target that is padding
     for array in (segmentation, position, target_segmentation):
         array.flags.writeable = False  # shared between features (and records): read-only
     return {

@@ -20,6 +20,7 @@ import numpy as np
 from grain_rox._format._rox_corpus import RoxCorpus
 from grain_rox._order._blocks import BlockOrder
 from grain_rox._order._lanes import LaneOrder
+from grain_rox._order._packed import PackedOrder
 from grain_rox._sources._process_local import ProcessLocal, process_local
 
 _PLAN_CACHE = 8
@@ -37,6 +38,7 @@ class _GroupPlan:
     one_seq_len: bool  # every window of the group has one seq_len
     multi_before: np.ndarray  # (R + 1,) windows of several pieces among slots [0, r)
     one_shard: int  # the shard every single-piece window reads, or -1
+    content: np.ndarray | None  # (R,) tokens of each row, the rest padding (None: all full)
     # every piece: (shard, token offset inside it, length, offset inside the window), as
     # Python ints (multi-piece windows are copied a slice per piece)
     pieces: list[tuple[int, int, int, int]]
@@ -51,7 +53,7 @@ class WindowReader(ProcessLocal):
     _plans: collections.OrderedDict[int, _GroupPlan]
     _views: dict[tuple[int, int], np.ndarray]
 
-    def __init__(self, corpus: RoxCorpus, order: BlockOrder | LaneOrder) -> None:
+    def __init__(self, corpus: RoxCorpus, order: BlockOrder | LaneOrder | PackedOrder) -> None:
         self.corpus = corpus
         self.order = order
         self.start_process_local()
@@ -93,19 +95,23 @@ class WindowReader(ProcessLocal):
         start = chunk_start + (piece_lo - q * c)
         pieces_per_row = np.bincount(span_row[span_of_piece], minlength=size)
         first_piece = np.concatenate([[0], np.cumsum(pieces_per_row)])
-        head = first_piece[:-1]
+        head = np.minimum(first_piece[:-1], max(shard.size - 1, 0))  # a packed row may be empty
         single = pieces_per_row == 1
-        slot_shard = shard[head]
+        if rows.content is not None:  # packed rows: one piece reads alone only if it fills the row
+            single &= rows.content == rows.seq_len + 1
+        slot_shard = shard[head] if shard.size else np.zeros(size, dtype=np.int64)
+        slot_start = start[head] if shard.size else np.zeros(size, dtype=np.int64)
         shards = np.unique(slot_shard[single])
         return _GroupPlan(
             seq_len=rows.seq_len,
             first_piece=first_piece,
             single=single,
             slot_shard=slot_shard,
-            slot_start=start[head],
+            slot_start=slot_start,
             one_seq_len=bool((rows.seq_len == rows.seq_len[0]).all()),
             multi_before=np.concatenate([[0], np.cumsum(~single)]),
             one_shard=int(shards[0]) if shards.size == 1 else -1,
+            content=rows.content,
             pieces=list(
                 zip(
                     shard.tolist(),
@@ -187,8 +193,9 @@ class WindowReader(ProcessLocal):
         joins_rows: np.ndarray,
     ) -> None:
         """Copy windows made of several pieces (``slots`` of ``plan``) into rows ``out_rows`` of
-        ``out``, a slice copy per piece, and mark their joins."""
+        ``out``, a slice copy per piece, mark their joins, and pad packed rows (with 0)."""
         fp = plan.first_piece
+        content = plan.content
         for slot, row, joins_row in zip(
             slots.tolist(), out_rows.tolist(), joins_rows.tolist(), strict=True
         ):
@@ -197,6 +204,23 @@ class WindowReader(ProcessLocal):
                 out[row, d : d + n] = self.corpus.shard_tokens(s)[a : a + n]
                 if d:
                     joins[joins_row, d] = True
+            if content is not None:
+                out[row, content[slot] :] = 0
+
+    def row_content(self, samples: np.ndarray) -> np.ndarray | None:
+        """Tokens of each sample's row, the rest padding (None: an order of full windows)."""
+        if not isinstance(self.order, PackedOrder):
+            return None
+        samples = np.asarray(samples, dtype=np.int64)
+        size = self.order.group
+        out = np.empty(samples.size, dtype=np.int64)
+        groups = samples // size
+        for j in np.unique(groups).tolist():
+            sel = groups == j
+            content = self._plan(j).content
+            assert content is not None
+            out[sel] = content[samples[sel] - j * size]
+        return out
 
     def read_rows(
         self, samples: np.ndarray, out: np.ndarray, rows: np.ndarray

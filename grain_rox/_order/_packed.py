@@ -1,0 +1,368 @@
+"""Where packed row ``s`` of a token source comes from: chunks packed into a fixed number of rows.
+
+The order of ``TokenPipeline(packing="best_fit")``, a pure function of (data, seed, seq_len
+schedule), so packed batches keep every contract of the unpacked pipeline:
+
+* **Groups.** Each chunk of the epoch stream (``_chunks``: the source's 64K-token chunks in a
+  seeded order per epoch) is a *group*: its documents (the stretches its EOS tokens end; the
+  chunk's edges cut the first and last) are packed whole by ``_bin_packing`` into exactly
+  ``rows_per_group(seq_len)`` rows, one number for all the source's chunks: one more than
+  packing needed for 3 in 4 of 8 chunks sampled across the source (at least ``min_rows``,
+  which lets any chunk fit; a chunk that needs more has its smallest leftover documents split,
+  measured at 0-0.2% of documents on the embedded corpora). So row ``r`` of group ``g`` depends only on that
+  chunk's tokens, ``seq_len`` and the sample, and rows are numbered in closed form. Finding documents needs no index: the chunk's EOS tokens are found when it is
+  packed, in the memory map the rows are read from anyway.
+* **Blocks.** Each epoch's groups are cut into near-equal blocks of at least
+  ``block_tokens`` of text; a block's rows (its *grid*, at the seq_len of the sample that
+  opens it) are served in a seeded Feistel permutation, so consecutive rows come from
+  unrelated places of the block.
+* **Seq_len changes.** When ``seq_len`` changes in mid-block, the block's rows not yet served
+  are read on, in their permuted order, each cut into ``ceil(grid / seq_len)`` rows of the
+  new length (one row when it is longer, with more padding), with a cursor that continues
+  where it stopped: nothing is replayed and nothing skipped. The next block is packed at the
+  new seq_len.
+
+A sample's place depends only on the samples before it, and locating any sample costs
+O(log #segments) plus one permutation evaluation and the packing of the chunks it reads
+(cached per process), whatever the step.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from grain_rox._order._bin_packing import PACKINGS, PackedChunk, min_rows, pack_chunk, rows_used
+from grain_rox._order._blocks import PLAN_GROUP
+from grain_rox._order._chunks import ChunkStream, Rows, Run, schedule_runs
+from grain_rox._order._permutation import FeistelPermutation, derive_key
+
+_PURPOSE_PACKED_ROWS = 5
+SAMPLE_CHUNKS = 8  # chunks packed to measure how many rows a chunk needs
+DEFAULT_PACKED_BLOCK_TOKENS = 1 << 27
+PACK_CACHE_BYTES = 64 << 20  # packed chunks a process keeps (LRU)
+_CONT, _REST = 0, 1
+
+# (shard, token offset of a chunk in it) -> the exclusive ends of the chunk's documents
+ChunkDocuments = Callable[[int, int], np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Segment:
+    """Samples ``[start, stop)`` read one way: whole rows from global row ``slot`` of
+    ``epoch`` on (``_CONT``), or the rest of one block's grid at ``grid`` cut at ``seq_len``
+    from grid row ``slot``, token ``offset`` (``_REST``)."""
+
+    start: int
+    stop: int
+    kind: int
+    epoch: int
+    block: int
+    slot: int
+    seq_len: int
+    grid: int = 0
+    offset: int = 0
+
+
+class PackedOrder(ChunkStream):
+    """The sample -> packed row map of one source (see the module doc).
+
+    Args:
+      shard_tokens: Tokens of each shard.
+      seed: The source's seed.
+      chunk_tokens: Tokens per chunk (a group packed on its own).
+      runs: The source's seq_len runs (from the schedule).
+      documents: (shard, offset of a chunk in it) -> the chunk's documents' exclusive ends.
+      packing: ``"best_fit"`` or ``"first_fit"``.
+      block_tokens: The least text per shuffled block.
+      max_seq_len: The longest seq_len (default: the schedule's).
+
+    >>> tokens = np.tile(np.r_[np.arange(1, 10), 0], 100)  # 100 documents of 10 tokens
+    >>> ends = lambda shard, at: np.flatnonzero(tokens[at:at + 200] == 0) + 1
+    >>> order = PackedOrder([1000], seed=0, chunk_tokens=200, runs=[Run(0, 10**18, 19)],
+    ...                     documents=ends)
+    >>> order.rows_per_group(19), order.windows_per_epoch
+    (12, 60)
+    >>> rows = order.locate(np.arange(60))
+    >>> int(np.bincount(rows.content, minlength=21)[20]), int(rows.content.sum())
+    (50, 1000)
+    """
+
+    name = "blocks"
+    # rows a reader plans together: each may read another chunk, packed when first read, so
+    # fewer than the other orders' PLAN_GROUP keep a cold lookup (a resume) to a few chunks
+    group = PLAN_GROUP // 16
+
+    def __init__(
+        self,
+        shard_tokens: Sequence[int],
+        *,
+        seed: int,
+        chunk_tokens: int,
+        runs: Sequence[Run],
+        documents: ChunkDocuments,
+        packing: str = "best_fit",
+        block_tokens: int = DEFAULT_PACKED_BLOCK_TOKENS,
+        max_seq_len: int | None = None,
+    ) -> None:
+        super().__init__(shard_tokens, seed=seed, chunk_tokens=chunk_tokens)
+        if packing not in PACKINGS:
+            raise ValueError(f"packing={packing!r} is not one of {PACKINGS} (or None)")
+        self.packing = packing
+        self.documents = documents
+        self._rows_per_group: dict[int, int] = {}
+        self.runs, self.max_seq_len = schedule_runs(runs, max_seq_len)
+        self.block_tokens = int(block_tokens)
+        self.num_blocks = max(1, self.num_chunks // max(1, self.block_tokens // self.chunk_tokens))
+        self._base, self._long = divmod(self.num_chunks, self.num_blocks)
+        self._segments = _lay_out(self)
+        self._starts = np.asarray([s.start for s in self._segments], dtype=np.int64)
+        self._start_process_local()
+
+    def _start_process_local(self) -> None:
+        self._lock = threading.Lock()
+        self._packed: collections.OrderedDict[tuple[int, int], PackedChunk] = (
+            collections.OrderedDict()
+        )
+        self._packed_bytes = 0
+
+    def __getstate__(self) -> dict[str, object]:
+        state = super().__getstate__()
+        for key in ("_lock", "_packed", "_packed_bytes"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._start_process_local()
+
+    # ---- geometry (closed forms) ----------------------------------------------------------
+    def rows_per_group(self, seq_len: int) -> int:
+        """Rows each chunk is packed into at ``seq_len`` (see the module doc; measured once)."""
+        rows = self._rows_per_group.get(seq_len)
+        if rows is None:
+            picks = np.unique(np.linspace(0, self.num_chunks - 1, SAMPLE_CHUNKS).astype(np.int64))
+            shards, starts = self.chunk_location(picks)
+            used = [
+                rows_used(self.documents(shard, start), self.chunk_tokens, seq_len=seq_len,
+                          packing=self.packing)
+                for shard, start in zip(shards.tolist(), starts.tolist(), strict=True)
+            ]  # fmt: skip
+            enough = math.ceil(float(np.percentile(used, 75))) + 1
+            rows = max(min_rows(self.chunk_tokens, seq_len), enough)
+            self._rows_per_group[seq_len] = rows
+        return rows
+
+    def groups_before(self, block: np.ndarray | int) -> np.ndarray:
+        """Groups (chunks) of an epoch's blocks before ``block``."""
+        return np.asarray(block) * self._base + np.minimum(block, self._long)
+
+    def block_groups(self, block: np.ndarray | int) -> np.ndarray:
+        return self._base + (np.asarray(block) < self._long)
+
+    def block_of_group(self, group: np.ndarray) -> np.ndarray:
+        in_long = self._long * (self._base + 1)
+        return np.where(
+            group < in_long,
+            group // (self._base + 1),
+            self._long + (group - in_long) // max(self._base, 1),
+        )
+
+    def epoch_rows(self, seq_len: int) -> int:
+        return self.num_chunks * self.rows_per_group(seq_len)
+
+    def row_permutation(self, epoch: int, block: int, grid: int) -> FeistelPermutation:
+        n = int(self.block_groups(block)) * self.rows_per_group(grid)
+        return FeistelPermutation(n, derive_key(self.seed, _PURPOSE_PACKED_ROWS, epoch, block))
+
+    # ---- what the pipeline asks -----------------------------------------------------------
+    @property
+    def windows_per_epoch(self) -> int:
+        """Rows in a fresh epoch under the first run's seq_len."""
+        return self.epoch_rows(self.runs[0].seq_len)
+
+    @property
+    def max_joins(self) -> int:
+        return self.max_seq_len
+
+    def identity(self) -> dict[str, object]:
+        """What a checkpoint names of this order besides the schedule and seed."""
+        return {"block_tokens": self.block_tokens, "packing": self.packing}
+
+    def packed(self, chunk: int, seq_len: int) -> PackedChunk:
+        """Physical ``chunk`` packed at ``seq_len`` (cached per process, LRU)."""
+        key = (chunk, seq_len)
+        with self._lock:
+            hit = self._packed.get(key)
+            if hit is not None:
+                self._packed.move_to_end(key)
+                return hit
+        shard, start = self.chunk_location(np.asarray([chunk]))
+        ends = self.documents(int(shard[0]), int(start[0]))
+        packed = pack_chunk(
+            ends,
+            self.chunk_tokens,
+            seq_len=seq_len,
+            rows=self.rows_per_group(seq_len),
+            packing=self.packing,
+        )
+        with self._lock:
+            if key not in self._packed:
+                self._packed[key] = packed
+                self._packed_bytes += packed.nbytes
+                while self._packed_bytes > PACK_CACHE_BYTES and len(self._packed) > 1:
+                    self._packed_bytes -= self._packed.popitem(last=False)[1].nbytes
+        return packed
+
+    def locate(self, samples: np.ndarray) -> Rows:
+        """Epoch, spans, seq_len and content of each sample (any order, in the schedule)."""
+        samples = np.asarray(samples, dtype=np.int64)
+        n = samples.size
+        seg = np.searchsorted(self._starts, samples, side="right") - 1
+        epoch = np.empty(n, dtype=np.int64)
+        block = np.empty(n, dtype=np.int64)
+        slot = np.empty(n, dtype=np.int64)
+        offset = np.empty(n, dtype=np.int64)
+        seq_len = np.empty(n, dtype=np.int64)
+        grid = np.empty(n, dtype=np.int64)
+        for k in np.unique(seg).tolist():
+            sel = np.flatnonzero(seg == k)
+            if k < 0 or samples[sel].max() >= self._segments[k].stop:
+                raise IndexError(f"samples {samples[sel]} lie outside the schedule's samples")
+            segment = self._segments[k]
+            t = samples[sel] - segment.start
+            seq_len[sel] = s = segment.seq_len
+            if segment.kind == _CONT:
+                rows = self.rows_per_group(s)
+                per_epoch = self.num_chunks * rows
+                j = segment.slot + t
+                epoch[sel] = segment.epoch + j // per_epoch
+                w = j % per_epoch
+                block[sel] = b = self.block_of_group(w // rows)
+                slot[sel] = w - self.groups_before(b) * rows
+                offset[sel] = 0
+                grid[sel] = s
+            else:
+                epoch[sel], block[sel], grid[sel] = segment.epoch, segment.block, segment.grid
+                slot[sel], offset[sel] = _rest_cursor(segment, t)
+        return self._rows(epoch, block, slot, offset, seq_len, grid)
+
+    def _rows(
+        self,
+        epoch: np.ndarray,
+        block: np.ndarray,
+        slot: np.ndarray,
+        offset: np.ndarray,
+        seq_len: np.ndarray,
+        grid: np.ndarray,
+    ) -> Rows:
+        """The spans of rows given as (epoch, block, grid slot, offset in the grid row)."""
+        n = slot.size
+        permuted = np.empty(n, dtype=np.int64)
+        per_group = np.empty(n, dtype=np.int64)
+        blocks = epoch * self.num_blocks + block  # a block's rows have one grid seq_len
+        for key in np.unique(blocks).tolist():
+            sel = blocks == key
+            e, b = divmod(key, self.num_blocks)
+            g = int(grid[np.argmax(sel)])
+            permuted[sel] = self.row_permutation(e, b, g)(slot[sel])
+            per_group[sel] = self.rows_per_group(g)
+        position = self.groups_before(block) + permuted // per_group  # in the epoch stream
+        row = permuted % per_group
+        phys = np.empty(n, dtype=np.int64)
+        for e in np.unique(epoch).tolist():
+            sel = epoch == e
+            phys[sel] = self.physical_chunks(e, position[sel])
+        # every packed chunk read, its arrays strung together: one vectorised pass for all rows
+        keys, u = np.unique(phys * (self.max_seq_len + 1) + grid, return_inverse=True)
+        packed = [self.packed(*divmod(k, self.max_seq_len + 1)) for k in keys.tolist()]
+        piece_base = np.cumsum([0] + [p.start.size for p in packed])
+        row_base = np.cumsum([0] + [p.rows + 1 for p in packed])
+        firsts = np.concatenate([p.first for p in packed])
+        lo = firsts[row_base[u] + row] + piece_base[u]
+        hi = firsts[row_base[u] + row + 1] + piece_base[u]
+        counts = hi - lo
+        span_row = np.repeat(np.arange(n), counts)
+        piece = (
+            lo[span_row] + np.arange(span_row.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        )
+        start = np.concatenate([p.start for p in packed])[piece]
+        length = np.concatenate([p.length for p in packed])[piece]
+        at = np.concatenate([p.at for p in packed])[piece]
+        o = offset[span_row]
+        a = np.maximum(at, o)
+        z = np.minimum(at + length, o + seq_len[span_row] + 1)
+        keep = z > a
+        span_row, a, z, o = span_row[keep], a[keep], z[keep], o[keep]
+        stream = position[span_row] * self.chunk_tokens + start[keep] + a - at[keep]
+        content = np.bincount(span_row, weights=z - a, minlength=n).astype(np.int64)
+        first = np.zeros(n, dtype=np.int64)
+        heads = (
+            np.flatnonzero(np.r_[True, span_row[1:] != span_row[:-1]])
+            if span_row.size
+            else span_row
+        )
+        first[span_row[heads]] = stream[heads]
+        return Rows(epoch, first, seq_len, (span_row, stream, z - a, a - o), content=content)
+
+
+def _rest_rows(grid: int, seq_len: int, offset: int) -> int:
+    """Rows of ``seq_len`` that the rest of a grid row from token ``offset`` is cut into."""
+    return max(0, -(-(grid - offset) // seq_len))
+
+
+def _rest_cursor(segment: _Segment, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(grid slot, offset in the grid row) of the ``t``-th row of a ``_REST`` segment."""
+    g, s = segment.grid, segment.seq_len
+    head = _rest_rows(g, s, segment.offset) if segment.offset else 0
+    m = _rest_rows(g, s, 0)
+    after = np.maximum(t - head, 0)
+    in_head = t < head
+    slot = np.where(in_head, segment.slot, segment.slot + (head > 0) + after // m)
+    offset = np.where(in_head, segment.offset + t * s, (after % m) * s)
+    return slot, offset
+
+
+def _lay_out(order: PackedOrder) -> list[_Segment]:
+    """The segments of ``order.runs`` (see the module doc)."""
+    segments: list[_Segment] = []
+    epoch, block, grid, slot, offset = 0, 0, 0, 0, 0  # grid == 0: the block has not begun
+    cut = False  # the block's grid is read at another seq_len since a change
+    for run in order.runs:
+        x, n, s = run.start, run.stop - run.start, run.seq_len
+        if grid and grid != s:
+            cut = True
+        if cut:
+            rows = int(order.block_groups(block)) * order.rows_per_group(grid)
+            head = _rest_rows(grid, s, offset) if offset else 0
+            m = _rest_rows(grid, s, 0)
+            left = head + (rows - slot - (offset > 0)) * m
+            t = min(n, left)
+            segment = _Segment(x, x + t, _REST, epoch, block, slot, s, grid, offset)
+            if t:
+                segments.append(segment)
+            x, n = x + t, n - t
+            if t < left:
+                end_slot, end_offset = _rest_cursor(segment, np.asarray([t]))
+                slot, offset = int(end_slot[0]), int(end_offset[0])
+                continue
+            epoch, block = (epoch, block + 1) if block + 1 < order.num_blocks else (epoch + 1, 0)
+            grid, slot, offset, cut = 0, 0, 0, False
+        if n == 0:
+            continue
+        rows = order.rows_per_group(s)
+        first = int(order.groups_before(block)) * rows + slot
+        segments.append(_Segment(x, x + n, _CONT, epoch, block, first, s))
+        j = first + n
+        per_epoch = order.num_chunks * rows
+        epoch += j // per_epoch
+        w = j % per_epoch
+        block = int(order.block_of_group(np.asarray(w // rows)))
+        slot = w - int(order.groups_before(block)) * rows
+        grid = s if slot else 0
+    return segments
