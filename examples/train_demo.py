@@ -121,7 +121,10 @@ def vocabulary(paths: dict[str, str]) -> tuple[np.ndarray, int]:
 
 
 def pipeline(
-    paths: dict[str, str], steps: tuple[int, int | None], batch: int = 16
+    paths: dict[str, str],
+    steps: tuple[int, int | None],
+    batch: int = 16,
+    packing: str | None = None,
 ) -> grain_rox.TokenPipeline:
     names = list(paths)
     first = {names[0]: 0.7, names[1]: 0.3}
@@ -135,7 +138,10 @@ def pipeline(
             grain_rox.Phase(steps=steps[1], batch_size=batch // 2, seq_len=256, weights=second),
         ],
         seed=0,
-        layout="tokens",  # one array a batch; the features are derived in the jitted step
+        # one array a batch, the features derived in the jitted step; packed rows carry
+        # padding, so they come as windows plus their (B, 3, L) segment features
+        layout="windows" if packing else "tokens",
+        packing=packing,  # None: rows of concatenated text; "best_fit": whole documents
     )
 
 
@@ -218,7 +224,7 @@ def digest(batch: dict[str, jax.Array]) -> str:
 def run(args: argparse.Namespace) -> dict:
     paths = json.loads(open(os.path.join(args.out, "sources.json")).read())
     table_np, _ = vocabulary(paths)
-    pipe = pipeline(paths, (args.phase1, args.phase2), args.batch)
+    pipe = pipeline(paths, (args.phase1, args.phase2), args.batch, args.packing)
     total = args.phase1 + args.phase2
     batches = grain_rox.MultiHostDataLoadIterator(pipe, prefetch=4)
     train_step = make_train_step(pipe)
@@ -288,8 +294,10 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def pipeline_rate(paths: dict[str, str], first_phase: int, count: int, batch: int) -> float:
-    endless = pipeline(paths, (first_phase, None), batch)  # type: ignore[arg-type]
+def pipeline_rate(
+    paths: dict[str, str], first_phase: int, count: int, batch: int, packing: str | None
+) -> float:
+    endless = pipeline(paths, (first_phase, None), batch, packing)  # type: ignore[arg-type]
     with grain_rox.MultiHostDataLoadIterator(endless, prefetch=4) as it:
         jax.block_until_ready(next(it))
         t0 = time.perf_counter()
@@ -320,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         "--platform", choices=("auto", "cpu"), default="auto",
         help="auto: the accelerator if there is one, else 8 CPU devices",
     )  # fmt: skip
+    parser.add_argument(
+        "--packing",
+        choices=["best_fit", "first_fit"],
+        default=None,
+        help="rows of whole documents, packed in the global order (default: concatenated text)",
+    )
     parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--report", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -339,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     convert_s = time.perf_counter() - t0
     device = f"{jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()})"
     print(f"devices: {device}")
-    rate = pipeline_rate(paths, args.phase1, 200, args.batch)
+    rate = pipeline_rate(paths, args.phase1, 200, args.batch, args.packing)
     print(f"input pipeline: {rate:,.0f} global batches/s through Grain onto {device}")
 
     first = run(args)
@@ -362,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             *("--batch", str(args.batch), "--d-model", str(args.d_model)),
             *("--layers", str(args.layers), "--heads", str(args.heads)),
             *(["--platform", "cpu"] if args.platform == "cpu" else []),
+            *(["--packing", args.packing] if args.packing else []),
             "--resume",
             "--report",
             report,
@@ -383,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps (phase 1 | phase 2)",
             f"{args.phase1} x ({args.batch}, 128) | {args.phase2} x ({args.batch // 2}, 256)",
         ),
+        ("rows", f"whole documents, packed ({args.packing})" if args.packing else "concatenated"),
         ("input pipeline", f"{rate:,.0f} batches/s"),
         ("train step (median)", f"{first['step_time'] * 1e3:.1f} ms"),
         (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import runpy
 import sys
 
@@ -12,7 +13,8 @@ DEMO = pathlib.Path(__file__).parent.parent / "examples" / "train_demo.py"
 
 
 @pytest.mark.slow
-def test_demo_trains_checkpoints_and_resumes_bit_exactly(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("packing", [None, "best_fit"])
+def test_demo_trains_checkpoints_and_resumes_bit_exactly(tmp_path, monkeypatch, capsys, packing):
     pytest.importorskip("flax")
     pytest.importorskip("optax")
     module = runpy.run_path(str(DEMO), run_name="train_demo")
@@ -30,9 +32,12 @@ def test_demo_trains_checkpoints_and_resumes_bit_exactly(tmp_path, monkeypatch, 
             "30",
             "--min-loss-drop",
             "0.1",
+            *(["--packing", packing] if packing else []),
         ]
     )
     out = capsys.readouterr().out
+    rows = f"whole documents, packed ({packing})" if packing else "concatenated"
+    assert re.search(rf"\n  rows +{re.escape(rows)}\n", out), out
     assert "batches bit-identical after resume  True" in out
     assert "losses bit-identical after resume   True" in out
     assert code == 0, out
@@ -55,9 +60,9 @@ def test_demo_reads_a_saved_hf_dataset_as_its_own_source(tmp_path, monkeypatch):
         text=[], jsonl=[], hf=[str(tmp_path / "saved")], text_column="body", rox=[]
     )
     build_sources = module["build_sources"]
-    builtin = build_sources.__globals__["builtin_documents"]
-    monkeypatch.setitem(  # a small slice of the embedded prose keeps this test quick
-        build_sources.__globals__, "builtin_documents", lambda what: builtin(what, limit=20)
+    builtin = grain_rox.builtin_documents
+    monkeypatch.setattr(  # a small slice of the embedded prose keeps this test quick
+        grain_rox, "builtin_documents", lambda what: builtin(what, limit=20)
     )
     paths = build_sources(args, str(tmp_path / "out"))
     assert list(paths) == ["yours", "prose"]
