@@ -3,6 +3,8 @@
     grain-rox convert docs/ notes.jsonl -o data/train.rox --tokenizer cl100k_base
     grain-rox convert --builtin code -o data/code.rox --max-shard-bytes 64MiB
     grain-rox convert docs.array_record -o data/train.rox --record-dtype uint16 --tokenizer bytes
+    grain-rox convert docs/ -o data/train.rox --max-shard-bytes 64MiB --runner DirectRunner \
+        --direct_num_workers=2 --direct_running_mode=multi_processing
     grain-rox export data/train.rox -o docs.array_record
     grain-rox inspect data/ [--json] [--plot lengths.png]
     grain-rox verify data/ [--log-level info]
@@ -146,6 +148,13 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     conv.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     conv.add_argument("--no-verify", action="store_true", help="skip re-reading the checksums")
+    conv.add_argument(
+        "--runner",
+        choices=("DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner"),
+        default=None,
+        help="convert on Apache Beam with this runner (pip install 'grain_rox[beam]'); Beam's "
+        "own options follow as --name=value (e.g. --direct_num_workers=2, --project=p)",
+    )
 
     exp = sub.add_parser(
         "export", parents=[common], help="write .rox documents (split at EOS) to ArrayRecord"
@@ -210,6 +219,8 @@ def _convert(args: argparse.Namespace) -> int:
     if bool(args.inputs) == bool(args.builtin):
         print("grain-rox convert: error: give input paths or --builtin (not both)", file=sys.stderr)
         return 2
+    if args.runner is not None:
+        return _convert_on_beam(args)
     tok = get_tokenizer(args.tokenizer or "bytes")
     files = [] if args.builtin else expand_inputs(args.inputs)
     stats = ReadStats()
@@ -297,6 +308,73 @@ def _convert(args: argparse.Namespace) -> int:
             raise ValueError(f"read back after writing, {bad[0].path}: {bad[0].problem}")
         print(f"verified {len(result.paths)} shard(s): checksums match")
     return 0
+
+
+def _convert_on_beam(args: argparse.Namespace) -> int:
+    """``convert --runner``: the same conversion as a Beam pipeline (grain_rox.beam)."""
+    if args.workers is not None:
+        raise ValueError(
+            "--workers sets the local converter's threads; on Beam the runner picks the "
+            "workers: pass its option instead (--direct_num_workers=N, --num_workers=N)"
+        )
+    from grain_rox.beam import run_convert
+
+    tok = get_tokenizer(args.tokenizer or "bytes")
+    result = run_convert(
+        args.inputs or None,
+        args.output,
+        runner=args.runner,
+        beam_args=args.beam_args,
+        tokenizer=args.tokenizer or "bytes",
+        builtin=args.builtin,
+        limit=args.limit,
+        fmt=args.fmt,
+        text_column=args.text_column,
+        on_binary=args.on_binary,
+        encoding_errors=args.encoding_errors,
+        on_null=args.on_null,
+        record_dtype=args.record_dtype,
+        block_size=args.block_size,
+        max_shard_bytes=args.max_shard_bytes,
+        if_exists=args.if_exists,
+    )
+    c = result.counters
+    rate = result.num_tokens / result.seconds if result.seconds > 0 else float("inf")
+    print(
+        f"wrote {result.num_documents} documents, {result.num_tokens} {tok.name} tokens "
+        f"({result.manifest.dtype}) into {len(result.paths)} shard(s) on {result.runner} in "
+        f"{result.seconds:.1f}s ({rate:,.0f} tokens/s); {result.skipped()}; manifest "
+        f"{result.manifest_path}"
+    )
+    print(
+        f"beam counters: {c['documents']} documents, {c['tokens']} tokens, "
+        f"{c['skipped_inputs']} skipped inputs, {c['null_texts']} null texts, "
+        f"{c['shards']} shards written"
+    )
+    print(tokenizer_line(tok, args.tokenizer))
+    if not args.no_verify:
+        paths = list(result.paths)
+        show = not args.no_progress
+        with byte_bar(shard_sizes(paths), f"verifying {args.output}", enabled=show) as bar:
+            bad = [r for r in verify_rox(paths, on_bytes=bar.update) if not r.ok]
+        if bad:
+            raise ValueError(f"read back after writing, {bad[0].path}: {bad[0].problem}")
+        print(f"verified {len(result.paths)} shard(s): checksums match")
+    return 0
+
+
+def _beam_args(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:
+    """Keep Beam's own options (``--name=value`` or a bare ``--flag``) for ``convert --runner``;
+    anything else not understood is an error, as before."""
+    if extra and (args.command != "convert" or args.runner is None):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    bad = [a for a in extra if not a.startswith("--")]
+    if bad:
+        parser.error(
+            f"unrecognized arguments: {' '.join(bad)} (give Beam options as --name=value, "
+            "e.g. --direct_num_workers=2)"
+        )
+    args.beam_args = extra
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -420,7 +498,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     >>> main(["inspect", "/nonexistent/nothing.rox"])
     2
     """
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args, extra = parser.parse_known_args(argv)
+    _beam_args(parser, args, extra)
     try:
         with cli_logging(args.log_level, args.command):
             if args.command == "convert":
