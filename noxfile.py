@@ -40,7 +40,7 @@ OLDEST_SKIP = ("roxxel", ("tests/test_roxxel_compat.py", "tests/test_roxxel_stre
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (and every doctest) on 8 fake CPU devices."""
-    session.install("-e", ".[test,tokenizers,hf,docs]")  # docs: the site's build test
+    session.install("-e", ".[test,tokenizers,hf,docs,beam]")  # docs: the site's build test
     args = session.posargs or ["-n", "2", "--durations=10"]
     session.run("pytest", *args, env=JAX_ENV)
 
@@ -72,13 +72,13 @@ def notebooks(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against the peers, side by side in one process; prints a table of ratios."""
-    session.install("-e", ".[tokenizers,hf]", "roxxel==0.9.14", "loaderx==0.1.4")
+    session.install("-e", ".[tokenizers,hf,beam]", "roxxel==0.9.14", "loaderx==0.1.4")
     # Datarax 0.1.4 declares tensorflow; its HF source needs only these (no tensorflow).
     session.install("flax", "jaxtyping", "tomli-w")
     session.install("--no-deps", "datarax==0.1.4")
     scripts = ("bench_format.py", "bench_pipeline.py", "bench_mixing.py", "bench_hf.py",
                "bench_array_record.py", "bench_device.py", "bench_resident.py",
-               "bench_order.py")  # fmt: skip
+               "bench_order.py", "bench_beam.py")  # fmt: skip
     for script in scripts:
         session.run("python", f"benchmarks/{script}", *session.posargs, env=JAX_ENV)
 
