@@ -549,3 +549,60 @@ def test_log_lines_are_printed_above_the_progress_bars(tmp_path):
     converting, verifying = last_frames(shown)  # each bar drawn whole, below the lines
     assert converting.startswith("converting src (bytes): 100%|")
     assert verifying.startswith("verifying o.rox: 100%|")
+
+
+# ---- convert --runner (Apache Beam; needs the [beam] extra) -----------------------------------
+BEAM_TWO_PROCESSES = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+
+
+def test_convert_runner_on_array_record_token_documents_equals_the_local_conversion(
+    tmp_path, capsys
+):
+    pytest.importorskip("apache_beam")
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    rng = np.random.default_rng(7)
+    for part in range(2):
+        writer = ArrayRecordWriter(str(tmp_path / f"part-{part}.array_record"), "group_size:1")
+        for _ in range(40):
+            writer.write(rng.integers(0, 256, rng.integers(1, 90), dtype=np.uint16).tobytes())
+        writer.close()
+    common = ["--record-dtype", "uint16", "--block-size", "256", "--max-shard-bytes", "1KiB"]
+    inputs = str(tmp_path / "part-*.array_record")
+    local, ours = str(tmp_path / "local" / "a.rox"), str(tmp_path / "beam" / "a.rox")
+    assert main(["convert", inputs, "-o", local, "--no-progress", *common]) == 0
+    capsys.readouterr()
+    argv = ["convert", inputs, "-o", ours, *common, "--runner", "DirectRunner"]
+    assert main([*argv, *BEAM_TWO_PROCESSES]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(
+        r"wrote 80 documents, \d+ bytes tokens \(uint16\) into \d+ shard\(s\) on DirectRunner "
+        r"in [\d.]+s \([\d,]+ tokens/s\); nothing skipped; manifest .*/beam/a\.manifest\.json",
+        out[0],
+    )
+    assert out[1].startswith("beam counters: 80 documents, ") and out[-1].startswith("verified ")
+    names = sorted(n for n in os.listdir(tmp_path / "local") if n.endswith(".rox"))
+    assert len(names) >= 2 and names == sorted(
+        n for n in os.listdir(tmp_path / "beam") if n.endswith(".rox")
+    )
+    for name in names:
+        assert (tmp_path / "beam" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+
+
+def test_convert_runner_refuses_what_beam_cannot_do_and_unknown_options_stay_errors(
+    tmp_path, capsys
+):
+    src = tmp_path / "a.txt"
+    src.write_text("hi")
+    out = str(tmp_path / "o.rox")
+    with pytest.raises(SystemExit) as info:  # Beam options only with --runner
+        main(["convert", str(src), "-o", out, "--direct_num_workers=2"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --direct_num_workers=2" in capsys.readouterr().err
+    pytest.importorskip("apache_beam")
+    assert main(["convert", str(src), "-o", out, "--runner", "DirectRunner", "--workers", "2"]) == 2
+    assert "on Beam the runner picks the workers" in capsys.readouterr().err
+    argv = ["convert", str(src), "-o", out, "--runner", "DirectRunner", "--limit", "1"]
+    assert main(argv) == 2
+    assert "select the input files instead" in capsys.readouterr().err
+    assert not os.path.exists(out)
