@@ -57,6 +57,7 @@ def assert_same_set(ours: str, local: str, manifest: str) -> None:
     assert main(["verify", ours]) == 0
 
 
+@pytest.mark.slow  # two Beam worker processes: ~15 s here
 def test_the_embedded_corpus_on_two_worker_processes_equals_the_local_converter(tmp_path, capsys):
     pytest.importorskip("tiktoken")
     docs = list(builtin_documents("prose", limit=60))
@@ -104,6 +105,7 @@ def mixed_inputs(tmp_path):
     return [str(src / n) for n in names]
 
 
+@pytest.mark.slow  # two Beam worker processes: ~15 s here
 def test_jsonl_parquet_hf_and_text_inputs_on_two_workers_equal_the_local_converter(
     tmp_path, mixed_inputs, capsys
 ):

@@ -555,6 +555,7 @@ def test_log_lines_are_printed_above_the_progress_bars(tmp_path):
 BEAM_TWO_PROCESSES = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 
+@pytest.mark.slow  # two Beam worker processes: ~15 s here
 def test_convert_runner_on_array_record_token_documents_equals_the_local_conversion(
     tmp_path, capsys
 ):
