@@ -116,6 +116,8 @@ RUNNABLE = [p for p in PAGES if any(True for _ in code_blocks((DOCS / p).read_te
 @pytest.mark.parametrize("page", RUNNABLE)
 def test_every_page_runs_top_to_bottom(page, tmp_path, monkeypatch):
     """Each page in a fresh empty directory, as a reader would run it."""
+    if page == "beam.md":  # the [beam] extra: not in the 3.12/3.13 and lowest-version sessions
+        pytest.importorskip("apache_beam")
     monkeypatch.chdir(tmp_path)
     namespace, ran, _ = run_page(page)
     assert ran >= 1

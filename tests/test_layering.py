@@ -32,6 +32,8 @@ RANK = {
     "cli": 5,
     "_cli": 5,
     "testing": 5,
+    "_beam": 5,
+    "beam": 5,
 }
 # Layers of the same rank that must not import each other either.
 INDEPENDENT = {frozenset({"_format", "_order"}), frozenset({"_text", "_roxxel"})}

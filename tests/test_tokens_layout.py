@@ -111,7 +111,7 @@ def test_the_layout_is_as_small_as_the_data_allows(corpora):
 
 def test_unpack_names_the_layout_it_needs(corpora):
     pipe = _pipeline(corpora, sources="a")
-    with pytest.raises(KeyError, match="unpack\\(\\) reads a layout='tokens' batch"):
+    with pytest.raises(KeyError, match="unpack\\(\\) reads a layout='tokens' or 'windows' batch"):
         pipe.unpack(pipe.map_dataset()[0])
 
 

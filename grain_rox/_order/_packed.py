@@ -130,10 +130,11 @@ class PackedOrder(ChunkStream):
             collections.OrderedDict()
         )
         self._packed_bytes = 0
+        self._permutations: dict[tuple[int, int, int], FeistelPermutation] = {}
 
     def __getstate__(self) -> dict[str, object]:
         state = super().__getstate__()
-        for key in ("_lock", "_packed", "_packed_bytes"):
+        for key in ("_lock", "_packed", "_packed_bytes", "_permutations"):
             state.pop(key, None)
         return state
 
@@ -177,8 +178,17 @@ class PackedOrder(ChunkStream):
         return self.num_chunks * self.rows_per_group(seq_len)
 
     def row_permutation(self, epoch: int, block: int, grid: int) -> FeistelPermutation:
-        n = int(self.block_groups(block)) * self.rows_per_group(grid)
-        return FeistelPermutation(n, derive_key(self.seed, _PURPOSE_PACKED_ROWS, epoch, block))
+        """The order of a block's rows (its grid: ``grid`` is the seq_len that opened it);
+        the last few are kept, as a block is read for many batches."""
+        permutation = self._permutations.get((epoch, block, grid))
+        if permutation is None:
+            n = int(self.block_groups(block)) * self.rows_per_group(grid)
+            key = derive_key(self.seed, _PURPOSE_PACKED_ROWS, epoch, block)
+            permutation = FeistelPermutation(n, key)
+            if len(self._permutations) >= 16:
+                self._permutations.clear()
+            self._permutations[(epoch, block, grid)] = permutation
+        return permutation
 
     # ---- what the pipeline asks -----------------------------------------------------------
     @property

@@ -8,7 +8,7 @@ from anyway, so no document index is built, stored or kept in memory.
 >>> from grain_rox import open_rox, write_rox
 >>> path = os.path.join(tempfile.mkdtemp(), "d.rox")
 >>> _ = write_rox([np.array([5, 6], np.uint16), np.array([7], np.uint16)], path, separator=0)
->>> EosDocuments(open_rox(path), eos_id=0, chunk_tokens=4)(0, 0).tolist()
+>>> EosDocuments(open_rox(path), eos_id=0, chunk_tokens=5)(0, 0).tolist()
 [3, 5]
 """
 

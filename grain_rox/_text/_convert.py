@@ -306,7 +306,7 @@ def read_documents(
     >>> from grain_rox import read_documents
     >>> d = tempfile.mkdtemp()
     >>> _ = open(os.path.join(d, "a.txt"), "w").write("first")
-    >>> _ = open(os.path.join(d, "b.jsonl"), "w").write('{"text": "second"}\n{"text": "third"}\n')
+    >>> _ = open(os.path.join(d, "b.jsonl"), "w").write('{"text": "second"}\\n{"text": "third"}\\n')
     >>> list(read_documents(d))
     ['first', 'second', 'third']
     """

@@ -1,7 +1,0 @@
-"""pytest: the doctests of the modules that import Apache Beam run only where the ``[beam]``
-extra is installed (the Python 3.12/3.13 and lowest-version sessions leave it out)."""
-
-import importlib.util
-
-_NEEDS_BEAM = ["_metrics.py", "_read.py", "_run.py", "_tokenize.py", "_write.py"]
-collect_ignore = [] if importlib.util.find_spec("apache_beam") else _NEEDS_BEAM
