@@ -194,14 +194,20 @@ class WindowReader(ProcessLocal):
     ) -> None:
         """Copy windows made of several pieces (``slots`` of ``plan``) into rows ``out_rows`` of
         ``out``, a slice copy per piece, mark their joins, and pad packed rows (with 0)."""
-        fp = plan.first_piece
-        content = plan.content
+        fp = plan.first_piece.tolist()
+        content = None if plan.content is None else plan.content.tolist()
+        pieces = plan.pieces
+        shard_tokens = self.corpus.shard_tokens
+        tokens: dict[int, np.ndarray] = {}  # each shard's memory map, looked up once
         for slot, row, joins_row in zip(
             slots.tolist(), out_rows.tolist(), joins_rows.tolist(), strict=True
         ):
             for p in range(fp[slot], fp[slot + 1]):
-                s, a, n, d = plan.pieces[p]
-                out[row, d : d + n] = self.corpus.shard_tokens(s)[a : a + n]
+                s, a, n, d = pieces[p]
+                source = tokens.get(s)
+                if source is None:
+                    source = tokens[s] = shard_tokens(s)
+                out[row, d : d + n] = source[a : a + n]
                 if d:
                     joins[joins_row, d] = True
             if content is not None:
