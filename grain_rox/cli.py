@@ -55,6 +55,13 @@ from grain_rox._text._tokenizers import get_tokenizer
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 document``, ``2 documents``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 logger = logging.getLogger("grain_rox")
 
 
@@ -295,7 +302,7 @@ def _convert(args: argparse.Namespace) -> int:
         result.manifest_path,
     )
     print(
-        f"wrote {result.num_documents} documents, {result.num_tokens} {tok.name} tokens "
+        f"wrote {_count(result.num_documents, 'document')}, {result.num_tokens} {tok.name} tokens "
         f"({result.dtype}) into {len(result.paths)} shard(s) in {seconds:.1f}s "
         f"({rate:,.0f} tokens/s); {summary}; manifest {result.manifest_path}"
     )
@@ -341,7 +348,7 @@ def _convert_on_beam(args: argparse.Namespace) -> int:
     c = result.counters
     rate = result.num_tokens / result.seconds if result.seconds > 0 else float("inf")
     print(
-        f"wrote {result.num_documents} documents, {result.num_tokens} {tok.name} tokens "
+        f"wrote {_count(result.num_documents, 'document')}, {result.num_tokens} {tok.name} tokens "
         f"({result.manifest.dtype}) into {len(result.paths)} shard(s) on {result.runner} in "
         f"{result.seconds:.1f}s ({rate:,.0f} tokens/s); {result.skipped()}; manifest "
         f"{result.manifest_path}"
@@ -390,7 +397,7 @@ def _export(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     print(
-        f"wrote {result.num_documents} documents, {result.num_tokens} tokens ({result.dtype} "
+        f"wrote {_count(result.num_documents, 'document')}, {result.num_tokens} tokens ({result.dtype} "
         f"records) to {result.path}; read back and verified, sha256 {result.sha256[:16]}"
     )
     return 0

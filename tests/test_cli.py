@@ -275,7 +275,7 @@ def test_console_script_runs_quietly_when_not_a_terminal(tmp_path):
         [exe, "convert", str(src), "-o", out], capture_output=True, text=True, check=True
     )
     assert proc.stderr == ""  # no progress bar in a pipe
-    assert proc.stdout.startswith("wrote 1 documents, 6 bytes tokens")
+    assert proc.stdout.startswith("wrote 1 document, 6 bytes tokens")
     assert proc.stdout.splitlines()[1].startswith("tokenizer   bytes (vocabulary 257, EOS 256)")
 
 
