@@ -308,12 +308,7 @@ def _convert(args: argparse.Namespace) -> int:
     )
     print(tokenizer_line(tok, args.tokenizer))
     if not args.no_verify:
-        paths = list(result.paths)
-        with byte_bar(shard_sizes(paths), f"verifying {args.output}", enabled=show) as bar:
-            bad = [r for r in verify_rox(paths, on_bytes=bar.update) if not r.ok]
-        if bad:
-            raise ValueError(f"read back after writing, {bad[0].path}: {bad[0].problem}")
-        print(f"verified {len(result.paths)} shard(s): checksums match")
+        _verify_written(list(result.paths), args.output, show)
     return 0
 
 
@@ -360,14 +355,18 @@ def _convert_on_beam(args: argparse.Namespace) -> int:
     )
     print(tokenizer_line(tok, args.tokenizer))
     if not args.no_verify:
-        paths = list(result.paths)
-        show = not args.no_progress
-        with byte_bar(shard_sizes(paths), f"verifying {args.output}", enabled=show) as bar:
-            bad = [r for r in verify_rox(paths, on_bytes=bar.update) if not r.ok]
-        if bad:
-            raise ValueError(f"read back after writing, {bad[0].path}: {bad[0].problem}")
-        print(f"verified {len(result.paths)} shard(s): checksums match")
+        _verify_written(list(result.paths), args.output, not args.no_progress)
     return 0
+
+
+def _verify_written(paths: list[str], output: str, show: bool) -> None:
+    """Read back the shards a conversion wrote and check their checksums (an error names the
+    first bad shard)."""
+    with byte_bar(shard_sizes(paths), f"verifying {output}", enabled=show) as bar:
+        bad = [r for r in verify_rox(paths, on_bytes=bar.update) if not r.ok]
+    if bad:
+        raise ValueError(f"read back after writing, {bad[0].path}: {bad[0].problem}")
+    print(f"verified {len(paths)} shard(s): checksums match")
 
 
 def _beam_args(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:

@@ -27,36 +27,20 @@ whatever the step, where the segments (about two per seq_len run) are laid out o
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from grain_rox._order._chunks import ChunkStream, Rows, Run, schedule_runs
+from grain_rox._order._chunks import ChunkStream, Rows, Run, Segment, schedule_runs
 from grain_rox._order._permutation import FeistelPermutation, derive_key
 
 _PURPOSE_WINDOWS = 3
 DEFAULT_BLOCK_TOKENS = 1 << 29
 PLAN_GROUP = 1024  # samples a reader plans (and caches) together
-_GRID, _HOLES = 0, 1
-
-
-@dataclasses.dataclass(frozen=True)
-class _Segment:
-    """Samples ``[start, stop)`` read one way: grid windows (from the ``slot``-th window of
-    ``epoch``, on through later blocks and epochs) or a block's hole stream (grid seq_len
-    ``grid``, first unserved grid slot ``slot``, from token ``cursor`` of the stream)."""
-
-    start: int
-    stop: int
-    kind: int
-    epoch: int
-    block: int
-    slot: int
-    seq_len: int
-    grid: int = 0
-    cursor: int = 0
+_GRID, _HOLES = 0, 1  # a Segment's kind: grid windows from ``slot`` on, through later blocks
+# and epochs; or a block's hole stream (grid seq_len ``grid``, first unserved grid slot ``slot``,
+# from token ``cursor`` of the stream)
 
 
 class BlockOrder(ChunkStream):
@@ -205,7 +189,7 @@ class BlockOrder(ChunkStream):
             (cols[0][by_row], cols[1][by_row], cols[2][by_row], cols[3][by_row]),
         )
 
-    def _grid_rows(self, segment: _Segment, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _grid_rows(self, segment: Segment, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s = segment.seq_len
         per_epoch = self.epoch_windows(s)
         j = segment.slot + (samples - segment.start)
@@ -222,7 +206,7 @@ class BlockOrder(ChunkStream):
             offset[sel] = self.block_start(b) + grid * s
         return epoch, offset
 
-    def _hole_spans(self, segment: _Segment, samples: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _hole_spans(self, segment: Segment, samples: np.ndarray) -> tuple[np.ndarray, ...]:
         """(row, stream offset, length, offset in the window) of windows over holes."""
         s, grid = segment.seq_len, segment.grid
         c = segment.cursor + (samples - segment.start) * s  # window [c, c + s + 1) of holes
@@ -239,10 +223,10 @@ class BlockOrder(ChunkStream):
         return row, start, hi - lo, lo - c[row]
 
 
-def _lay_out(order: BlockOrder) -> list[_Segment]:
+def _lay_out(order: BlockOrder) -> list[Segment]:
     """The segments of ``order.runs``: each run reads the rest of a hole stream, if a block
     was left in mid-grid at another seq_len, then grid windows block after block."""
-    segments: list[_Segment] = []
+    segments: list[Segment] = []
     epoch, block, grid, slot = 0, 0, 0, 0  # grid == 0: the block has not begun
     cursor = -1  # >= 0: reading the block's hole stream
     for run in order.runs:
@@ -254,7 +238,7 @@ def _lay_out(order: BlockOrder) -> list[_Segment]:
             fit = (holes - cursor - s - 1) // s + 1 if cursor + s + 1 <= holes else 0
             t = min(n, fit)
             if t:
-                segments.append(_Segment(x, x + t, _HOLES, epoch, block, slot, s, grid, cursor))
+                segments.append(Segment(x, x + t, _HOLES, epoch, block, slot, s, grid, cursor))
             x, n = x + t, n - t
             if t < fit:
                 cursor += t * s
@@ -264,7 +248,7 @@ def _lay_out(order: BlockOrder) -> list[_Segment]:
         if n == 0:
             continue
         first = int(order.windows_before(block, s)) + slot
-        segments.append(_Segment(x, x + n, _GRID, epoch, block, first, s))
+        segments.append(Segment(x, x + n, _GRID, epoch, block, first, s))
         j = first + n
         per_epoch = order.epoch_windows(s)
         epoch += j // per_epoch

@@ -57,6 +57,24 @@ class Rows:
         return np.arange(n), self.offset, self.seq_len + 1, np.zeros(n, dtype=np.int64)
 
 
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Samples ``[start, stop)`` that a block order (``_blocks``, ``_packed``) reads one way,
+    its ``kind``: from ``slot`` of ``block`` of ``epoch`` at ``seq_len`` on, or, in a block
+    read on at another seq_len than the ``grid`` that opened it, from token ``cursor`` of
+    what the block has left."""
+
+    start: int
+    stop: int
+    kind: int
+    epoch: int
+    block: int
+    slot: int
+    seq_len: int
+    grid: int = 0
+    cursor: int = 0
+
+
 def schedule_runs(runs: Sequence[Run], max_seq_len: int | None) -> tuple[tuple[Run, ...], int]:
     """A source's non-empty runs and its longest window (``max_seq_len``, default the
     schedule's longest seq_len; below it is an error).

@@ -30,7 +30,6 @@ O(log #segments) plus one permutation evaluation and the packing of the chunks i
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -39,34 +38,19 @@ import numpy as np
 
 from grain_rox._order._bin_packing import PACKINGS, PackedChunk, min_rows, pack_chunk, rows_used
 from grain_rox._order._blocks import PLAN_GROUP
-from grain_rox._order._chunks import ChunkStream, Rows, Run, schedule_runs
+from grain_rox._order._chunks import ChunkStream, Rows, Run, Segment, schedule_runs
 from grain_rox._order._permutation import FeistelPermutation, derive_key
 
 _PURPOSE_PACKED_ROWS = 5
 SAMPLE_CHUNKS = 8  # chunks packed to measure how many rows a chunk needs
 DEFAULT_PACKED_BLOCK_TOKENS = 1 << 27
 PACK_CACHE_BYTES = 64 << 20  # packed chunks a process keeps (LRU)
-_CONT, _REST = 0, 1
+_CONT, _REST = 0, 1  # a Segment's kind: whole rows from global row ``slot`` of ``epoch`` on;
+# or the rest of one block's grid at ``grid``, cut at ``seq_len``, from grid row ``slot``,
+# token ``cursor``
 
 # (shard, token offset of a chunk in it) -> the exclusive ends of the chunk's documents
 ChunkDocuments = Callable[[int, int], np.ndarray]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Segment:
-    """Samples ``[start, stop)`` read one way: whole rows from global row ``slot`` of
-    ``epoch`` on (``_CONT``), or the rest of one block's grid at ``grid`` cut at ``seq_len``
-    from grid row ``slot``, token ``offset`` (``_REST``)."""
-
-    start: int
-    stop: int
-    kind: int
-    epoch: int
-    block: int
-    slot: int
-    seq_len: int
-    grid: int = 0
-    offset: int = 0
 
 
 class PackedOrder(ChunkStream):
@@ -326,21 +310,21 @@ def _rest_rows(grid: int, seq_len: int, offset: int) -> int:
     return max(0, -(-(grid - offset) // seq_len))
 
 
-def _rest_cursor(segment: _Segment, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _rest_cursor(segment: Segment, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(grid slot, offset in the grid row) of the ``t``-th row of a ``_REST`` segment."""
     g, s = segment.grid, segment.seq_len
-    head = _rest_rows(g, s, segment.offset) if segment.offset else 0
+    head = _rest_rows(g, s, segment.cursor) if segment.cursor else 0
     m = _rest_rows(g, s, 0)
     after = np.maximum(t - head, 0)
     in_head = t < head
     slot = np.where(in_head, segment.slot, segment.slot + (head > 0) + after // m)
-    offset = np.where(in_head, segment.offset + t * s, (after % m) * s)
+    offset = np.where(in_head, segment.cursor + t * s, (after % m) * s)
     return slot, offset
 
 
-def _lay_out(order: PackedOrder) -> list[_Segment]:
+def _lay_out(order: PackedOrder) -> list[Segment]:
     """The segments of ``order.runs`` (see the module doc)."""
-    segments: list[_Segment] = []
+    segments: list[Segment] = []
     epoch, block, grid, slot, offset = 0, 0, 0, 0, 0  # grid == 0: the block has not begun
     cut = False  # the block's grid is read at another seq_len since a change
     for run in order.runs:
@@ -353,7 +337,7 @@ def _lay_out(order: PackedOrder) -> list[_Segment]:
             m = _rest_rows(grid, s, 0)
             left = head + (rows - slot - (offset > 0)) * m
             t = min(n, left)
-            segment = _Segment(x, x + t, _REST, epoch, block, slot, s, grid, offset)
+            segment = Segment(x, x + t, _REST, epoch, block, slot, s, grid, offset)
             if t:
                 segments.append(segment)
             x, n = x + t, n - t
@@ -367,7 +351,7 @@ def _lay_out(order: PackedOrder) -> list[_Segment]:
             continue
         rows = order.rows_per_group(s)
         first = int(order.groups_before(block)) * rows + slot
-        segments.append(_Segment(x, x + n, _CONT, epoch, block, first, s))
+        segments.append(Segment(x, x + n, _CONT, epoch, block, first, s))
         j = first + n
         per_epoch = order.num_chunks * rows
         epoch += j // per_epoch
