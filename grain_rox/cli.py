@@ -277,8 +277,8 @@ def _convert(args: argparse.Namespace) -> int:
             " (the default)" if args.tokenizer is None else "",
         )
         start = time.perf_counter()
-        result = write_rox(
-            tokenize_in_order(docs, tok, workers=args.workers),
+        result = write_rox(  # it encodes text a chunk ahead itself; --workers: more chunks
+            docs if args.workers is None else tokenize_in_order(docs, tok, workers=args.workers),
             args.output,
             tokenizer=tok,
             block_size=args.block_size,

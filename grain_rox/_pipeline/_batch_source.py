@@ -175,11 +175,11 @@ class GlobalBatchSource:
             layout = self.tokens
             assert layout is not None  # TokenPipeline checked it
             batch = layout.empty(hi - lo, phase.seq_len)
-            _, joins = self._read(sources, samples, batch[:, : phase.seq_len + 1])
+            _, joins, _ = self._read(sources, samples, batch[:, : phase.seq_len + 1])
             row_eos = np.asarray(self.eos_ids)[sources] if layout.eos_column else None
             return {TOKENS: layout.fill(batch, joins, row_eos)}
-        windows, joins = self._read(sources, samples, None, phase.seq_len)
-        features = self._features(windows, joins, sources, self._content(sources, samples))
+        windows, joins, content = self._read(sources, samples, None, phase.seq_len)
+        features = self._features(windows, joins, sources, content)
         windows.flags.writeable = False  # inputs and targets are views of one buffer
         if self.pipeline.layout == "windows":
             return windows_record(windows, features)
@@ -191,16 +191,19 @@ class GlobalBatchSource:
         samples: np.ndarray,
         out: np.ndarray | None,
         seq_len: int | None = None,
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The windows of each row's sample of its source (into ``out`` if given), and the
-        mask of chunk joins (None when no window crosses one)."""
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The windows of each row's sample of its source (into ``out`` if given), the mask
+        of chunk joins (None when no window crosses one) and, for packed rows, each row's
+        tokens before its padding (None: full windows)."""
         dtype = self.dtype if out is None else out.dtype
         if len(self.readers) == 1:
-            return self.readers[0].read(samples, dtype=dtype, out=out)
+            reader = self.readers[0]
+            windows, joins = reader.read(samples, dtype=dtype, out=out)
+            return windows, joins, reader.row_content(samples)
         if out is None:
             assert seq_len is not None
             out = np.empty((samples.size, seq_len + 1), dtype=dtype)
-        joins = None
+        joins = content = None
         for s in np.unique(sources).tolist():
             sel = np.flatnonzero(sources == s)  # this source's rows, straight into the batch
             part_joins = self.readers[s].read_rows(samples[sel], out, sel)
@@ -208,21 +211,12 @@ class GlobalBatchSource:
                 if joins is None:
                     joins = np.zeros(out.shape, dtype=bool)
                 joins[sel] = part_joins
-        return out, joins
-
-    def _content(self, sources: np.ndarray, samples: np.ndarray) -> np.ndarray | None:
-        """Tokens of each packed row, the rest padding (None: full windows)."""
-        if not self.pipeline.packing:
-            return None
-        if len(self.readers) == 1:
-            return self.readers[0].row_content(samples)
-        content = np.empty(samples.size, dtype=np.int64)
-        for s in np.unique(sources).tolist():
-            sel = np.flatnonzero(sources == s)
-            part = self.readers[s].row_content(samples[sel])
-            assert part is not None
-            content[sel] = part
-        return content
+            part_content = self.readers[s].row_content(samples[sel])
+            if part_content is not None:
+                if content is None:
+                    content = np.empty(samples.size, dtype=np.int64)
+                content[sel] = part_content
+        return out, joins, content
 
     def _features(
         self,

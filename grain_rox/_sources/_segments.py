@@ -85,12 +85,13 @@ def segment_features(
     target_segmentation = segmentation
     if joins is not None and joins[:, 1:].any():
         target_segmentation = np.where(joins[:, 1:], 0, segmentation).astype(np.int32)
-    padded = np.flatnonzero(content <= seq_len) if content is not None else ()
-    if len(padded) and target_segmentation is segmentation:
-        target_segmentation = segmentation.copy()
-    for r, c in zip(padded, content[padded] if content is not None else (), strict=True):
-        segmentation[r, c:] = position[r, c:] = 0  # padding: a suffix of the row
-        target_segmentation[r, max(c - 1, 0) :] = 0  # a target that is padding
+    if content is not None and (content <= seq_len).any():
+        if target_segmentation is segmentation:
+            target_segmentation = segmentation.copy()
+        for r in np.flatnonzero(content <= seq_len).tolist():
+            c = int(content[r])
+            segmentation[r, c:] = position[r, c:] = 0  # padding: a suffix of the row
+            target_segmentation[r, max(c - 1, 0) :] = 0  # a target that is padding
     for array in (segmentation, position, target_segmentation):
         array.flags.writeable = False  # shared between features (and records): read-only
     return {
