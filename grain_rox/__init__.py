@@ -19,6 +19,7 @@ _LAZY: dict[str, str] = {
     "RoxCorpus": "grain_rox._format._rox_corpus",
     "ShardInfo": "grain_rox._format._rox_corpus",
     "RoxFormatError": "grain_rox._format._rox_format",
+    "object_store_stats": "grain_rox._format._object_store",
     "write_rox": "grain_rox._text._rox_writer",
     "builtin_documents": "grain_rox._text._builtin_corpus",
     "read_documents": "grain_rox._text._convert",
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # the same names for type checkers; tests/test_public_api.py 
     from grain_rox._devices._multihost import MultiHostDataLoadIterator as MultiHostDataLoadIterator
     from grain_rox._format._manifest import Manifest as Manifest
     from grain_rox._format._manifest import ShardRecord as ShardRecord
+    from grain_rox._format._object_store import object_store_stats as object_store_stats
     from grain_rox._format._rox_corpus import RoxCorpus as RoxCorpus
     from grain_rox._format._rox_corpus import ShardInfo as ShardInfo
     from grain_rox._format._rox_corpus import open_rox as open_rox

@@ -22,9 +22,8 @@ def _positions(corpus: RoxCorpus, token: int) -> np.ndarray:
     """Every corpus-wide position of ``token``, in order."""
     found = [np.empty(0, np.int64)]
     for s, shard in enumerate(corpus.shards):
-        tokens = corpus.shard_tokens(s)
-        for lo in range(0, tokens.size, _SCAN):
-            hits = np.flatnonzero(tokens[lo : lo + _SCAN] == token)
+        for lo, tokens in corpus.iter_shard(s, _SCAN):
+            hits = np.flatnonzero(tokens == token)
             found.append(hits.astype(np.int64) + (shard.first_token + lo))
     return np.concatenate(found)
 

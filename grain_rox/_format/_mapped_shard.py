@@ -38,10 +38,11 @@ class MappedShard:
       mm: the map (None for a shard with no blocks, or after :meth:`close`).
     """
 
-    __slots__ = ("ends", "mm", "tokens")
+    __slots__ = ("_windows", "ends", "mm", "tokens")
 
     def __init__(self, header: ShardHeader, identity: FileIdentity) -> None:
         self.mm: mmap.mmap | None = None
+        self._windows: dict[int, np.ndarray] = {}
         self.tokens: np.ndarray
         self.ends: np.ndarray
         if header.raw_size == 0:
@@ -67,7 +68,29 @@ class MappedShard:
         self.tokens = np.frombuffer(self.mm, header.dtype, count=header.num_tokens)
         self.ends = read_index(header, self.mm)
 
+    def slice(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of the shard (a zero-copy view)."""
+        return self.tokens[start:stop]
+
+    def spans(self, spans: list[tuple[int, int]]) -> list[np.ndarray]:
+        """Tokens ``[a, b)`` for each span (zero-copy views)."""
+        return [self.tokens[a:b] for a, b in spans]
+
+    def gather(self, starts: np.ndarray, width: int) -> np.ndarray:
+        """The ``width``-token windows that start at ``starts``, as an (n, width) array: one
+        vectorised copy from a strided view of all the shard's windows."""
+        view = self._windows.get(width)
+        if view is None:
+            n = max(0, self.tokens.size - width + 1)
+            step = self.tokens.strides[0]
+            view = np.lib.stride_tricks.as_strided(
+                self.tokens, shape=(n, width), strides=(step, step), writeable=False
+            )
+            self._windows[width] = view
+        return view[starts]
+
     def close(self) -> None:
+        self._windows = {}
         mm, self.mm = self.mm, None
         if mm is not None:
             # Views handed out stay valid: if any is alive the map is released with the last one.

@@ -26,6 +26,10 @@ import glob
 import os
 import re
 from collections.abc import Sequence
+from typing import Any
+
+from grain_rox._format._object_store import is_url
+from grain_rox._format._remote_set import resolve_url
 
 PathSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -82,11 +86,18 @@ def _resolve_entry(s: str, roxxel_names: bool) -> tuple[list[str], str]:
     )
 
 
-def resolve_shard_paths(spec: PathSpec, *, roxxel_names: bool = False) -> list[str]:
+def resolve_shard_paths(
+    spec: PathSpec,
+    *,
+    roxxel_names: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> list[str]:
     """Return the shard files ``spec`` names, in order (see the module docstring).
 
     Raises ``FileNotFoundError`` naming what was searched when nothing matches or an entry
-    names nothing.
+    names nothing. URLs (``gs://``, ``s3://``, any fsspec scheme) resolve by the same rules,
+    by listing their prefix (:func:`grain_rox._format._remote_set.resolve_url`), with
+    ``storage_options`` (None: fsspec's configuration).
 
     >>> import tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -107,7 +118,9 @@ def resolve_shard_paths(spec: PathSpec, *, roxxel_names: bool = False) -> list[s
         raise TypeError(f"shard paths must be str or os.PathLike, got bytes {spec!r}")
     if isinstance(spec, (str, os.PathLike)):
         s = os.fspath(spec)
-        if _has_glob(s):
+        if is_url(s):
+            entries = [s]
+        elif _has_glob(s):
             entries = sorted(glob.glob(s))
             if not entries:
                 raise FileNotFoundError(f"no .rox shard matches the glob {s!r}")
@@ -120,7 +133,12 @@ def resolve_shard_paths(spec: PathSpec, *, roxxel_names: bool = False) -> list[s
     paths: list[str] = []
     missing: list[str] = []
     for entry in entries:
-        found, searched = _resolve_entry(entry, roxxel_names)
+        if is_url(entry):
+            found, searched = resolve_url(
+                entry, roxxel_names=roxxel_names, storage_options=storage_options
+            )
+        else:
+            found, searched = _resolve_entry(entry, roxxel_names)
         paths.extend(found)
         if not found:
             missing.append(searched)

@@ -12,6 +12,7 @@ import bisect
 import dataclasses
 import json
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,10 @@ import numpy as np
 from grain_rox._format._leftovers import leftovers_of
 from grain_rox._format._manifest import Manifest, ShardRecord
 from grain_rox._format._mapped_shard import FileIdentity, MappedShard
+from grain_rox._format._object_store import is_url
 from grain_rox._format._paths import PathSpec, resolve_shard_paths
+from grain_rox._format._remote_set import check_object_checksum
+from grain_rox._format._remote_shard import ObjectRef, RemoteShard
 from grain_rox._format._rox_format import (
     FULL_INDEX_CHECK_LIMIT,
     RoxFormatError,
@@ -103,7 +107,8 @@ class RoxCorpus:
         records: list[ShardRecord | None],
         manifests: dict[str, Manifest],
         uniform: list[bool | None],
-        identities: list[FileIdentity],
+        identities: list[FileIdentity | ObjectRef],
+        indexes: list[np.ndarray | None] | None = None,
     ) -> None:
         if not headers:
             raise FileNotFoundError("a RoxCorpus needs at least one shard")
@@ -112,12 +117,13 @@ class RoxCorpus:
         self._manifests = manifests
         self._uniform = uniform
         self._identities = identities  # pickled with the corpus: workers map the same files
+        self._indexes = indexes or [None] * len(headers)  # remote indexes read with footers
         self._block_starts = np.cumsum([0] + [h.num_blocks for h in headers], dtype=np.int64)
         self._token_starts = np.cumsum([0] + [h.num_tokens for h in headers], dtype=np.int64)
         self._block_starts_list = self._block_starts.tolist()
         self._token_starts_list = self._token_starts.tolist()
         self._lock = threading.Lock()
-        self._maps: list[MappedShard | None] = [None] * len(headers)
+        self._maps: list[MappedShard | RemoteShard | None] = [None] * len(headers)
         self._fingerprint: str | None = None
 
     # ---- facts -----------------------------------------------------------------------------
@@ -199,7 +205,7 @@ class RoxCorpus:
     def leftover_temps(self) -> tuple[str, ...]:
         """Hidden temporary files that killed writers left beside these shards' sets (not part
         of the data; the next write to the set removes them). Scans the directories."""
-        return tuple(leftovers_of(list(self.paths)))
+        return tuple(leftovers_of([p for p in self.paths if not is_url(p)]))
 
     @property
     def uniform_blocks(self) -> bool | None:
@@ -225,7 +231,7 @@ class RoxCorpus:
         not detected.
         """
         if self._fingerprint is None:
-            self._fingerprint = content_fingerprint(self._headers, self._records)
+            self._fingerprint = content_fingerprint(self._headers, self._records, self._identities)
         return self._fingerprint
 
     def __repr__(self) -> str:
@@ -238,21 +244,79 @@ class RoxCorpus:
         return self._block_starts_list[-1]
 
     # ---- reading ---------------------------------------------------------------------------
-    def _map(self, s: int) -> MappedShard:
+    @property
+    def remote(self) -> bool:
+        """Whether any shard is an object in a bucket (read by ranged requests, not mapped)."""
+        return any(isinstance(i, ObjectRef) for i in self._identities)
+
+    def _map(self, s: int) -> MappedShard | RemoteShard:
         mapped = self._maps[s]
         if mapped is None:
             with self._lock:
                 mapped = self._maps[s]
                 if mapped is None:
-                    mapped = MappedShard(self._headers[s], self._identities[s])
+                    identity = self._identities[s]
+                    if isinstance(identity, ObjectRef):
+                        mapped = RemoteShard(self._headers[s], identity, self._indexes[s])
+                    else:
+                        mapped = MappedShard(self._headers[s], identity)
                     if self._uniform[s] is None:  # index not walked at open: walk it once now
                         self._uniform[s] = check_index(self._headers[s], mapped.ends)
                     self._maps[s] = mapped
         return mapped
 
     def shard_tokens(self, s: int) -> np.ndarray:
-        """Shard ``s``'s whole token region as a zero-copy view."""
-        return self._map(s).tokens
+        """Shard ``s``'s whole token region as a zero-copy view of its memory map.
+
+        A shard in a bucket has no map: read it with :meth:`shard_slice` or :meth:`gather`.
+        """
+        tokens = self._map(s).tokens
+        if tokens is None:
+            raise TypeError(
+                f"{self._headers[s].path} is an object in a bucket, read by ranged requests: "
+                "it has no memory map to view whole. Fix: read it with corpus.shard_slice(s, "
+                "start, stop), corpus.gather(s, starts, width) or corpus.tokens(start, stop)"
+            )
+        return tokens
+
+    def shard_slice(self, s: int, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of shard ``s``: a zero-copy view of a local shard's map, a
+        new array read by one ranged request (through the block cache) for a remote one."""
+        return self._map(s).slice(start, stop)
+
+    def shard_spans(self, s: int, spans: list[tuple[int, int]]) -> list[np.ndarray]:
+        """Tokens ``[a, b)`` of shard ``s`` for each span: views of a local shard's map, one
+        concurrent batch of ranged requests (through the block cache) for a remote one."""
+        return self._map(s).spans(spans)
+
+    def iter_shard(self, s: int, chunk_tokens: int = 1 << 24) -> Iterator[tuple[int, np.ndarray]]:
+        """Shard ``s``'s tokens as (offset, tokens) chunks of ``chunk_tokens``: a scan in
+        bounded memory, local or remote.
+
+        >>> import tempfile, os, numpy as np
+        >>> from grain_rox import open_rox, write_rox
+        >>> path = os.path.join(tempfile.mkdtemp(), "c.rox")
+        >>> _ = write_rox([np.arange(5, dtype=np.uint16)], path, block_size=10)
+        >>> [(at, c.tolist()) for at, c in open_rox(path).iter_shard(0, chunk_tokens=2)]
+        [(0, [0, 1]), (2, [2, 3]), (4, [4])]
+        """
+        n = self._headers[s].num_tokens
+        for lo in range(0, n, chunk_tokens):
+            yield lo, self.shard_slice(s, lo, min(n, lo + chunk_tokens))
+
+    def gather(self, s: int, starts: np.ndarray, width: int) -> np.ndarray:
+        """Shard ``s``'s ``width``-token windows that start at token offsets ``starts``, as
+        an (n, width) array: one vectorised copy from a local shard's map, one concurrent
+        batch of ranged requests (through the block cache) for a remote one.
+
+        >>> import tempfile, os, numpy as np
+        >>> from grain_rox import open_rox, write_rox
+        >>> path = os.path.join(tempfile.mkdtemp(), "g.rox")
+        >>> _ = write_rox([np.arange(10, dtype=np.uint16)], path, block_size=20)
+        >>> open_rox(path).gather(0, np.array([4, 0]), 3).tolist()
+        [[4, 5, 6], [0, 1, 2]]
+        """
+        return self._map(s).gather(starts, width)
 
     def shard_index(self, s: int) -> np.ndarray:
         """Shard ``s``'s block index, walked and checked: where each block ends, in bytes from
@@ -293,7 +357,7 @@ class RoxCorpus:
                 "the index is damaged",
                 "re-create the shard; grain-rox verify checks every shard's whole index",
             )
-        return mapped.tokens[start // itemsize : end // itemsize]
+        return mapped.slice(start // itemsize, end // itemsize)
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` of the virtual stream (all shards' raw regions, in order).
@@ -308,12 +372,12 @@ class RoxCorpus:
             return np.empty((0,), self.dtype)
         s = bisect.bisect_right(starts, start) - 1
         if stop <= starts[s + 1]:
-            return self._map(s).tokens[start - starts[s] : stop - starts[s]]
+            return self._map(s).slice(start - starts[s], stop - starts[s])
         pieces = []
         pos = start
         while pos < stop:
             end = min(stop, starts[s + 1])
-            pieces.append(self._map(s).tokens[pos - starts[s] : end - starts[s]])
+            pieces.append(self._map(s).slice(pos - starts[s], end - starts[s]))
             pos = end
             s += 1
         return np.concatenate(pieces)
@@ -328,7 +392,11 @@ class RoxCorpus:
             if header.num_blocks:
                 self._uniform[s] = check_index(header, self._map(s).ends)
             if checksums and record is not None:
-                record.check_checksum(header.path)
+                identity = self._identities[s]
+                if isinstance(identity, ObjectRef):
+                    check_object_checksum(identity, record)
+                else:
+                    record.check_checksum(header.path)
 
     # ---- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
@@ -357,7 +425,11 @@ class RoxCorpus:
 
 
 def open_rox(
-    paths: PathSpec | RoxCorpus, *, verify: bool = False, roxxel_names: bool = False
+    paths: PathSpec | RoxCorpus,
+    *,
+    verify: bool = False,
+    roxxel_names: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> RoxCorpus:
     """Open `.rox` shards (a file, glob, directory, set name or list) as one :class:`RoxCorpus`.
 
@@ -376,6 +448,14 @@ def open_rox(
       verify: also check every shard's whole index and, with a manifest, its sha256 now
         (reads every byte; see :meth:`RoxCorpus.verify`).
       roxxel_names: resolve a set name with roxxel's looser ``name*.rox`` fallback.
+      storage_options: fsspec options (endpoint, credentials) for paths that are URLs
+        (``gs://``, ``s3://``, any fsspec scheme); None uses fsspec's configuration and the
+        environment, which is also how Grain worker processes reach the bucket.
+
+    URLs resolve by the same rules as local paths (a prefix lists its ``*.rox`` objects). A
+    shard in a bucket is not copied: its footer is read with one ranged request at open, and
+    its tokens by ranged requests as they are read, through a bounded per-process block cache
+    (``GRAIN_ROX_OBJECT_CACHE_MB``, default 256), each batch's requests issued concurrently.
 
     Returns:
       The opened :class:`RoxCorpus` (memory maps open lazily; ``close()`` or ``with``).
@@ -395,9 +475,13 @@ def open_rox(
     """
     if isinstance(paths, RoxCorpus):
         return paths
-    resolved = resolve_shard_paths(paths, roxxel_names=roxxel_names)
+    resolved = resolve_shard_paths(
+        paths, roxxel_names=roxxel_names, storage_options=storage_options
+    )
     # Read at call time, so a test can lower the limit to exercise the lazy walk.
-    facts = load_shard_facts(resolved, index_check_limit=FULL_INDEX_CHECK_LIMIT)
+    facts = load_shard_facts(
+        resolved, index_check_limit=FULL_INDEX_CHECK_LIMIT, storage_options=storage_options
+    )
     corpus = RoxCorpus(*facts)
     if verify:
         corpus.verify(checksums=True)

@@ -21,6 +21,7 @@ import mmap
 import os
 import stat
 import struct
+from collections.abc import Callable
 
 import numpy as np
 
@@ -172,71 +173,83 @@ def read_header(path: str) -> ShardHeader:
     require_regular(path, os.stat(path))  # opening a FIFO would block forever
     with open(path, "rb") as f:
         file_size = os.fstat(f.fileno()).st_size
-        if file_size < FOOTER_SIZE:
-            what = "empty (0 bytes)" if file_size == 0 else f"only {file_size} bytes"
+
+        def read_at(offset: int, size: int) -> bytes:
+            f.seek(offset)
+            return f.read(size)
+
+        return parse_header(path, file_size, read_at)
+
+
+def parse_header(path: str, file_size: int, read_at: Callable[[int, int], bytes]) -> ShardHeader:
+    """Validate the footer and first/last index entry of a ``file_size``-byte shard whose
+    bytes ``read_at(offset, size)`` returns (a local file or ranged requests to an object).
+    """
+    if file_size < FOOTER_SIZE:
+        what = "empty (0 bytes)" if file_size == 0 else f"only {file_size} bytes"
+        raise RoxFormatError(
+            path,
+            f"the file is {what}, smaller than the 32-byte ROXXEL02 footer "
+            "(left by an interrupted writer, or roxxel's write([]))",
+            "delete the file or re-create it; grain_rox writers never leave such files",
+        )
+    num_blocks, raw_size, dtype_bytes, signature = FOOTER.unpack(
+        read_at(file_size - FOOTER_SIZE, FOOTER_SIZE)
+    )
+    if signature != SIGNATURE:
+        raise RoxFormatError(
+            path,
+            f"the last 8 bytes are {signature!r}, not the ROXXEL02 signature (truncated, "
+            "extended with trailing bytes, or not a .rox file)",
+            _REWRITE,
+        )
+    dtype = decode_dtype(dtype_bytes, path)
+    if num_blocks < 0 or raw_size < 0:
+        raise RoxFormatError(
+            path,
+            f"the footer says {num_blocks} blocks and {raw_size} raw bytes; both must be >= 0",
+            _REWRITE,
+        )
+    expected = raw_size + INDEX_ENTRY_SIZE * num_blocks + FOOTER_SIZE
+    if expected != file_size:
+        raise RoxFormatError(
+            path,
+            f"the file is {file_size} bytes but its footer ({num_blocks} block(s), "
+            f"{raw_size} raw bytes) implies raw + 8*N + 32 = {expected} bytes (truncated "
+            "or damaged)",
+            _REWRITE,
+        )
+    if (num_blocks == 0) != (raw_size == 0):
+        raise RoxFormatError(
+            path, f"the footer says {num_blocks} blocks but {raw_size} raw bytes", _REWRITE
+        )
+    itemsize = dtype.itemsize
+    if raw_size % itemsize:
+        raise RoxFormatError(
+            path,
+            f"the raw region ({raw_size} bytes) is not a whole number of {dtype} tokens "
+            f"({itemsize} bytes each)",
+            "write shards with a block size that is a multiple of the token size",
+        )
+    first = last = 0
+    if num_blocks:
+        first = int.from_bytes(read_at(raw_size, 8), "little", signed=True)
+        last_at = raw_size + INDEX_ENTRY_SIZE * (num_blocks - 1)
+        last = int.from_bytes(read_at(last_at, 8), "little", signed=True)
+        if not 0 < first <= last == raw_size:
             raise RoxFormatError(
                 path,
-                f"the file is {what}, smaller than the 32-byte ROXXEL02 footer "
-                "(left by an interrupted writer, or roxxel's write([]))",
-                "delete the file or re-create it; grain_rox writers never leave such files",
-            )
-        f.seek(file_size - FOOTER_SIZE)
-        num_blocks, raw_size, dtype_bytes, signature = FOOTER.unpack(f.read(FOOTER_SIZE))
-        if signature != SIGNATURE:
-            raise RoxFormatError(
-                path,
-                f"the last 8 bytes are {signature!r}, not the ROXXEL02 signature (truncated, "
-                "extended with trailing bytes, or not a .rox file)",
+                f"the block index is inconsistent: first end offset {first}, last {last}, "
+                f"raw size {raw_size} (need 0 < first <= last == raw size)",
                 _REWRITE,
             )
-        dtype = decode_dtype(dtype_bytes, path)
-        if num_blocks < 0 or raw_size < 0:
+        if first % itemsize:
             raise RoxFormatError(
                 path,
-                f"the footer says {num_blocks} blocks and {raw_size} raw bytes; both must be >= 0",
-                _REWRITE,
+                f"the block size {first} bytes is not a multiple of the {dtype} token size "
+                f"({itemsize} bytes): blocks would split tokens (roxxel garbles them)",
+                f"re-write with a block size that is a multiple of {itemsize}",
             )
-        expected = raw_size + INDEX_ENTRY_SIZE * num_blocks + FOOTER_SIZE
-        if expected != file_size:
-            raise RoxFormatError(
-                path,
-                f"the file is {file_size} bytes but its footer ({num_blocks} block(s), "
-                f"{raw_size} raw bytes) implies raw + 8*N + 32 = {expected} bytes (truncated "
-                "or damaged)",
-                _REWRITE,
-            )
-        if (num_blocks == 0) != (raw_size == 0):
-            raise RoxFormatError(
-                path, f"the footer says {num_blocks} blocks but {raw_size} raw bytes", _REWRITE
-            )
-        itemsize = dtype.itemsize
-        if raw_size % itemsize:
-            raise RoxFormatError(
-                path,
-                f"the raw region ({raw_size} bytes) is not a whole number of {dtype} tokens "
-                f"({itemsize} bytes each)",
-                "write shards with a block size that is a multiple of the token size",
-            )
-        first = last = 0
-        if num_blocks:
-            f.seek(raw_size)
-            first = int.from_bytes(f.read(8), "little", signed=True)
-            f.seek(raw_size + INDEX_ENTRY_SIZE * (num_blocks - 1))
-            last = int.from_bytes(f.read(8), "little", signed=True)
-            if not 0 < first <= last == raw_size:
-                raise RoxFormatError(
-                    path,
-                    f"the block index is inconsistent: first end offset {first}, last {last}, "
-                    f"raw size {raw_size} (need 0 < first <= last == raw size)",
-                    _REWRITE,
-                )
-            if first % itemsize:
-                raise RoxFormatError(
-                    path,
-                    f"the block size {first} bytes is not a multiple of the {dtype} token size "
-                    f"({itemsize} bytes): blocks would split tokens (roxxel garbles them)",
-                    f"re-write with a block size that is a multiple of {itemsize}",
-                )
     return ShardHeader(path, file_size, num_blocks, raw_size, dtype, first, last)
 
 

@@ -12,11 +12,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from grain_rox._format._hash_cache import cached_sha256
 from grain_rox._format._manifest import Manifest, ShardRecord, manifest_path_for
 from grain_rox._format._mapped_shard import FileIdentity, file_identity
+from grain_rox._format._object_store import is_url, store_for
+from grain_rox._format._remote_set import remote_manifest
+from grain_rox._format._remote_shard import ObjectRef, open_object
 from grain_rox._format._rox_format import (
     RoxFormatError,
     ShardHeader,
@@ -39,44 +44,67 @@ class ShardFacts(NamedTuple):
       manifests: the manifests that describe some of the shards, by path.
       uniform: whether every block of a shard has its first block's size; None while its
         index has not been walked.
-      identities: each shard's file version when it was opened.
+      identities: each shard's file version when it was opened (an :class:`ObjectRef` for
+        an object in a bucket).
+      indexes: a remote shard's block index when it came with its footer, else None.
     """
 
     headers: list[ShardHeader]
     records: list[ShardRecord | None]
     manifests: dict[str, Manifest]
     uniform: list[bool | None]
-    identities: list[FileIdentity]
+    identities: list[FileIdentity | ObjectRef]
+    indexes: list[np.ndarray | None]
 
 
-def load_shard_facts(paths: list[str], *, index_check_limit: int) -> ShardFacts:
+def load_shard_facts(
+    paths: list[str],
+    *,
+    index_check_limit: int,
+    storage_options: dict[str, Any] | None = None,
+) -> ShardFacts:
     """Read and check what a corpus needs to know about each shard of ``paths``.
 
     Args:
       paths: the shard files, in the corpus's order.
       index_check_limit: walk each shard's whole index now while the indexes walked so far
         total at most this many entries; the rest are walked when first mapped.
+      storage_options: fsspec options for the paths that are URLs (None: fsspec's config).
 
     Raises :class:`RoxFormatError` naming the first shard that is damaged, disagrees with its
     manifest, or has another token dtype than the first shard.
     """
-    facts = ShardFacts([], [], {}, [], [])
+    facts = ShardFacts([], [], {}, [], [], [])
     tried: dict[str, Manifest | None] = {}
     index_budget = index_check_limit
     for path in paths:
-        # Before the footer is read: a file replaced after this stat is refused when mapped.
-        facts.identities.append(file_identity(os.stat(path)))
-        header = read_header(path)
+        index = None
+        if is_url(path):
+            store = store_for(path, storage_options)
+            ref = ObjectRef(store, store.info(path))
+            facts.identities.append(ref)
+            header, index = open_object(ref)
+        else:
+            # Before the footer is read: a file replaced after this stat is refused when mapped.
+            facts.identities.append(file_identity(os.stat(path)))
+            header = read_header(path)
+        facts.indexes.append(index)
         if facts.headers:
             check_same_dtype(facts.headers[0], header)
         mpath = manifest_path_for(path)
         if mpath not in tried:
-            tried[mpath] = current_manifest(mpath)
+            tried[mpath] = (
+                remote_manifest(store_for(path, storage_options), mpath)
+                if is_url(path)
+                else current_manifest(mpath)
+            )
         manifest = tried[mpath]
         record = manifest.check_shard(header, mpath) if manifest else None
         if manifest is not None and record is not None:
             facts.manifests[mpath] = manifest
-        if 0 < header.num_blocks <= index_budget:
+        if index is not None and header.num_blocks:  # a remote index that came with the footer
+            facts.uniform.append(check_index(header, index))
+        elif 0 < header.num_blocks <= index_budget and not is_url(path):
             # Small corpora: walk every index now. Large ones: each shard's index is walked
             # when the shard is first mapped, so opening stays O(1) per shard.
             index_budget -= header.num_blocks
@@ -107,14 +135,29 @@ def check_unchanged(path: str, record: ShardRecord) -> None:
         )
 
 
-def content_fingerprint(headers: list[ShardHeader], records: list[ShardRecord | None]) -> str:
+def content_fingerprint(
+    headers: list[ShardHeader],
+    records: list[ShardRecord | None],
+    identities: list[FileIdentity | ObjectRef],
+) -> str:
     """A short hash of a corpus's content (see :attr:`grain_rox.RoxCorpus.fingerprint`).
 
     Per shard: its name, size and footer, the manifest's sha256 (after :func:`check_unchanged`)
-    and its first and last 4 KiB of tokens.
+    and its first and last 4 KiB of tokens; for an object in a bucket, also the content hash
+    the store keeps for it (GCS's crc32c, S3's ETag), which any rewrite of other bytes changes.
     """
     digest = hashlib.sha1()
-    for s, (header, record) in enumerate(zip(headers, records, strict=True)):
+    for s, (header, record, identity) in enumerate(zip(headers, records, identities, strict=True)):
+        if isinstance(identity, ObjectRef):
+            facts = [*header.facts(), record.sha256 if record else None, identity.info.content_tag]
+            digest.update(json.dumps(facts).encode())
+            if header.raw_size:
+                n = min(_SAMPLE_BYTES, header.raw_size)
+                spans = [(0, n), (max(0, header.raw_size - _SAMPLE_BYTES), header.raw_size)]
+                for data in identity.store.read_ranges(identity.url, spans):
+                    digest.update(data)
+            digest.update(str(s).encode())
+            continue
         if record is not None:
             check_unchanged(header.path, record)
         digest.update(json.dumps([*header.facts(), record.sha256 if record else None]).encode())

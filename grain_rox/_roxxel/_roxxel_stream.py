@@ -278,13 +278,13 @@ class RoxxelStreamSource:
         out = np.empty((ids.size, block_tokens), self._token_dtype)
         firsts = self._shard_first_blocks
         if firsts.size == 1:
-            out[:] = self.corpus.shard_tokens(0).reshape(-1, block_tokens)[ids]
+            out[:] = self.corpus.gather(0, ids * block_tokens, block_tokens)
         else:
             shard_of = np.searchsorted(firsts, ids, side="right") - 1
             for s in np.unique(shard_of).tolist():
                 rows = np.flatnonzero(shard_of == s)
-                blocks = self.corpus.shard_tokens(s).reshape(-1, block_tokens)
-                out[rows] = blocks[ids[rows] - firsts[s]]
+                starts = (ids[rows] - firsts[s]) * block_tokens
+                out[rows] = self.corpus.gather(s, starts, block_tokens)
         return out.reshape(-1)
 
     def _getitems(self, indices: Sequence[int]) -> list[np.ndarray]:

@@ -53,8 +53,9 @@ def rox_documents(corpus: RoxCorpus, eos_id: int) -> Iterator[np.ndarray]:
         return doc
 
     carry = np.empty(0, corpus.dtype)
-    for s in range(len(corpus.shards)):
-        tokens = corpus.shard_tokens(s)
+    # Chunks of shards (a shard in a bucket is read chunk by chunk): a document may span them.
+    chunks = (chunk for s in range(len(corpus.shards)) for _, chunk in corpus.iter_shard(s))
+    for tokens in chunks:
         start = 0
         for end in np.flatnonzero(tokens == eos_id).tolist():
             doc = tokens[start:end]

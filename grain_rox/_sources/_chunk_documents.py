@@ -29,5 +29,5 @@ class EosDocuments:
         self.chunk_tokens = int(chunk_tokens)
 
     def __call__(self, shard: int, start: int) -> np.ndarray:
-        tokens = self.corpus.shard_tokens(shard)[start : start + self.chunk_tokens]
+        tokens = self.corpus.shard_slice(shard, start, start + self.chunk_tokens)
         return np.flatnonzero(tokens == self.eos_id) + 1

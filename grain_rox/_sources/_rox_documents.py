@@ -148,8 +148,9 @@ class RoxDocumentSource:
 
     def _build_index(self) -> tuple[np.ndarray, np.ndarray]:
         ends = [
-            np.flatnonzero(self.corpus.shard_tokens(s) == self.eos_id) + sh.first_token
+            np.flatnonzero(chunk == self.eos_id) + (sh.first_token + at)
             for s, sh in enumerate(self.corpus.shards)
+            for at, chunk in self.corpus.iter_shard(s)
         ]
         eos = np.concatenate(ends) if ends else np.empty(0, np.int64)
         starts = np.concatenate([[0], eos[:-1] + 1]).astype(np.int64)

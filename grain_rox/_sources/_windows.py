@@ -47,11 +47,10 @@ class _GroupPlan:
 class WindowReader(ProcessLocal):
     """Reads samples of one source into (n, seq_len + 1) token windows (thread-safe)."""
 
-    # Round plans and strided views of the memory maps: rebuilt in each process.
-    PROCESS_LOCAL = process_local(_lock=threading.Lock, _plans=collections.OrderedDict, _views=dict)
+    # Round plans: rebuilt in each process.
+    PROCESS_LOCAL = process_local(_lock=threading.Lock, _plans=collections.OrderedDict)
     _lock: threading.Lock
     _plans: collections.OrderedDict[int, _GroupPlan]
-    _views: dict[tuple[int, int], np.ndarray]
 
     def __init__(self, corpus: RoxCorpus, order: BlockOrder | LaneOrder | PackedOrder) -> None:
         self.corpus = corpus
@@ -123,19 +122,6 @@ class WindowReader(ProcessLocal):
             ),
         )
 
-    def _windows_view(self, shard: int, width: int) -> np.ndarray:
-        """Shard ``shard``'s tokens as an (n - width + 1, width) strided view of all windows."""
-        key = (shard, width)
-        view = self._views.get(key)
-        if view is None:
-            tokens = self.corpus.shard_tokens(shard)
-            n = max(0, tokens.size - width + 1)
-            view = np.lib.stride_tricks.as_strided(
-                tokens, shape=(n, width), strides=(tokens.strides[0],) * 2, writeable=False
-            )
-            self._views[key] = view
-        return view
-
     def _read_slots(
         self,
         group: int,
@@ -167,14 +153,14 @@ class WindowReader(ProcessLocal):
         for s in range(first, last + 1):
             if first == last:
                 target = slice(None) if all_single else single
-                out[target if rows is None else rows[target]] = self._windows_view(s, width)[starts]
+                out[target if rows is None else rows[target]] = self.corpus.gather(s, starts, width)
             else:
                 sel = shards == s
                 if sel.any():
                     local = np.flatnonzero(single)[sel]
-                    out[local if rows is None else rows[local]] = self._windows_view(s, width)[
-                        starts[sel]
-                    ]
+                    out[local if rows is None else rows[local]] = self.corpus.gather(
+                        s, starts[sel], width
+                    )
         joins = None
         if not all_single:
             joins = np.zeros((n, width), dtype=bool)
@@ -197,6 +183,9 @@ class WindowReader(ProcessLocal):
         fp = plan.first_piece.tolist()
         content = None if plan.content is None else plan.content.tolist()
         pieces = plan.pieces
+        if self.corpus.remote:  # every piece of these rows in one batch of requests per shard
+            self._copy_remote_pieces(plan, slots, out, out_rows, joins, joins_rows)
+            return
         shard_tokens = self.corpus.shard_tokens
         tokens: dict[int, np.ndarray] = {}  # each shard's memory map, looked up once
         for slot, row, joins_row in zip(
@@ -208,6 +197,38 @@ class WindowReader(ProcessLocal):
                 if source is None:
                     source = tokens[s] = shard_tokens(s)
                 out[row, d : d + n] = source[a : a + n]
+                if d:
+                    joins[joins_row, d] = True
+            if content is not None:
+                out[row, content[slot] :] = 0
+
+    def _copy_remote_pieces(
+        self,
+        plan: _GroupPlan,
+        slots: np.ndarray,
+        out: np.ndarray,
+        out_rows: np.ndarray,
+        joins: np.ndarray,
+        joins_rows: np.ndarray,
+    ) -> None:
+        """:meth:`_copy_pieces` for a corpus in a bucket: the pieces are read per shard with
+        one batch of concurrent ranged requests, then copied."""
+        fp = plan.first_piece.tolist()
+        wanted = [p for slot in slots.tolist() for p in range(fp[slot], fp[slot + 1])]
+        by_shard: dict[int, list[int]] = {}
+        for p in wanted:
+            by_shard.setdefault(plan.pieces[p][0], []).append(p)
+        data: dict[int, np.ndarray] = {}
+        for s, ps in by_shard.items():
+            spans = [(plan.pieces[p][1], plan.pieces[p][1] + plan.pieces[p][2]) for p in ps]
+            data.update(zip(ps, self.corpus.shard_spans(s, spans), strict=True))
+        content = None if plan.content is None else plan.content.tolist()
+        for slot, row, joins_row in zip(
+            slots.tolist(), out_rows.tolist(), joins_rows.tolist(), strict=True
+        ):
+            for p in range(fp[slot], fp[slot + 1]):
+                d, n = plan.pieces[p][3], plan.pieces[p][2]
+                out[row, d : d + n] = data[p]
                 if d:
                     joins[joins_row, d] = True
             if content is not None:
@@ -289,7 +310,7 @@ class WindowReader(ProcessLocal):
                 lo, hi = int(g_shards.min()), int(g_shards.max())
                 for s in [lo] if lo == hi else np.unique(g_shards).tolist():
                     sel = slice(None) if lo == hi else g_shards == s
-                    dest[g_rows[sel]] = self._windows_view(s, width)[g_starts[sel]]
+                    dest[g_rows[sel]] = self.corpus.gather(s, g_starts[sel], width)
             if not single.all():
                 if joins is None:
                     joins = np.zeros((samples.size, width), dtype=bool)

@@ -1,0 +1,278 @@
+"""Objects in a bucket (``gs://``, ``s3://``, any fsspec URL): what a shard reader asks of them.
+
+:class:`ObjectStore` wraps one fsspec filesystem: object facts (:meth:`ObjectStore.info`:
+size, version, content tag), ranged reads issued concurrently in one call
+(:meth:`ObjectStore.read_ranges`), listing, and writes. Every request is retried with
+exponential backoff on transient errors (a connection refused, a timeout, a 5xx) and, when
+the attempts run out, fails with an ``OSError`` that names the URL and what to check.
+
+Storage options (endpoints, credentials) come from ``storage_options=`` where an API takes
+them, else from fsspec's own configuration, which child processes (Grain workers,
+``jax.distributed`` peers) inherit through the environment: ``FSSPEC_GCS`` / ``FSSPEC_S3``
+(a JSON object of options) or ``FSSPEC_GCS_<OPTION>`` variables, ``STORAGE_EMULATOR_HOST`` for
+gcsfs, ``AWS_ENDPOINT_URL`` for s3fs.
+
+>>> is_url("gs://bucket/train.rox"), is_url("/data/train.rox"), is_url("file:///d/t.rox")
+(True, False, False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+# Errors that no retry mends: the object is gone, access is denied, the request is wrong.
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def is_url(path: object) -> bool:
+    """Whether ``path`` names an object through fsspec (``scheme://...``, not ``file://``)."""
+    if not isinstance(path, str) or "://" not in path:
+        return False
+    return path.split("://", 1)[0].lower() not in ("file", "local")
+
+
+def _retry_settings() -> tuple[int, float]:
+    attempts = int(os.environ.get("GRAIN_ROX_OBJECT_ATTEMPTS", "6"))
+    first_delay = float(os.environ.get("GRAIN_ROX_OBJECT_RETRY_DELAY", "0.25"))
+    return max(1, attempts), max(0.0, first_delay)
+
+
+def _permanent(e: BaseException) -> bool:
+    if isinstance(e, _PERMANENT):
+        return True
+    status = getattr(e, "code", None) or getattr(e, "status", None)
+    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+        return True  # a precondition, a bad request, a denial: the answer will not change
+    response = getattr(e, "response", None)  # botocore's ClientError
+    if isinstance(response, dict):
+        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(code, int) and 400 <= code < 500 and code not in (408, 429):
+            return True
+    return False
+
+
+@dataclasses.dataclass
+class RequestStats:
+    """Requests made to object stores by this process (see :func:`object_store_stats`).
+
+    Attributes:
+      requests: ranged reads and whole-object reads sent (one per range in a batch of ranges).
+      bytes_read: bytes those requests returned.
+      retries: requests sent again after a transient error.
+      cache_hits: cache blocks served without a request.
+      cache_misses: cache blocks fetched.
+    """
+
+    requests: int = 0
+    bytes_read: int = 0
+    retries: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+
+
+_stats = RequestStats()
+_stats_lock = threading.Lock()
+
+
+def count(**deltas: int) -> None:
+    """Add to this process's :class:`RequestStats` (thread-safe)."""
+    with _stats_lock:
+        for name, delta in deltas.items():
+            setattr(_stats, name, getattr(_stats, name) + delta)
+
+
+def object_store_stats(*, reset: bool = False) -> RequestStats:
+    """This process's object-store request counts so far (a copy); ``reset=True`` zeroes them.
+
+    >>> from grain_rox import object_store_stats
+    >>> object_store_stats(reset=True).requests >= 0, object_store_stats().requests
+    (True, 0)
+    """
+    global _stats
+    with _stats_lock:
+        snapshot = dataclasses.replace(_stats)
+        if reset:
+            _stats = RequestStats()
+    return snapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+    """One object's facts when it was looked at.
+
+    Attributes:
+      url: the object's full URL.
+      size: its size in bytes.
+      version: what changes whenever the object is rewritten (GCS's generation, S3's version
+        id or ETag, else its modification time), or "" when the store reports none.
+      content_tag: a hash of the content that the store computed (GCS's crc32c or md5, S3's
+        ETag), or "" when it reports none: equal tags mean equal bytes.
+    """
+
+    url: str
+    size: int
+    version: str
+    content_tag: str
+
+
+def _first(info: dict[str, Any], *names: str) -> str:
+    for name in names:
+        value = info.get(name)
+        if value not in (None, ""):
+            return str(value).strip('"')
+    return ""
+
+
+class ObjectStore:
+    """One fsspec filesystem, reached by URL, with retries and request counting.
+
+    Args:
+      protocol: the URL scheme (``gs``, ``s3``, ``memory``, ...).
+      storage_options: options for ``fsspec.filesystem(protocol, ...)``; None uses fsspec's
+        configuration and the environment.
+
+    Pickles as its protocol and options; the filesystem is made again where it is unpickled.
+    """
+
+    def __init__(self, protocol: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.protocol = protocol
+        self.storage_options = dict(storage_options or {})
+        self._fs: Any = None
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (made on first use)."""
+        if self._fs is None:
+            try:
+                import fsspec
+            except ImportError:
+                raise ImportError(
+                    f"reading {self.protocol}:// URLs needs fsspec and the filesystem for it: "
+                    "pip install 'grain_rox[gcs]' (gs://) or 'grain_rox[s3]' (s3://)"
+                ) from None
+            self._fs = fsspec.filesystem(self.protocol, **self.storage_options)
+        return self._fs
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"protocol": self.protocol, "storage_options": self.storage_options, "_fs": None}
+
+    def url(self, path: str) -> str:
+        """The full URL of a path the filesystem returned (it strips the scheme)."""
+        return path if "://" in path else f"{self.protocol}://{path}"
+
+    def call(self, what: str, url: str, fn: Callable[[], _T]) -> _T:
+        """Run one request, retrying transient errors with exponential backoff and jitter.
+
+        ``GRAIN_ROX_OBJECT_ATTEMPTS`` (default 6) bounds the attempts and
+        ``GRAIN_ROX_OBJECT_RETRY_DELAY`` (default 0.25 s) is the first wait, doubled each time.
+        """
+        attempts, delay = _retry_settings()
+        for attempt in range(1, attempts + 1):
+            try:
+                return fn()
+            except Exception as e:
+                if _permanent(e):
+                    raise
+                if attempt == attempts:
+                    raise OSError(
+                        f"{url}: {what} failed {attempts} times ({type(e).__name__}: {e}). "
+                        "Fix: check that the object store is reachable and the credentials "
+                        "and endpoint are right (storage_options, or fsspec's FSSPEC_* "
+                        "environment); raise GRAIN_ROX_OBJECT_ATTEMPTS to wait longer"
+                    ) from e
+                count(retries=1)
+                time.sleep(delay * (2 ** (attempt - 1)) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    def info(self, url: str) -> ObjectInfo:
+        """The object's size, version and content tag (one request)."""
+        data = self.call("looking up the object", url, lambda: self.fs.info(url))
+        if data.get("type") == "directory":
+            raise IsADirectoryError(f"{url} is a prefix (a directory), not an object")
+        return ObjectInfo(
+            url=url,
+            size=int(data["size"]),
+            version=_first(data, "generation", "VersionId", "ETag", "etag", "mtime", "updated"),
+            content_tag=_first(data, "crc32c", "md5Hash", "ETag", "etag"),
+        )
+
+    def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Bytes ``[a, b)`` of ``url`` for each range, requested concurrently in one call.
+
+        A short answer (the object shrank since it was looked up) raises ``OSError``.
+        """
+        if not ranges:
+            return []
+        starts = [a for a, _ in ranges]
+        ends = [b for _, b in ranges]
+        found = self.call(
+            f"reading {len(ranges)} byte range(s)",
+            url,
+            lambda: self.fs.cat_ranges([url] * len(ranges), starts, ends, on_error="raise"),
+        )
+        total = 0
+        for (a, b), data in zip(ranges, found, strict=True):
+            if isinstance(data, BaseException):
+                raise data
+            if len(data) != b - a:
+                raise OSError(
+                    f"{url}: bytes [{a}, {b}) came back as {len(data)} bytes: the object "
+                    "was truncated or replaced while it was read. Fix: reopen the corpus"
+                )
+            total += len(data)
+        count(requests=len(ranges), bytes_read=total)
+        return list(found)
+
+    def read_all(self, url: str) -> bytes:
+        """The whole object (one request)."""
+        data: bytes = self.call("reading the object", url, lambda: self.fs.cat_file(url))
+        count(requests=1, bytes_read=len(data))
+        return data
+
+    def exists(self, url: str) -> bool:
+        return bool(self.call("looking up the object", url, lambda: self.fs.exists(url)))
+
+    def isdir(self, url: str) -> bool:
+        return bool(self.call("looking up the prefix", url, lambda: self.fs.isdir(url)))
+
+    def listdir(self, url: str) -> list[str]:
+        """The full URLs of the objects directly under prefix ``url`` (fresh, not cached)."""
+        self.fs.invalidate_cache(url)
+
+        def ls() -> list[str]:
+            try:
+                entries = self.fs.ls(url, detail=True)
+            except FileNotFoundError:
+                return []
+            return [self.url(e["name"]) for e in entries if e.get("type") != "directory"]
+
+        return ls() if not url else self.call("listing the prefix", url, ls)
+
+    def glob(self, pattern: str) -> list[str]:
+        """The full URLs matching ``pattern``, sorted (fresh, not cached)."""
+        self.fs.invalidate_cache()
+        found = self.call("listing the glob", pattern, lambda: self.fs.glob(pattern))
+        return sorted(self.url(p) for p in found)
+
+
+_stores: dict[tuple[str, str], ObjectStore] = {}
+_stores_lock = threading.Lock()
+
+
+def store_for(url: str, storage_options: dict[str, Any] | None = None) -> ObjectStore:
+    """The (per process, shared) :class:`ObjectStore` for ``url``'s scheme and options."""
+    protocol = url.split("://", 1)[0].lower()
+    key = (protocol, repr(sorted((storage_options or {}).items())))
+    with _stores_lock:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = ObjectStore(protocol, storage_options)
+    return store

@@ -1,0 +1,134 @@
+"""One shard in a bucket, read by ranged requests: the remote counterpart of a memory map.
+
+:func:`open_object` reads a shard's footer (and, for a small shard, its whole index) with one
+ranged request from its end; :class:`RemoteShard` then serves token ranges and window gathers
+through the process's :class:`grain_rox._format._block_cache.BlockCache`, each batch's missing
+blocks fetched concurrently in one call. Its object version is checked again when a process
+first reads it, so an object rewritten after the corpus was opened is refused, not mixed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from grain_rox._format._block_cache import shared_cache
+from grain_rox._format._object_store import ObjectInfo, ObjectStore
+from grain_rox._format._rox_format import (
+    INDEX_DTYPE,
+    INDEX_ENTRY_SIZE,
+    RoxFormatError,
+    ShardHeader,
+    parse_header,
+)
+
+# The footer is read with this much before it, so a small shard's index comes in the same
+# request.
+_TAIL_BYTES = 64 << 10
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectRef:
+    """Which object version a corpus opened for a shard (pickled with the corpus).
+
+    Attributes:
+      store: the object store it lives in.
+      info: its size, version and content tag when the corpus was opened.
+    """
+
+    store: ObjectStore
+    info: ObjectInfo
+
+    @property
+    def url(self) -> str:
+        return self.info.url
+
+
+def open_object(ref: ObjectRef) -> tuple[ShardHeader, np.ndarray | None]:
+    """Read and check a remote shard's footer; returns it and, when the request that read it
+    also held the whole block index, the index (else None: :class:`RemoteShard` fetches it)."""
+    url, size = ref.url, ref.info.size
+    tail_start = max(0, size - _TAIL_BYTES)
+    tail = ref.store.read_ranges(url, [(tail_start, size)])[0] if size else b""
+
+    def read_at(offset: int, n: int) -> bytes:
+        if offset >= tail_start:
+            return tail[offset - tail_start : offset - tail_start + n]
+        return ref.store.read_ranges(url, [(offset, offset + n)])[0]
+
+    header = parse_header(url, size, read_at)
+    if header.num_blocks == 0:
+        return header, np.empty((0,), INDEX_DTYPE)
+    if header.index_offset < tail_start:
+        return header, None
+    at = header.index_offset - tail_start
+    index = np.frombuffer(tail, INDEX_DTYPE, count=header.num_blocks, offset=at).copy()
+    return header, index
+
+
+class RemoteShard:
+    """A remote shard's tokens and block index, read on demand (see the module docstring).
+
+    Args:
+      header: the shard's footer facts, read when the corpus was opened.
+      ref: the object version the corpus opened; another version is refused.
+      index: the block index if it was read with the footer, else None (fetched here).
+    """
+
+    tokens = None  # no memory map: read through slice() and gather()
+
+    def __init__(self, header: ShardHeader, ref: ObjectRef, index: np.ndarray | None) -> None:
+        now = ref.store.info(ref.url)
+        if (now.size, now.version) != (ref.info.size, ref.info.version):
+            raise RoxFormatError(
+                ref.url,
+                f"the object was rewritten after the corpus was opened (size {ref.info.size} "
+                f"-> {now.size}, version {ref.info.version!r} -> {now.version!r})",
+                "reopen the corpus (open_rox) / make a new pipeline; a checkpoint made on the "
+                "data as opened cannot continue on these bytes",
+            )
+        self.header = header
+        self.ref = ref
+        self._key = (ref.url, ref.info.version)
+        if index is None:
+            lo = header.index_offset
+            data = ref.store.read_ranges(
+                ref.url, [(lo, lo + INDEX_ENTRY_SIZE * header.num_blocks)]
+            )[0]
+            index = np.frombuffer(data, INDEX_DTYPE)
+        self.ends = index
+
+    def _read(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        store, url = self.ref.store, self.ref.url
+        return shared_cache().read(
+            self._key,
+            ranges,
+            lambda spans: store.read_ranges(url, spans),
+            size=self.header.file_size,
+        )
+
+    def slice(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of the shard (a new array; clipped to the shard, like a
+        numpy slice)."""
+        return self.spans([(start, stop)])[0]
+
+    def spans(self, spans: list[tuple[int, int]]) -> list[np.ndarray]:
+        """Tokens ``[a, b)`` for each span (clipped to the shard), read by one concurrent
+        batch of ranged requests through the block cache."""
+        item, n, dtype = self.header.dtype.itemsize, self.header.num_tokens, self.header.dtype
+        clipped = [(min(max(a, 0), n), min(max(b, 0), n)) for a, b in spans]
+        data = self._read([(a * item, max(a, b) * item) for a, b in clipped])
+        return [np.frombuffer(d, dtype) for d in data]
+
+    def gather(self, starts: np.ndarray, width: int) -> np.ndarray:
+        """The ``width``-token windows that start at ``starts``, as an (n, width) array."""
+        item = self.header.dtype.itemsize
+        spans = [(a * item, (a + width) * item) for a in np.asarray(starts).tolist()]
+        out = np.empty((len(spans), width), self.header.dtype)
+        for row, data in enumerate(self._read(spans)):
+            out[row] = np.frombuffer(data, self.header.dtype)
+        return out
+
+    def close(self) -> None:
+        """Nothing to release (the cache is the process's)."""
