@@ -200,7 +200,9 @@ class ObjectStore:
         return ObjectInfo(
             url=url,
             size=int(data["size"]),
-            version=_first(data, "generation", "VersionId", "ETag", "etag", "mtime", "updated"),
+            version=_first(
+                data, "generation", "VersionId", "ETag", "etag", "mtime", "updated", "created"
+            ),
             content_tag=_first(data, "crc32c", "md5Hash", "ETag", "etag"),
         )
 

@@ -15,10 +15,14 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 from grain_rox._format._leftovers import leftovers_of
 from grain_rox._format._manifest import ShardRecord, manifest_path_for, set_base
+from grain_rox._format._object_store import is_url, store_for
 from grain_rox._format._paths import PathSpec, resolve_shard_paths
+from grain_rox._format._remote_set import check_object_checksum, remote_manifest
+from grain_rox._format._remote_shard import ObjectRef, RemoteShard, open_object
 from grain_rox._format._rox_format import (
     RoxFormatError,
     ShardHeader,
@@ -73,6 +77,7 @@ def verify_rox(
     checksums: bool = True,
     roxxel_names: bool = False,
     on_bytes: Callable[[int], None] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> list[ShardReport]:
     """Check each shard's footer, size, whole index and (with a manifest) sha256 checksum.
 
@@ -89,6 +94,8 @@ def verify_rox(
       roxxel_names: resolve a set name with roxxel's looser ``name*.rox`` fallback.
       on_bytes: called with the bytes of each shard checked, as they are hashed (the whole
         file at once when it is not hashed): the calls add up to the shards' total size.
+      storage_options: fsspec options for URLs (``gs://``, ``s3://``); an object's bytes
+        are streamed through ranged requests to check its checksum.
 
     Returns:
       One :class:`ShardReport` per shard, in the corpus's order, then one per leftover.
@@ -102,7 +109,9 @@ def verify_rox(
     """
     reports = []
     firsts: dict[str, ShardHeader] = {}  # each set's first readable shard: the set's dtype
-    resolved = resolve_shard_paths(paths, roxxel_names=roxxel_names)
+    resolved = resolve_shard_paths(
+        paths, roxxel_names=roxxel_names, storage_options=storage_options
+    )
     logger.info(
         "verifying %d shard%s (%s)",
         len(resolved),
@@ -120,15 +129,28 @@ def verify_rox(
                 on_bytes(n)
 
         try:
-            header = read_header(path)
-            check_index(header, read_index(header))
+            ref = None
+            if is_url(path):
+                store = store_for(path, storage_options)
+                ref = ObjectRef(store, store.info(path))
+                header, index = open_object(ref)
+                ends = index if index is not None else RemoteShard(header, ref, None).ends
+                check_index(header, ends)
+            else:
+                header = read_header(path)
+                check_index(header, read_index(header))
             check_same_dtype(firsts.setdefault(name, header), header)
             checksum = "none"
             mpath = manifest_path_for(path)
-            manifest = current_manifest(mpath)
+            manifest = (
+                remote_manifest(ref.store, mpath) if ref is not None else current_manifest(mpath)
+            )
             record = manifest.check_shard(header, mpath) if manifest else None
             if record is not None and checksums and record.sha256 is not None:
-                _check_sha256(path, record, count)
+                if ref is not None:
+                    check_object_checksum(ref, record, count)
+                else:
+                    _check_sha256(path, record, count)
                 checksum = "ok"
             reports.append(
                 ShardReport(
@@ -146,9 +168,10 @@ def verify_rox(
         except OSError as e:
             reports.append(ShardReport(path, f"cannot read: {e}", set=name))
         _log_report(reports[-1])
-        if _size(path) > sent:  # the rest: all of it when it was not hashed
-            count(_size(path) - sent)
-    for tmp in leftovers_of(resolved):
+        size = _size(path, storage_options)
+        if size > sent:  # the rest: all of it when it was not hashed
+            count(size - sent)
+    for tmp in leftovers_of([p for p in resolved if not is_url(p)]):
         note = (
             f"a hidden temporary file ({os.path.getsize(tmp):,} bytes) of a write to this set "
             "that was killed; it is not part of the data. Fix: delete it, or write to the set "
@@ -193,9 +216,15 @@ def _log_report(report: ShardReport) -> None:
         logger.warning("damaged shard %s: %s", report.path, report.problem)
 
 
-def shard_sizes(paths: PathSpec, *, roxxel_names: bool = False) -> int:
+def shard_sizes(
+    paths: PathSpec,
+    *,
+    roxxel_names: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> int:
     """The bytes :func:`verify_rox` reads over ``paths`` (its ``on_bytes`` calls add up to it)."""
-    return sum(_size(p) for p in resolve_shard_paths(paths, roxxel_names=roxxel_names))
+    found = resolve_shard_paths(paths, roxxel_names=roxxel_names, storage_options=storage_options)
+    return sum(_size(p, storage_options) for p in found)
 
 
 def shard_sets(reports: list[ShardReport]) -> dict[str, list[ShardReport]]:
@@ -212,8 +241,10 @@ def shard_sets(reports: list[ShardReport]) -> dict[str, list[ShardReport]]:
     return sets
 
 
-def _size(path: str) -> int:
+def _size(path: str, storage_options: dict[str, Any] | None = None) -> int:
     try:
+        if is_url(path):
+            return store_for(path, storage_options).info(path).size
         return os.path.getsize(path)
     except OSError:
         return 0

@@ -29,6 +29,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -36,6 +37,8 @@ import numpy as np
 
 from grain_rox._format._atomic import set_write_lock
 from grain_rox._format._manifest import MANIFEST_SUFFIX, Manifest, manifest_path_for, set_base
+from grain_rox._format._object_store import is_url
+from grain_rox._format._object_upload import publish_to_bucket
 from grain_rox._format._rox_format import read_header
 from grain_rox._format._shard_set import (
     clean_leftovers,
@@ -109,6 +112,7 @@ def write_rox(
     if_exists: IfExists = "error",
     manifest: bool = True,
     progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> WriteResult:
     """Write ``items`` into ROXXEL02 shard(s) at ``path`` that both grain_rox and roxxel read.
 
@@ -132,6 +136,14 @@ def write_rox(
         ``"overwrite"``.
       manifest: write ``<base>.manifest.json`` with checksums, counts and tokenizer identity.
       progress: show a progress bar (tokens written) on a terminal.
+      storage_options: fsspec options (endpoint, credentials) when ``path`` is a URL; None
+        uses fsspec's configuration and the environment.
+
+    A URL (``gs://bucket/data/train.rox``, ``s3://...``, any fsspec scheme) writes the set in
+    a local staging directory (``tempfile``'s, so ``TMPDIR``), then publishes it to the
+    bucket: manifest first with the write marked pending (readers refuse the set meanwhile),
+    each shard uploaded create-only, the final manifest last (see
+    :mod:`grain_rox._format._object_upload`). ``if_exists="append"`` is refused there.
 
     Returns:
       A :class:`WriteResult`: the shard paths, the manifest path, token, padding and
@@ -154,6 +166,23 @@ def write_rox(
     """
     path = os.fspath(path)
     _check_output_path(path, if_exists, max_shard_bytes)
+    if is_url(path):
+        return _write_to_bucket(
+            items,
+            path,
+            dict(
+                block_size=block_size,
+                max_shard_bytes=max_shard_bytes,
+                dtype=dtype,
+                separator=separator,
+                pad_id=pad_id,
+                tokenizer=tokenizer,
+                progress=progress,
+            ),
+            if_exists=if_exists,
+            manifest=manifest,
+            storage_options=storage_options,
+        )
     tok = get_tokenizer(tokenizer) if tokenizer is not None else None
     if isinstance(items, (str, bytes, np.ndarray)):
         items = [items]  # a single item, not an iterable of characters/rows
@@ -205,6 +234,42 @@ def write_rox(
         dtype=layout.dtype,
         block_size=block_size,
     )
+
+
+def _write_to_bucket(
+    items: Iterable[Item],
+    url: str,
+    options: dict[str, Any],
+    *,
+    if_exists: IfExists,
+    manifest: bool,
+    storage_options: dict[str, Any] | None,
+) -> WriteResult:
+    """:func:`write_rox` to a URL: stage the set locally, then publish it to the bucket."""
+    if if_exists == "append":
+        raise ValueError(
+            f"if_exists='append' to {url}: a set in a bucket is written whole (objects cannot "
+            "be extended in place). Fix: write a new set (and read both as one corpus with a "
+            "list of paths), or rewrite the set with if_exists='overwrite'"
+        )
+    if not manifest:
+        raise ValueError(
+            f"manifest=False for {url}: a set in a bucket is published through its manifest "
+            "(readers refuse it while a write is pending). Fix: leave manifest=True"
+        )
+    with tempfile.TemporaryDirectory(prefix="grain_rox_upload_") as staging:
+        local = write_rox(items, os.path.join(staging, os.path.basename(url)), **options)
+        if not local.paths:
+            return local
+        assert local.manifest_path is not None
+        urls, murl = publish_to_bucket(
+            list(local.paths),
+            local.manifest_path,
+            url,
+            if_exists=if_exists,
+            storage_options=storage_options,
+        )
+    return dataclasses.replace(local, paths=tuple(urls), manifest_path=murl)
 
 
 def _check_output_path(path: str, if_exists: str, max_shard_bytes: int | None) -> None:

@@ -1,0 +1,111 @@
+"""Publish a shard set written locally to a bucket, so that no reader ever opens half of it.
+
+A bucket has no rename, but an object appears only when its upload completes, and fsspec's
+``mode="create"`` makes an upload fail if the name was taken (GCS ``ifGenerationMatch=0``, S3
+``If-None-Match: *``). :func:`publish_to_bucket` uses both:
+
+1. it writes the set's manifest with ``pending`` set (create-only when the set is new). From
+   now on :func:`grain_rox._format._remote_set.remote_manifest` refuses the set, naming the
+   write, instead of opening a mix of two writes;
+2. it uploads each shard, create-only (an object of the same name from the previous write is
+   deleted first): a write that raced this one fails instead of being overwritten;
+3. it deletes the previous write's shards that the new set does not have;
+4. it writes the final manifest, after checking that the manifest is still its own pending
+   one (another writer's would have changed its version).
+
+A writer killed before step 1 leaves the previous set as it was (its uploads had not started);
+one killed after it leaves a set that is refused until a write finishes (run it again with
+``if_exists="overwrite"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from functools import partial
+from typing import Any
+
+from grain_rox._format._manifest import Manifest, load_manifest, member_pattern
+from grain_rox._format._object_store import ObjectStore, store_for
+
+_log = logging.getLogger("grain_rox")
+
+
+def _set_objects(store: ObjectStore, parent: str, manifest_name: str) -> tuple[list[str], bool]:
+    members = member_pattern(manifest_name)
+    names = [u.rsplit("/", 1)[1] for u in store.listdir(parent)]
+    return sorted(n for n in names if members.fullmatch(n)), manifest_name in names
+
+
+def publish_to_bucket(
+    local_paths: list[str],
+    local_manifest: str,
+    target: str,
+    *,
+    if_exists: str,
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[list[str], str]:
+    """Upload a set written locally (``local_paths`` and its manifest) beside ``target`` (the
+    set's URL, ``gs://b/data/train.rox``); return the shard URLs and the manifest URL.
+
+    Raises ``FileExistsError`` when the set exists and ``if_exists="error"``, and ``OSError``
+    when another writer changed the set during this one (nothing of it is then readable until
+    a write finishes).
+    """
+    store = store_for(target, storage_options)
+    parent = target.rsplit("/", 1)[0]
+    manifest_name = os.path.basename(local_manifest)
+    murl = f"{parent}/{manifest_name}"
+    existing, has_manifest = _set_objects(store, parent, manifest_name)
+    if (existing or has_manifest) and if_exists != "overwrite":
+        raise FileExistsError(
+            f"{target}: the shard set already exists in the bucket ({len(existing)} shard "
+            f"object(s){', and its manifest' if has_manifest else ''}). Fix: pass "
+            "if_exists='overwrite' (grain-rox convert --if-exists overwrite) to replace it, or "
+            "write another name; appending to a set in a bucket is not supported"
+        )
+    final = load_manifest(local_manifest)
+    assert final is not None
+    final = dataclasses.replace(
+        final,
+        shards={n: dataclasses.replace(r, mtime_ns=None) for n, r in final.shards.items()},
+    )
+    pending = dataclasses.replace(final, shards={}, pending=final)
+    _put_manifest(store, murl, pending, create=not has_manifest)
+    written_version = store.info(murl).version
+    urls = []
+    for path in local_paths:
+        url = f"{parent}/{os.path.basename(path)}"
+        if os.path.basename(path) in existing:
+            store.call("deleting the previous shard", url, partial(store.fs.rm_file, url))
+        store.call(
+            "uploading the shard",
+            url,
+            partial(store.fs.put_file, path, url, mode="create"),
+        )
+        urls.append(url)
+    for name in existing:
+        if name not in final.shards:
+            url = f"{parent}/{name}"
+            store.call("deleting the previous shard", url, partial(store.fs.rm_file, url))
+    now = store.info(murl).version
+    if now != written_version:
+        raise OSError(
+            f"{murl}: another writer changed the set's manifest while this write uploaded its "
+            f"shards (version {written_version!r} -> {now!r}); the set is refused until one "
+            "write finishes. Fix: run one write of the set at a time, then run it again with "
+            "if_exists='overwrite'"
+        )
+    _put_manifest(store, murl, final, create=False)
+    _log.info("published %d shard(s) and %s", len(urls), murl)
+    return urls, murl
+
+
+def _put_manifest(store: ObjectStore, url: str, manifest: Manifest, *, create: bool) -> None:
+    data = manifest.to_json().encode("utf-8")
+    store.call(
+        "writing the manifest",
+        url,
+        lambda: store.fs.pipe_file(url, data, mode="create" if create else "overwrite"),
+    )
