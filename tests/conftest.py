@@ -17,6 +17,9 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="grain_rox_hf_home_"))
 # Hashes of copied shards are remembered per host (grain_rox._format._hash_cache): keep the tests' own.
 os.environ.setdefault("GRAIN_ROX_CACHE_DIR", tempfile.mkdtemp(prefix="grain_rox_cache_"))
+# Before anything imports gcsfs: its bucket-type probe over gRPC waits ~60 s against the local
+# GCS emulator (tests/object_servers.py); this selects its plain JSON-API filesystem.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
 @pytest.fixture(scope="session")

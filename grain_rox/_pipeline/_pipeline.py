@@ -260,6 +260,12 @@ class TokenPipeline:
         """
         return self.plan.check_step(step, argument)
 
+    @property
+    def remote(self) -> bool:
+        """Whether a source is in a bucket (read by ranged requests, several batches in
+        flight) rather than memory-mapped."""
+        return any(corpus.remote for corpus in self.plan.corpora.values())
+
     def batch_source(self, *, rows: RowSpec = None, first_step: int = 0) -> GlobalBatchSource:
         """The Grain data source: record ``i`` = rows ``[lo, hi)`` of global batch
         ``first_step + i`` (``rows`` may map each phase's batch size to its rows)."""
@@ -389,7 +395,7 @@ class TokenPipeline:
         """``map_dataset(...).to_iter_dataset()``, with Grain worker processes if asked."""
         worker_count, worker_buffer_size = _worker_args(worker_count, worker_buffer_size)
         ds = self.map_dataset(rows=rows, first_step=first_step).to_iter_dataset(
-            batch_read_options()
+            batch_read_options(remote=self.remote)
         )
         if worker_count > 0:
             ds = ds.mp_prefetch(
@@ -421,7 +427,7 @@ class TokenPipeline:
             ),
             worker_count=worker_count,
             worker_buffer_size=worker_buffer_size,
-            read_options=batch_read_options(),
+            read_options=batch_read_options(remote=self.remote),
         )
 
 

@@ -1,0 +1,277 @@
+"""Shards in a bucket: real GCS (fake-gcs-server) and S3 (moto) servers on loopback, reached
+through gcsfs and s3fs, against the same shards read from local disk.
+
+Reads are byte-exact and give the same batches as local files; a write killed mid-upload is
+refused, never half-read, and a rerun finishes it; a server stopped and restarted is retried
+through; objects rewritten after a checkpoint refuse its restore.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import grain_rox
+from grain_rox import (
+    MultiHostDataLoadIterator,
+    RoxFormatError,
+    TokenPipeline,
+    object_store_stats,
+    open_rox,
+    write_rox,
+)
+from grain_rox.cli import main
+from object_servers import gcs_bucket, gcs_server, s3_bucket, s3_server  # noqa: F401
+
+DOCS = list(grain_rox.builtin_documents("prose"))[:400]
+
+
+@pytest.fixture(params=["gcs", "s3"])
+def bucket(request):
+    """A fresh bucket URL on each server, with the server (for its options and restarts)."""
+    name = request.param
+    server = request.getfixturevalue(f"{name}_server")
+    url = request.getfixturevalue(f"{name}_bucket")
+    return url, server
+
+
+@pytest.fixture(scope="module")
+def local_set(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("local") / "prose.rox")
+    write_rox(DOCS, path, tokenizer="bytes", block_size=4096, max_shard_bytes=200_000)
+    return path
+
+
+def upload(url_set: str, server, docs=DOCS, **kwargs):
+    return write_rox(
+        docs,
+        url_set,
+        tokenizer="bytes",
+        block_size=4096,
+        max_shard_bytes=200_000,
+        storage_options=server.storage_options,
+        **kwargs,
+    )
+
+
+def test_a_set_in_a_bucket_reads_byte_for_byte_as_on_disk(bucket, local_set):
+    url, server = bucket
+    result = upload(f"{url}/data/prose.rox", server)
+    assert result.manifest_path == f"{url}/data/prose.manifest.json"
+    local = open_rox(local_set)
+    opts = server.storage_options
+    for spec in [f"{url}/data/prose.rox", f"{url}/data/", f"{url}/data/prose_*.rox"]:
+        remote = open_rox(spec, storage_options=opts, verify=True)
+        assert [p.rsplit("/", 1)[1] for p in remote.paths] == [
+            p.rsplit("/", 1)[1] for p in local.paths
+        ]
+        assert remote.num_tokens == local.num_tokens and remote.eos_id == local.eos_id == 256
+        assert remote.num_documents == local.num_documents == len(DOCS)
+        np.testing.assert_array_equal(
+            remote.tokens(0, remote.num_tokens), local.tokens(0, local.num_tokens)
+        )
+        for i in [0, 7, len(local) - 1]:
+            np.testing.assert_array_equal(remote[i], local[i])
+        starts = np.array([5, 0, 1000, 40_000])
+        np.testing.assert_array_equal(remote.gather(1, starts, 33), local.gather(1, starts, 33))
+    # The same objects give the same fingerprint in every open.
+    again = open_rox(f"{url}/data/prose.rox", storage_options=opts)
+    assert again.fingerprint == remote.fingerprint
+    assert repr(again) == repr(remote)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"packing": "best_fit"}, {"order": "lanes"}])
+def test_pipelines_over_a_bucket_give_the_batches_of_local_files(bucket, local_set, kwargs):
+    url, server = bucket
+    upload(f"{url}/p/prose.rox", server)
+    remote_spec = f"{url}/p/prose.rox"
+    local = TokenPipeline(local_set, seq_len=128, global_batch_size=8, **kwargs)
+    with server.environment():  # the pipeline reaches the bucket through fsspec's config
+        remote = TokenPipeline(remote_spec, seq_len=128, global_batch_size=8, **kwargs)
+        a, b = local.map_dataset(), remote.map_dataset()
+        for k in [0, 1, 57, 10**6]:
+            x, y = a[k], b[k]
+            assert x.keys() == y.keys()
+            for key in x:
+                np.testing.assert_array_equal(x[key], y[key], err_msg=f"{kwargs} {k} {key}")
+
+
+def test_a_checkpoint_restores_over_a_bucket_and_is_refused_after_a_rewrite(bucket):
+    url, server = bucket
+    spec = f"{url}/ck/prose.rox"
+    upload(spec, server)
+    with server.environment():
+        it = MultiHostDataLoadIterator(TokenPipeline(spec, seq_len=64, global_batch_size=8))
+        for _ in range(3):
+            next(it)
+        state = it.get_state()
+        expected = [next(it) for _ in range(3)]
+        again = MultiHostDataLoadIterator(TokenPipeline(spec, seq_len=64, global_batch_size=8))
+        again.set_state(state)
+        for want in expected:
+            got = next(again)
+            for key in want:
+                np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]))
+        # The same documents in another order: the same sizes, other bytes.
+        upload(spec, server, docs=DOCS[::-1], if_exists="overwrite")
+        rewritten = MultiHostDataLoadIterator(TokenPipeline(spec, seq_len=64, global_batch_size=8))
+        with pytest.raises(ValueError, match=r"the pipeline changed \(data: saved"):
+            rewritten.set_state(state)
+
+
+def test_an_object_rewritten_after_open_is_refused_not_mixed(bucket):
+    url, server = bucket
+    spec = f"{url}/rw/prose.rox"
+    upload(spec, server)
+    corpus = open_rox(spec, storage_options=server.storage_options)
+    copy = pickle.loads(pickle.dumps(corpus))  # as a Grain worker receives it
+    upload(spec, server, docs=DOCS[::-1], if_exists="overwrite")
+    with pytest.raises(RoxFormatError, match="rewritten after the corpus was opened"):
+        copy.tokens(0, 10)
+
+
+def test_a_write_killed_mid_upload_is_refused_and_a_rerun_finishes_it(bucket, monkeypatch):
+    url, server = bucket
+    spec = f"{url}/kill/prose.rox"
+    upload(spec, server)
+    store = grain_rox._format._object_store.store_for(spec, server.storage_options)
+    real_put = store.fs.put_file
+    calls = []
+
+    def dies_on_the_third(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed mid-upload")
+        return real_put(*args, **kwargs)
+
+    monkeypatch.setattr(store.fs, "put_file", dies_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        upload(spec, server, docs=DOCS[::-1], if_exists="overwrite")
+    monkeypatch.setattr(store.fs, "put_file", real_put)
+    with pytest.raises(RoxFormatError, match="has not finished") as refused:
+        open_rox(spec, storage_options=server.storage_options)
+    assert "if_exists='overwrite'" in str(refused.value)
+    upload(spec, server, docs=DOCS[::-1], if_exists="overwrite")
+    corpus = open_rox(spec, storage_options=server.storage_options, verify=True)
+    assert corpus.num_documents == len(DOCS)
+    first = DOCS[-1].encode()  # the rewrite's first document
+    assert corpus.tokens(0, len(first)).tolist() == list(first)
+
+
+def test_an_existing_set_is_not_overwritten_by_default_nor_appended(bucket):
+    url, server = bucket
+    spec = f"{url}/ex/prose.rox"
+    upload(spec, server)
+    with pytest.raises(FileExistsError, match="if_exists='overwrite'"):
+        upload(spec, server)
+    with pytest.raises(ValueError, match="append"):
+        upload(spec, server, if_exists="append")
+
+
+def test_a_stopped_server_is_retried_until_it_is_back(bucket, monkeypatch):
+    url, server = bucket
+    spec = f"{url}/retry/prose.rox"
+    upload(spec, server)
+    corpus = open_rox(spec, storage_options=server.storage_options)
+    monkeypatch.setenv("GRAIN_ROX_OBJECT_ATTEMPTS", "10")
+    monkeypatch.setenv("GRAIN_ROX_OBJECT_RETRY_DELAY", "0.2")
+    grain_rox._format._block_cache.shared_cache().clear()
+    object_store_stats(reset=True)
+    server.stop()
+    restart = threading.Timer(1.5, server.start)
+    restart.start()
+    try:
+        tokens = corpus.tokens(0, 1000)
+    finally:
+        restart.join()
+    assert tokens[:20].tolist() == list(DOCS[0].encode()[:20])
+    # s3fs here is set to one attempt (botocore's max_attempts=1), so our retries carried the
+    # read through; gcsfs retries a refused connection itself (6 tries, backoff up to 32 s).
+    assert object_store_stats().retries >= (1 if server.protocol == "s3" else 0)
+
+
+def test_a_server_that_stays_down_fails_naming_the_url(s3_server, s3_bucket, monkeypatch):
+    # S3 only: gcsfs retries a refused connection itself for about 34 s per request before
+    # our attempts start, which this suite does not wait for.
+    url, server = s3_bucket, s3_server
+    spec = f"{url}/down/prose.rox"
+    upload(spec, server)
+    corpus = open_rox(spec, storage_options=server.storage_options)
+    grain_rox._format._block_cache.shared_cache().clear()
+    monkeypatch.setenv("GRAIN_ROX_OBJECT_ATTEMPTS", "2")
+    monkeypatch.setenv("GRAIN_ROX_OBJECT_RETRY_DELAY", "0.05")
+    server.stop()
+    try:
+        with pytest.raises(
+            OSError, match=r"prose_0000\.rox: reading 1 byte range\(s\) failed 2 times"
+        ):
+            corpus.tokens(0, 1000)
+    finally:
+        server.start()
+
+
+def test_a_batch_costs_one_concurrent_request_per_window_at_most_and_none_when_cached(bucket):
+    url, server = bucket
+    spec = f"{url}/req/prose.rox"
+    upload(spec, server)
+    with server.environment():
+        data = TokenPipeline(spec, seq_len=128, global_batch_size=32).map_dataset()
+        grain_rox._format._block_cache.shared_cache().clear()
+        object_store_stats(reset=True)
+        first = data[3]
+        cold = object_store_stats(reset=True)
+        again = data[3]
+        warm = object_store_stats()
+    assert 1 <= cold.requests <= 32
+    assert warm.requests == 0 and warm.cache_hits >= 1
+    np.testing.assert_array_equal(first["inputs"], again["inputs"])
+
+
+def test_the_cli_converts_into_inspects_and_verifies_a_bucket(bucket, capsys):
+    url, server = bucket
+    out = f"{url}/cli/prose.rox"
+    with server.environment():
+        assert main(["convert", "--builtin", "prose", "--limit", "50", "-o", out,
+                     "--no-progress"]) == 0  # fmt: skip
+        printed = capsys.readouterr().out
+        assert "verified 1 shard(s): checksums match" in printed
+        assert main(["verify", out, "--json"]) == 0
+        reports = json.loads(capsys.readouterr().out)
+        assert [(r["path"], r["checksum"]) for r in reports] == [(out, "ok")]
+        assert main(["inspect", out, "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["files"][0]["path"] == out and info["documents"] == 50
+
+
+@pytest.mark.slow
+def test_grain_worker_processes_read_the_bucket(gcs_server, gcs_bucket, local_set):
+    # The workers are spawned: they unpickle the corpus without its connections and reach the
+    # emulator through the environment they inherit, as a training job's workers would.
+    spec = f"{gcs_bucket}/workers/prose.rox"
+    upload(spec, gcs_server)
+    want = TokenPipeline(local_set, seq_len=64, global_batch_size=8).map_dataset()
+    with gcs_server.environment():
+        pipe = TokenPipeline(spec, seq_len=64, global_batch_size=8, num_epochs=1)
+        for k, got in enumerate(pipe.data_loader(worker_count=2)):
+            for key in got:
+                np.testing.assert_array_equal(got[key], want[k][key], err_msg=f"{k} {key}")
+            if k == 12:
+                break
+        else:
+            pytest.fail("the loader ended early")
+
+
+def test_a_corpus_opened_with_storage_options_feeds_a_pipeline(s3_server, s3_bucket, local_set):
+    # No environment: the options travel inside the opened corpus (and would to workers).
+    spec = f"{s3_bucket}/opts/prose.rox"
+    upload(spec, s3_server)
+    corpus = open_rox(spec, storage_options=s3_server.storage_options)
+    remote = TokenPipeline(corpus, seq_len=64, global_batch_size=8).map_dataset()
+    local = TokenPipeline(local_set, seq_len=64, global_batch_size=8).map_dataset()
+    for k in [0, 5]:
+        np.testing.assert_array_equal(pickle.loads(pickle.dumps(remote))[k]["inputs"],
+                                      local[k]["inputs"])  # fmt: skip
