@@ -21,6 +21,9 @@ os.environ.setdefault("GRAIN_ROX_CACHE_DIR", tempfile.mkdtemp(prefix="grain_rox_
 # GCS emulator (tests/object_servers.py); this selects its plain JSON-API filesystem.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+# The GCS and S3 servers (started only by the tests that ask for them).
+from object_servers import gcs_bucket, gcs_server, s3_bucket, s3_server  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def make_rox(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:

@@ -25,7 +25,6 @@ from grain_rox import (
     write_rox,
 )
 from grain_rox.cli import main
-from object_servers import gcs_bucket, gcs_server, s3_bucket, s3_server  # noqa: F401
 
 DOCS = list(grain_rox.builtin_documents("prose"))[:400]
 
