@@ -84,7 +84,7 @@ def bench(session: nox.Session) -> None:
     session.install("--no-deps", "datarax==0.1.4")
     scripts = ("bench_format.py", "bench_pipeline.py", "bench_mixing.py", "bench_hf.py",
                "bench_array_record.py", "bench_device.py", "bench_resident.py",
-               "bench_order.py", "bench_beam.py")  # fmt: skip
+               "bench_order.py", "bench_beam.py", "bench_object_storage.py")  # fmt: skip
     for script in scripts:
         session.run("python", f"benchmarks/{script}", *session.posargs, env=JAX_ENV)
 
