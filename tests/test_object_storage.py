@@ -274,3 +274,20 @@ def test_a_corpus_opened_with_storage_options_feeds_a_pipeline(s3_server, s3_buc
     for k in [0, 5]:
         np.testing.assert_array_equal(pickle.loads(pickle.dumps(remote))[k]["inputs"],
                                       local[k]["inputs"])  # fmt: skip
+
+
+def test_opening_a_set_of_many_shards_costs_a_few_round_trips_not_one_per_shard(bucket):
+    url, server = bucket
+    spec = f"{url}/many/prose.rox"
+    write_rox(DOCS, spec, tokenizer="bytes", block_size=4096, max_shard_bytes=40_000,
+              storage_options=server.storage_options)  # fmt: skip
+    object_store_stats(reset=True)
+    corpus = open_rox(spec, storage_options=server.storage_options)
+    _ = corpus.fingerprint
+    stats = object_store_stats()
+    assert len(corpus.paths) >= 20
+    # Resolving the set name (an existence check and a listing), one listing for every
+    # shard's size and version, one concurrent batch of footer reads, the manifest and the
+    # listing it is checked against, one batch of fingerprint samples.
+    assert stats.calls <= 8, stats
+    assert stats.requests >= 2 * len(corpus.paths)  # footers and samples, sent concurrently

@@ -24,12 +24,22 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
 
-# Errors that no retry mends: the object is gone, access is denied, the request is wrong.
-_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+# Errors that no retry mends: the object is gone or already there (a create-only upload's
+# precondition), access is denied, the request is wrong.
+_PERMANENT = (
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ValueError,
+    TypeError,
+)
 
 
 def is_url(path: object) -> bool:
@@ -64,6 +74,8 @@ class RequestStats:
     """Requests made to object stores by this process (see :func:`object_store_stats`).
 
     Attributes:
+      calls: round trips waited for one after another: a lookup, a listing, a write, or one
+        concurrent batch of ranged reads (however many ranges it holds).
       requests: ranged reads and whole-object reads sent (one per range in a batch of ranges).
       bytes_read: bytes those requests returned.
       retries: requests sent again after a transient error.
@@ -71,6 +83,7 @@ class RequestStats:
       cache_misses: cache blocks fetched.
     """
 
+    calls: int = 0
     requests: int = 0
     bytes_read: int = 0
     retries: int = 0
@@ -131,6 +144,19 @@ def _first(info: dict[str, Any], *names: str) -> str:
     return ""
 
 
+def _object_info(url: str, data: dict[str, Any]) -> ObjectInfo:
+    if data.get("type") == "directory":
+        raise IsADirectoryError(f"{url} is a prefix (a directory), not an object")
+    return ObjectInfo(
+        url=url,
+        size=int(data["size"]),
+        version=_first(
+            data, "generation", "VersionId", "ETag", "etag", "mtime", "updated", "created"
+        ),
+        content_tag=_first(data, "crc32c", "md5Hash", "ETag", "etag"),
+    )
+
+
 class ObjectStore:
     """One fsspec filesystem, reached by URL, with retries and request counting.
 
@@ -177,7 +203,9 @@ class ObjectStore:
         attempts, delay = _retry_settings()
         for attempt in range(1, attempts + 1):
             try:
-                return fn()
+                result = fn()
+                count(calls=1)
+                return result
             except Exception as e:
                 if _permanent(e):
                     raise
@@ -195,33 +223,57 @@ class ObjectStore:
     def info(self, url: str) -> ObjectInfo:
         """The object's size, version and content tag (one request)."""
         data = self.call("looking up the object", url, lambda: self.fs.info(url))
-        if data.get("type") == "directory":
-            raise IsADirectoryError(f"{url} is a prefix (a directory), not an object")
-        return ObjectInfo(
-            url=url,
-            size=int(data["size"]),
-            version=_first(
-                data, "generation", "VersionId", "ETag", "etag", "mtime", "updated", "created"
-            ),
-            content_tag=_first(data, "crc32c", "md5Hash", "ETag", "etag"),
-        )
+        return _object_info(url, data)
+
+    def infos(self, urls: Sequence[str]) -> dict[str, ObjectInfo]:
+        """:meth:`info` of many objects: one listing per prefix that holds several of them
+        (a set of 1,000 shards opens with one request, not 1,000), one lookup for the rest."""
+        by_parent: dict[str, list[str]] = {}
+        for url in dict.fromkeys(urls):
+            by_parent.setdefault(url.rsplit("/", 1)[0], []).append(url)
+        out: dict[str, ObjectInfo] = {}
+        for parent, group in by_parent.items():
+            if len(group) > 1:
+                self.fs.invalidate_cache(parent)
+                entries = self.call(
+                    "listing the prefix", parent, partial(self.fs.ls, parent, detail=True)
+                )
+                wanted = set(group)
+                for entry in entries:
+                    url = self.url(entry["name"])
+                    # Only a listing that names versions as info() does (GCS generations,
+                    # S3 ETags); others (timestamps in other formats) are looked up one by one.
+                    strong = _first(entry, "generation", "VersionId", "ETag", "etag")
+                    if url in wanted and strong and entry.get("type") != "directory":
+                        out[url] = _object_info(url, entry)
+            for url in group:
+                if url not in out:
+                    out[url] = self.info(url)
+        return out
 
     def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Bytes ``[a, b)`` of ``url`` for each range, requested concurrently in one call.
 
         A short answer (the object shrank since it was looked up) raises ``OSError``.
         """
-        if not ranges:
+        return self.read_many([(url, a, b) for a, b in ranges])
+
+    def read_many(self, spans: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        """Bytes ``[a, b)`` of object ``url`` for each ``(url, a, b)``, of one or many objects,
+        requested concurrently in one call."""
+        if not spans:
             return []
-        starts = [a for a, _ in ranges]
-        ends = [b for _, b in ranges]
+        urls = [u for u, _, _ in spans]
+        starts = [a for _, a, _ in spans]
+        ends = [b for _, _, b in spans]
+        first = urls[0] if len(set(urls)) == 1 else f"{urls[0]} (and {len(set(urls)) - 1} more)"
         found = self.call(
-            f"reading {len(ranges)} byte range(s)",
-            url,
-            lambda: self.fs.cat_ranges([url] * len(ranges), starts, ends, on_error="raise"),
+            f"reading {len(spans)} byte range(s)",
+            first,
+            lambda: self.fs.cat_ranges(urls, starts, ends, on_error="raise"),
         )
         total = 0
-        for (a, b), data in zip(ranges, found, strict=True):
+        for (url, a, b), data in zip(spans, found, strict=True):
             if isinstance(data, BaseException):
                 raise data
             if len(data) != b - a:
@@ -230,7 +282,7 @@ class ObjectStore:
                     "was truncated or replaced while it was read. Fix: reopen the corpus"
                 )
             total += len(data)
-        count(requests=len(ranges), bytes_read=total)
+        count(requests=len(spans), bytes_read=total)
         return list(found)
 
     def read_all(self, url: str) -> bytes:

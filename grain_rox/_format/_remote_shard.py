@@ -45,12 +45,34 @@ class ObjectRef:
         return self.info.url
 
 
-def open_object(ref: ObjectRef) -> tuple[ShardHeader, np.ndarray | None]:
-    """Read and check a remote shard's footer; returns it and, when the request that read it
-    also held the whole block index, the index (else None: :class:`RemoteShard` fetches it)."""
+def read_tails(refs: list[ObjectRef]) -> list[bytes]:
+    """The last 64 KiB (or all) of each object: footers, and small indexes with them, read
+    concurrently, one call per object store."""
+    out: list[bytes] = [b""] * len(refs)
+    by_store: dict[int, list[int]] = {}
+    for i, ref in enumerate(refs):
+        if ref.info.size:
+            by_store.setdefault(id(ref.store), []).append(i)
+    for members in by_store.values():
+        store = refs[members[0]].store
+        spans = [(refs[i].url, _tail_start(refs[i]), refs[i].info.size) for i in members]
+        for i, data in zip(members, store.read_many(spans), strict=True):
+            out[i] = data
+    return out
+
+
+def _tail_start(ref: ObjectRef) -> int:
+    return max(0, ref.info.size - _TAIL_BYTES)
+
+
+def open_object(ref: ObjectRef, tail: bytes | None = None) -> tuple[ShardHeader, np.ndarray | None]:
+    """Read and check a remote shard's footer (from ``tail``, its :func:`read_tails`, when
+    given); returns it and, when the tail also held the whole block index, the index (else
+    None: :class:`RemoteShard` fetches it)."""
     url, size = ref.url, ref.info.size
-    tail_start = max(0, size - _TAIL_BYTES)
-    tail = ref.store.read_ranges(url, [(tail_start, size)])[0] if size else b""
+    tail_start = _tail_start(ref)
+    if tail is None:
+        tail = ref.store.read_ranges(url, [(tail_start, size)])[0] if size else b""
 
     def read_at(offset: int, n: int) -> bytes:
         if offset >= tail_start:

@@ -19,9 +19,9 @@ import numpy as np
 from grain_rox._format._hash_cache import cached_sha256
 from grain_rox._format._manifest import Manifest, ShardRecord, manifest_path_for
 from grain_rox._format._mapped_shard import FileIdentity, file_identity
-from grain_rox._format._object_store import is_url, store_for
+from grain_rox._format._object_store import ObjectStore, is_url, store_for
 from grain_rox._format._remote_set import remote_manifest
-from grain_rox._format._remote_shard import ObjectRef, open_object
+from grain_rox._format._remote_shard import ObjectRef, open_object, read_tails
 from grain_rox._format._rox_format import (
     RoxFormatError,
     ShardHeader,
@@ -77,13 +77,12 @@ def load_shard_facts(
     facts = ShardFacts([], [], {}, [], [], [])
     tried: dict[str, Manifest | None] = {}
     index_budget = index_check_limit
+    opened = _open_objects([p for p in paths if is_url(p)], storage_options)
     for path in paths:
         index = None
         if is_url(path):
-            store = store_for(path, storage_options)
-            ref = ObjectRef(store, store.info(path))
+            ref, header, index = opened[path]
             facts.identities.append(ref)
-            header, index = open_object(ref)
         else:
             # Before the footer is read: a file replaced after this stat is refused when mapped.
             facts.identities.append(file_identity(os.stat(path)))
@@ -116,6 +115,23 @@ def load_shard_facts(
     return facts
 
 
+def _open_objects(
+    urls: list[str], storage_options: dict[str, Any] | None
+) -> dict[str, tuple[ObjectRef, ShardHeader, np.ndarray | None]]:
+    """Each object's facts, footer and (small) index: one listing per prefix and one
+    concurrent batch of tail reads, however many shards."""
+    stores: dict[int, tuple[ObjectStore, list[str]]] = {}
+    for url in dict.fromkeys(urls):
+        store = store_for(url, storage_options)
+        stores.setdefault(id(store), (store, []))[1].append(url)
+    refs = []
+    for store, group in stores.values():
+        infos = store.infos(group)
+        refs += [ObjectRef(store, infos[url]) for url in group]
+    tails = read_tails(refs)
+    return {ref.url: (ref, *open_object(ref, tail)) for ref, tail in zip(refs, tails, strict=True)}
+
+
 def check_unchanged(path: str, record: ShardRecord) -> None:
     """Raise if a shard's bytes are not the ones its manifest records (hashing only if its
     size or mtime_ns changed since the write)."""
@@ -135,6 +151,26 @@ def check_unchanged(path: str, record: ShardRecord) -> None:
         )
 
 
+def _remote_samples(
+    headers: list[ShardHeader], identities: list[FileIdentity | ObjectRef]
+) -> dict[int, list[bytes]]:
+    """The first and last 4 KiB of every remote shard's tokens, read concurrently (one call
+    per object store)."""
+    stores: dict[int, tuple[ObjectStore, list[tuple[int, str, int, int]]]] = {}
+    for s, (header, identity) in enumerate(zip(headers, identities, strict=True)):
+        if isinstance(identity, ObjectRef) and header.raw_size:
+            first = min(_SAMPLE_BYTES, header.raw_size)
+            last = max(0, header.raw_size - _SAMPLE_BYTES)
+            spans = stores.setdefault(id(identity.store), (identity.store, []))[1]
+            spans += [(s, identity.url, 0, first), (s, identity.url, last, header.raw_size)]
+    out: dict[int, list[bytes]] = {}
+    for store, spans in stores.values():
+        found = store.read_many([(url, a, b) for _, url, a, b in spans])
+        for (s, *_), data in zip(spans, found, strict=True):
+            out.setdefault(s, []).append(data)
+    return out
+
+
 def content_fingerprint(
     headers: list[ShardHeader],
     records: list[ShardRecord | None],
@@ -147,15 +183,13 @@ def content_fingerprint(
     the store keeps for it (GCS's crc32c, S3's ETag), which any rewrite of other bytes changes.
     """
     digest = hashlib.sha1()
+    samples = _remote_samples(headers, identities)
     for s, (header, record, identity) in enumerate(zip(headers, records, identities, strict=True)):
         if isinstance(identity, ObjectRef):
             facts = [*header.facts(), record.sha256 if record else None, identity.info.content_tag]
             digest.update(json.dumps(facts).encode())
-            if header.raw_size:
-                n = min(_SAMPLE_BYTES, header.raw_size)
-                spans = [(0, n), (max(0, header.raw_size - _SAMPLE_BYTES), header.raw_size)]
-                for data in identity.store.read_ranges(identity.url, spans):
-                    digest.update(data)
+            for data in samples.get(s, ()):
+                digest.update(data)
             digest.update(str(s).encode())
             continue
         if record is not None:
