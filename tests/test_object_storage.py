@@ -291,3 +291,71 @@ def test_opening_a_set_of_many_shards_costs_a_few_round_trips_not_one_per_shard(
     # listing it is checked against, one batch of fingerprint samples.
     assert stats.calls <= 8, stats
     assert stats.requests >= 2 * len(corpus.paths)  # footers and samples, sent concurrently
+
+
+def test_the_grain_sources_read_a_bucket_as_local_files(bucket, local_set):
+    url, server = bucket
+    spec = f"{url}/src/prose.rox"
+    upload(spec, server)
+    remote = open_rox(spec, storage_options=server.storage_options)
+    for source in (grain_rox.RoxTokenSource, grain_rox.RoxDocumentSource):
+        theirs, ours = source(local_set, seq_len=64), source(remote, seq_len=64)
+        assert len(ours) == len(theirs)
+        for i in [0, 1, len(ours) // 2, len(ours) - 1]:
+            want, got = theirs[i], ours[i]
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key], err_msg=f"{source} {i}")
+    blocks = grain_rox.RoxBlockSource(remote)
+    np.testing.assert_array_equal(blocks[3], grain_rox.RoxBlockSource(local_set)[3])
+    stream = grain_rox.roxxel_stream(remote, batch_size=4, seq_len=32, seed=1)
+    local_stream = grain_rox.roxxel_stream(local_set, batch_size=4, seq_len=32, seed=1)
+    for k in range(3):
+        np.testing.assert_array_equal(np.asarray(stream[k]), np.asarray(local_stream[k]))
+
+
+KILLED_WRITER = """
+import os, sys, time
+import grain_rox
+from grain_rox._format._object_store import store_for
+
+spec = sys.argv[1]
+store = store_for(spec)
+real_put = store.fs.put_file
+done = []
+
+def put_then_hang(*args, **kwargs):  # the second shard never finishes: SIGKILL comes first
+    if len(done) == 1:
+        print("KILL ME", flush=True)
+        time.sleep(120)
+    result = real_put(*args, **kwargs)
+    done.append(args)
+    return result
+
+store.fs.put_file = put_then_hang
+docs = list(grain_rox.builtin_documents("prose"))[:400][::-1]
+grain_rox.write_rox(docs, spec, tokenizer="bytes", block_size=4096, max_shard_bytes=200_000,
+                    if_exists="overwrite")
+"""
+
+
+@pytest.mark.slow
+def test_a_writer_process_killed_mid_upload_leaves_nothing_that_opens(gcs_server, gcs_bucket):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    spec = f"{gcs_bucket}/sigkill/prose.rox"
+    upload(spec, gcs_server)
+    env = {**os.environ, **gcs_server.env}
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, spec], env=env,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "KILL ME"
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(timeout=60)
+    with pytest.raises(RoxFormatError, match="has not finished"):
+        open_rox(spec, storage_options=gcs_server.storage_options)
+    upload(spec, gcs_server, docs=DOCS[::-1], if_exists="overwrite")
+    assert open_rox(spec, storage_options=gcs_server.storage_options, verify=True).num_documents
