@@ -184,55 +184,42 @@ class WindowReader(ProcessLocal):
         content = None if plan.content is None else plan.content.tolist()
         pieces = plan.pieces
         if self.corpus.remote:  # every piece of these rows in one batch of requests per shard
-            self._copy_remote_pieces(plan, slots, out, out_rows, joins, joins_rows)
-            return
-        shard_tokens = self.corpus.shard_tokens
-        tokens: dict[int, np.ndarray] = {}  # each shard's memory map, looked up once
+            piece = self._fetch_pieces(plan, slots).__getitem__
+        else:
+            shard_tokens = self.corpus.shard_tokens
+            tokens: dict[int, np.ndarray] = {}  # each shard's memory map, looked up once
+
+            def piece(p: int) -> np.ndarray:
+                s, a, n, _ = pieces[p]
+                source = tokens.get(s)
+                if source is None:
+                    source = tokens[s] = shard_tokens(s)
+                return source[a : a + n]
+
         for slot, row, joins_row in zip(
             slots.tolist(), out_rows.tolist(), joins_rows.tolist(), strict=True
         ):
             for p in range(fp[slot], fp[slot + 1]):
-                s, a, n, d = pieces[p]
-                source = tokens.get(s)
-                if source is None:
-                    source = tokens[s] = shard_tokens(s)
-                out[row, d : d + n] = source[a : a + n]
+                d, n = pieces[p][3], pieces[p][2]
+                out[row, d : d + n] = piece(p)
                 if d:
                     joins[joins_row, d] = True
             if content is not None:
                 out[row, content[slot] :] = 0
 
-    def _copy_remote_pieces(
-        self,
-        plan: _GroupPlan,
-        slots: np.ndarray,
-        out: np.ndarray,
-        out_rows: np.ndarray,
-        joins: np.ndarray,
-        joins_rows: np.ndarray,
-    ) -> None:
-        """:meth:`_copy_pieces` for a corpus in a bucket: the pieces are read per shard with
-        one batch of concurrent ranged requests, then copied."""
+    def _fetch_pieces(self, plan: _GroupPlan, slots: np.ndarray) -> dict[int, np.ndarray]:
+        """The tokens of every piece of ``slots`` from a corpus in a bucket, by piece: one
+        batch of concurrent ranged requests per shard."""
         fp = plan.first_piece.tolist()
-        wanted = [p for slot in slots.tolist() for p in range(fp[slot], fp[slot + 1])]
         by_shard: dict[int, list[int]] = {}
-        for p in wanted:
-            by_shard.setdefault(plan.pieces[p][0], []).append(p)
+        for slot in slots.tolist():
+            for p in range(fp[slot], fp[slot + 1]):
+                by_shard.setdefault(plan.pieces[p][0], []).append(p)
         data: dict[int, np.ndarray] = {}
         for s, ps in by_shard.items():
             spans = [(plan.pieces[p][1], plan.pieces[p][1] + plan.pieces[p][2]) for p in ps]
             data.update(zip(ps, self.corpus.shard_spans(s, spans), strict=True))
-        content = None if plan.content is None else plan.content.tolist()
-        for slot, row, joins_row in zip(
-            slots.tolist(), out_rows.tolist(), joins_rows.tolist(), strict=True
-        ):
-            for p in range(fp[slot], fp[slot + 1]):
-                d, n = plan.pieces[p][3], plan.pieces[p][2]
-                out[row, d : d + n] = data[p]
-                if d:
-                    joins[joins_row, d] = True
-            if content is not None:
-                out[row, content[slot] :] = 0
+        return data
 
     def row_content(self, samples: np.ndarray) -> np.ndarray | None:
         """Tokens of each sample's row, the rest padding (None: an order of full windows)."""
