@@ -23,6 +23,7 @@ _LAZY: dict[str, str] = {
     "write_rox": "grain_rox._text._rox_writer",
     "builtin_documents": "grain_rox._text._builtin_corpus",
     "read_documents": "grain_rox._text._convert",
+    "ReadStats": "grain_rox._text._document_readers",
     "WriteResult": "grain_rox._text._rox_writer",
     "ByteTokenizer": "grain_rox._text._tokenizers",
     "get_tokenizer": "grain_rox._text._tokenizers",
@@ -85,6 +86,7 @@ if TYPE_CHECKING:  # the same names for type checkers; tests/test_public_api.py 
     from grain_rox._sources._segments import unpack_windows as unpack_windows
     from grain_rox._text._builtin_corpus import builtin_documents as builtin_documents
     from grain_rox._text._convert import read_documents as read_documents
+    from grain_rox._text._document_readers import ReadStats as ReadStats
     from grain_rox._text._hf_tokenizer import HFTokenizer as HFTokenizer
     from grain_rox._text._rox_writer import WriteResult as WriteResult
     from grain_rox._text._rox_writer import write_rox as write_rox

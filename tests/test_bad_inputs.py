@@ -538,6 +538,21 @@ def test_a_null_text_stops_convert_unless_skipping_is_chosen(tmp_path, capsys, n
     assert tokens_of(out) == [120, 256]
 
 
+def test_read_documents_counts_what_it_skips_when_asked(tmp_path):
+    import grain_rox
+
+    (tmp_path / "a.jsonl").write_bytes(b'{"text": "x"}\n{"text": null}\n{"text": "y"}\n')
+    (tmp_path / "b.bin").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=r"a\.jsonl:2: the text is null"):
+        list(grain_rox.read_documents(tmp_path))
+    stats = grain_rox.ReadStats()
+    docs = list(grain_rox.read_documents(tmp_path, on_null="skip", stats=stats))
+    assert docs == ["x", "y"]
+    assert (stats.files_read, stats.documents, stats.null_texts) == (1, 2, 1)
+    assert stats.skipped == {"binary": [str(tmp_path / "b.bin")]}
+    assert stats.summary() == "1 file read, skipped 1 file (1 binary) and 1 null text"
+
+
 def test_a_null_parquet_text_names_its_row(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -275,6 +275,7 @@ def read_documents(
     on_binary: str = "skip",
     encoding_errors: str = "strict",
     on_null: str = "error",
+    stats: ReadStats | None = None,
 ) -> Iterator[str]:
     """Yield the documents of files, directories and globs, as ``grain-rox convert`` reads them.
 
@@ -292,6 +293,9 @@ def read_documents(
       encoding_errors: ``"strict"`` (text that is not UTF-8 is an error naming the file and the
         byte offset) or ``"replace"``.
       on_null: ``"error"`` (a null text is an error naming its record) or ``"skip"``.
+      stats: a :class:`~grain_rox.ReadStats` that counts, as the documents are read, the
+        files read, the documents, and what was skipped and why (binary files, null texts),
+        as ``grain-rox convert`` reports it: a skip is a counted choice, never silent.
 
     Returns:
       An iterator of ``str``, lazily read: files are opened as it is consumed.
@@ -303,12 +307,16 @@ def read_documents(
         binary file (with the ``"error"`` choices).
 
     >>> import os, tempfile
-    >>> from grain_rox import read_documents
+    >>> from grain_rox import ReadStats, read_documents
     >>> d = tempfile.mkdtemp()
     >>> _ = open(os.path.join(d, "a.txt"), "w").write("first")
     >>> _ = open(os.path.join(d, "b.jsonl"), "w").write('{"text": "second"}\\n{"text": "third"}\\n')
     >>> list(read_documents(d))
     ['first', 'second', 'third']
+    >>> _ = open(os.path.join(d, "c.bin"), "wb").write(bytes(range(256)))
+    >>> stats = ReadStats()
+    >>> len(list(read_documents(d, stats=stats))), stats.summary()
+    (3, '2 files read, skipped 1 file (1 binary)')
     """
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
@@ -320,4 +328,5 @@ def read_documents(
         on_binary=on_binary,
         encoding_errors=encoding_errors,
         on_null=on_null,
+        stats=stats,
     )
