@@ -293,3 +293,10 @@ def test_options_are_checked_when_the_transforms_are_made(tmp_path):
         ReadDocuments(tmp_path / "missing")
     with pytest.raises(ValueError, match="limit= selects the first documents of the embedded"):
         ReadDocuments(tmp_path, limit=3)
+
+
+def test_a_beam_conversion_to_a_bucket_url_is_refused_naming_the_fix(tmp_path):
+    from grain_rox.beam import run_convert
+
+    with pytest.raises(ValueError, match=r"not to gs://b/p\.rox: its commit renames files"):
+        run_convert(None, "gs://b/p.rox", builtin="prose", limit=3)

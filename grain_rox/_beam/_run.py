@@ -21,6 +21,7 @@ from grain_rox._beam._metrics import read_counters
 from grain_rox._beam._read import ReadDocuments
 from grain_rox._beam._write import WriteRox
 from grain_rox._format._manifest import Manifest
+from grain_rox._format._object_store import is_url
 from grain_rox._format._shard_set import current_manifest
 from grain_rox._text._shard_files import IfExists
 
@@ -96,6 +97,13 @@ def run_convert(
     if runner not in RUNNERS:
         raise ValueError(f"runner {runner!r} is not one of {RUNNERS}")
     output = os.fspath(output)
+    if is_url(output):
+        raise ValueError(
+            f"the Beam conversion writes its shard set to a filesystem path, not to {output}: "
+            "its commit renames files. Fix: write to a local or mounted path (e.g. a GCS FUSE "
+            "mount), or convert without --runner, which uploads to a bucket with "
+            "grain-rox convert -o gs://..."
+        )
     read = ReadDocuments(
         inputs,
         builtin=builtin,
