@@ -118,6 +118,7 @@ class RoxCorpus:
         self._uniform = uniform
         self._identities = identities  # pickled with the corpus: workers map the same files
         self._indexes = indexes or [None] * len(headers)  # remote indexes read with footers
+        self._remote = any(isinstance(i, ObjectRef) for i in identities)
         self._block_starts = np.cumsum([0] + [h.num_blocks for h in headers], dtype=np.int64)
         self._token_starts = np.cumsum([0] + [h.num_tokens for h in headers], dtype=np.int64)
         self._block_starts_list = self._block_starts.tolist()
@@ -247,7 +248,7 @@ class RoxCorpus:
     @property
     def remote(self) -> bool:
         """Whether any shard is an object in a bucket (read by ranged requests, not mapped)."""
-        return any(isinstance(i, ObjectRef) for i in self._identities)
+        return self._remote
 
     def _map(self, s: int) -> MappedShard | RemoteShard:
         mapped = self._maps[s]
