@@ -293,7 +293,7 @@ def test_opening_a_set_of_many_shards_costs_a_few_round_trips_not_one_per_shard(
     assert stats.requests >= 2 * len(corpus.paths)  # footers and samples, sent concurrently
 
 
-def test_the_grain_sources_read_a_bucket_as_local_files(bucket, local_set):
+def test_the_grain_sources_read_a_bucket_as_local_files(bucket, local_set, caplog):
     url, server = bucket
     spec = f"{url}/src/prose.rox"
     upload(spec, server)
@@ -305,6 +305,7 @@ def test_the_grain_sources_read_a_bucket_as_local_files(bucket, local_set):
             want, got = theirs[i], ours[i]
             for key in want:
                 np.testing.assert_array_equal(got[key], want[key], err_msg=f"{source} {i}")
+    assert "finding the documents reads every token once in this process" in caplog.text
     blocks = grain_rox.RoxBlockSource(remote)
     np.testing.assert_array_equal(blocks[3], grain_rox.RoxBlockSource(local_set)[3])
     stream = grain_rox.roxxel_stream(remote, batch_size=4, seq_len=32, seed=1)

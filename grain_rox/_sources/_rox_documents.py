@@ -147,6 +147,16 @@ class RoxDocumentSource:
         return self._index
 
     def _build_index(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.corpus.remote:
+            size = sum(sh.num_tokens for sh in self.corpus.shards) * self.corpus.dtype.itemsize
+            logger.warning(
+                "RoxDocumentSource over %s: finding the documents reads every token once in "
+                "this process (%s bytes from the bucket, again in each worker process). For a "
+                "large corpus, TokenPipeline(..., packing='best_fit') reads only the chunks it "
+                "serves",
+                self.corpus.paths[0],
+                f"{size:,}",
+            )
         ends = [
             np.flatnonzero(chunk == self.eos_id) + (sh.first_token + at)
             for s, sh in enumerate(self.corpus.shards)
