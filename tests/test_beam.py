@@ -283,8 +283,10 @@ def test_two_documents_with_one_key_are_an_error_naming_the_key(tmp_path):
 
 def test_options_are_checked_when_the_transforms_are_made(tmp_path):
     write_rox(["x"], tmp_path / "e.rox")
-    with pytest.raises(FileExistsError, match=r"e\.rox exists"):
+    with pytest.raises(FileExistsError, match=r"e\.rox exists") as exists:
         WriteRox(tmp_path / "e.rox")
+    assert "pass --if-exists overwrite (if_exists='overwrite') to replace it" in str(exists.value)
+    assert "append" not in str(exists.value).split("(appending")[0]
     with pytest.raises(ValueError, match=r"appending to .* is not supported on Beam"):
         WriteRox(tmp_path / "e.rox", if_exists="append")
     with pytest.raises(TypeError, match="give the tokenizer's name"):

@@ -110,7 +110,16 @@ def shard_writer(
             f"appending to {path} is not supported on Beam: convert into a new set (another "
             "-o) and mix the two sets, or convert locally with --if-exists append"
         )
-    return ShardSetWriter(path, layout.dtype, layout.block_size, max_shard_bytes, if_exists, disk)
+    try:
+        return ShardSetWriter(
+            path, layout.dtype, layout.block_size, max_shard_bytes, if_exists, disk
+        )
+    except FileExistsError as e:  # the local writer's advice names an append, refused here
+        what = str(e).split(";")[0]
+        raise FileExistsError(
+            f"{what}; pass --if-exists overwrite (if_exists='overwrite') to replace it, or "
+            "convert into another -o (appending is not supported on Beam)"
+        ) from None
 
 
 def final_path(path: str, max_shard_bytes: int | None, shard: int) -> str:
