@@ -31,6 +31,8 @@ from collections.abc import Callable, Hashable, Sequence
 from grain_rox._format._object_store import count
 
 Fetch = Callable[[Sequence[tuple[int, int]]], list[bytes]]
+# (object number, a, b) spans of several objects -> their bytes, in one round trip.
+FetchMany = Callable[[Sequence[tuple[int, int, int]]], list[bytes]]
 
 # Ranges closer than this are fetched as one when nothing is cached: one request instead of
 # two costs less than the bytes between them.
@@ -65,29 +67,51 @@ class BlockCache:
         self, key: Hashable, ranges: Sequence[tuple[int, int]], fetch: Fetch, *, size: int
     ) -> list[bytes]:
         """Bytes ``[a, b)`` of the object ``key`` (``size`` bytes long) for each range."""
+        return self.read_objects(
+            [(key, size, ranges)], lambda spans: fetch([(a, b) for _, a, b in spans])
+        )[0]
+
+    def read_objects(
+        self, objects: Sequence[tuple[Hashable, int, Sequence[tuple[int, int]]]], fetch: FetchMany
+    ) -> list[list[bytes]]:
+        """:meth:`read` of several objects, given as ``(key, size, ranges)``, with one call of
+        ``fetch`` for every object's missing blocks: it gets ``(object number, a, b)`` spans and
+        returns their bytes, so all of a batch's requests can be in flight at once."""
         if self.capacity_bytes == 0:
-            return _read_merged(ranges, fetch)
+            return _read_merged(objects, fetch)
         bb = self.block_bytes
-        wanted = sorted({i for a, b in ranges if b > a for i in range(a // bb, (b - 1) // bb + 1)})
-        have: dict[int, bytes] = {}
-        missing = []
+        haves: list[dict[int, bytes]] = []
+        missing: list[list[int]] = []
+        hits = misses = 0
         with self._lock:
-            for i in wanted:
-                block = self._blocks.get((key, i))
-                if block is None:
-                    missing.append(i)
-                else:
-                    self._blocks.move_to_end((key, i))
-                    have[i] = block
-        count(cache_hits=len(have), cache_misses=len(missing))
-        if missing:
-            runs = _runs(missing)
-            spans = [(lo * bb, min(size, (hi + 1) * bb)) for lo, hi in runs]
-            for (lo, hi), data in zip(runs, fetch(spans), strict=True):
+            for key, _, ranges in objects:
+                wanted = {i for a, b in ranges if b > a for i in range(a // bb, (b - 1) // bb + 1)}
+                have: dict[int, bytes] = {}
+                absent = []
+                for i in sorted(wanted):
+                    block = self._blocks.get((key, i))
+                    if block is None:
+                        absent.append(i)
+                    else:
+                        self._blocks.move_to_end((key, i))
+                        have[i] = block
+                haves.append(have)
+                missing.append(absent)
+                hits, misses = hits + len(have), misses + len(absent)
+        count(cache_hits=hits, cache_misses=misses)
+        runs = [(o, lo, hi) for o, absent in enumerate(missing) for lo, hi in _runs(absent)]
+        if runs:
+            spans = [(o, lo * bb, min(objects[o][1], (hi + 1) * bb)) for o, lo, hi in runs]
+            for (o, lo, hi), data in zip(runs, fetch(spans), strict=True):
                 for i in range(lo, hi + 1):
-                    have[i] = data[(i - lo) * bb : (i - lo + 1) * bb]
-            self._keep(key, {i: have[i] for i in missing})
-        return [_cut(have, bb, a, b) for a, b in ranges]
+                    haves[o][i] = data[(i - lo) * bb : (i - lo + 1) * bb]
+            for o, absent in enumerate(missing):
+                if absent:
+                    self._keep(objects[o][0], {i: haves[o][i] for i in absent})
+        return [
+            [_cut(have, bb, a, b) for a, b in ranges]
+            for have, (_, _, ranges) in zip(haves, objects, strict=True)
+        ]
 
     def _keep(self, key: Hashable, blocks: dict[int, bytes]) -> None:
         with self._lock:
@@ -120,25 +144,33 @@ def _cut(blocks: dict[int, bytes], bb: int, a: int, b: int) -> bytes:
     return b"".join(blocks[i] for i in range(first, last + 1))[a - first * bb : b - first * bb]
 
 
-def _read_merged(ranges: Sequence[tuple[int, int]], fetch: Fetch) -> list[bytes]:
-    """Fetch ``ranges`` with nearby ones merged into one request; cut each back out."""
-    order = sorted(range(len(ranges)), key=lambda k: ranges[k])
-    spans: list[list[int]] = []
-    for k in order:
-        a, b = ranges[k]
-        if spans and a <= spans[-1][1] + _MERGE_GAP:
-            spans[-1][1] = max(spans[-1][1], b)
-        else:
-            spans.append([a, b])
-    data = fetch([(a, b) for a, b in spans])
-    out: list[bytes] = [b""] * len(ranges)
-    j = 0
-    for k in order:
-        a, b = ranges[k]
-        while not (spans[j][0] <= a and b <= spans[j][1]):
-            j += 1
-        out[k] = data[j][a - spans[j][0] : b - spans[j][0]]
-    return out
+def _read_merged(
+    objects: Sequence[tuple[Hashable, int, Sequence[tuple[int, int]]]], fetch: FetchMany
+) -> list[list[bytes]]:
+    """Fetch every object's ranges, nearby ones of an object merged into one request, in one
+    call; cut each range back out."""
+    spans: list[list[int]] = []  # [object, a, b]
+    where: list[list[int]] = []  # per object, per range: its span
+    for o, (_, _, ranges) in enumerate(objects):
+        order = sorted(range(len(ranges)), key=lambda k: ranges[k])
+        index = [0] * len(ranges)
+        first = len(spans)
+        for k in order:
+            a, b = ranges[k]
+            if len(spans) > first and a <= spans[-1][2] + _MERGE_GAP:
+                spans[-1][2] = max(spans[-1][2], b)
+            else:
+                spans.append([o, a, b])
+            index[k] = len(spans) - 1
+        where.append(index)
+    data = fetch([(o, a, b) for o, a, b in spans]) if spans else []
+    return [
+        [
+            data[j][a - spans[j][1] : b - spans[j][1]]
+            for (a, b), j in zip(ranges, where[o], strict=True)
+        ]
+        for o, (_, _, ranges) in enumerate(objects)
+    ]
 
 
 _cache: BlockCache | None = None

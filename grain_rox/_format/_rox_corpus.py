@@ -23,7 +23,12 @@ from grain_rox._format._mapped_shard import FileIdentity, MappedShard
 from grain_rox._format._object_store import is_url
 from grain_rox._format._paths import PathSpec, resolve_shard_paths
 from grain_rox._format._remote_set import check_object_checksum
-from grain_rox._format._remote_shard import ObjectRef, RemoteShard
+from grain_rox._format._remote_shard import (
+    ObjectRef,
+    RemoteShard,
+    gather_remote,
+    spans_remote,
+)
 from grain_rox._format._rox_format import (
     FULL_INDEX_CHECK_LIMIT,
     RoxFormatError,
@@ -284,6 +289,52 @@ class RoxCorpus:
         """Tokens ``[start, stop)`` of shard ``s``: a zero-copy view of a local shard's map, a
         new array read by one ranged request (through the block cache) for a remote one."""
         return self._map(s).slice(start, stop)
+
+    def gather_many(self, requests: list[tuple[int, np.ndarray, int]]) -> list[np.ndarray]:
+        """:meth:`gather` for several ``(shard, starts, width)`` at once: the remote ones in one
+        concurrent round trip (a batch whose windows lie in eight shards waits once).
+
+        >>> import tempfile, os, numpy as np
+        >>> from grain_rox import open_rox, write_rox
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.rox")
+        >>> _ = write_rox([np.arange(10, dtype=np.uint16)], path, block_size=8, max_shard_bytes=8)
+        >>> [a.tolist() for a in open_rox(path).gather_many([(0, np.array([1]), 2), (2, np.array([0]), 2)])]
+        [[[1, 2]], [[8, 9]]]
+        """
+        if not self._remote:
+            return [self._map(s).gather(starts, width) for s, starts, width in requests]
+        out: list[np.ndarray | None] = [None] * len(requests)
+        remote: list[tuple[int, RemoteShard]] = []
+        for i, (s, starts, width) in enumerate(requests):
+            shard = self._map(s)
+            if isinstance(shard, RemoteShard):
+                remote.append((i, shard))
+            else:
+                out[i] = shard.gather(starts, width)
+        got = gather_remote([(shard, requests[i][1], requests[i][2]) for i, shard in remote])
+        for (i, _), rows in zip(remote, got, strict=True):
+            out[i] = rows
+        return [rows for rows in out if rows is not None]
+
+    def shard_spans_many(
+        self, requests: list[tuple[int, list[tuple[int, int]]]]
+    ) -> list[list[np.ndarray]]:
+        """:meth:`shard_spans` for several ``(shard, spans)`` at once: the remote ones in one
+        concurrent round trip."""
+        if not self._remote:
+            return [self._map(s).spans(spans) for s, spans in requests]
+        out: list[list[np.ndarray] | None] = [None] * len(requests)
+        remote: list[tuple[int, RemoteShard]] = []
+        for i, (s, spans) in enumerate(requests):
+            shard = self._map(s)
+            if isinstance(shard, RemoteShard):
+                remote.append((i, shard))
+            else:
+                out[i] = shard.spans(spans)
+        got = spans_remote([(shard, requests[i][1]) for i, shard in remote])
+        for (i, _), pieces in zip(remote, got, strict=True):
+            out[i] = pieces
+        return [pieces for pieces in out if pieces is not None]
 
     def shard_spans(self, s: int, spans: list[tuple[int, int]]) -> list[np.ndarray]:
         """Tokens ``[a, b)`` of shard ``s`` for each span: views of a local shard's map, one

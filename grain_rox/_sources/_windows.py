@@ -150,17 +150,19 @@ class WindowReader(ProcessLocal):
             first = last = plan.one_shard
         else:
             first, last = (int(shards.min()), int(shards.max())) if shards.size else (0, -1)
-        for s in range(first, last + 1):
-            if first == last:
-                target = slice(None) if all_single else single
-                out[target if rows is None else rows[target]] = self.corpus.gather(s, starts, width)
-            else:
+        if first == last:
+            target = slice(None) if all_single else single
+            out[target if rows is None else rows[target]] = self.corpus.gather(first, starts, width)
+        else:  # one gather per shard, all in one round trip when the shards are remote
+            targets, requests = [], []
+            for s in range(first, last + 1):
                 sel = shards == s
                 if sel.any():
                     local = np.flatnonzero(single)[sel]
-                    out[local if rows is None else rows[local]] = self.corpus.gather(
-                        s, starts[sel], width
-                    )
+                    targets.append(local if rows is None else rows[local])
+                    requests.append((s, starts[sel], width))
+            for target, got in zip(targets, self.corpus.gather_many(requests), strict=True):
+                out[target] = got
         joins = None
         if not all_single:
             joins = np.zeros((n, width), dtype=bool)
@@ -208,17 +210,20 @@ class WindowReader(ProcessLocal):
                 out[row, content[slot] :] = 0
 
     def _fetch_pieces(self, plan: _GroupPlan, slots: np.ndarray) -> dict[int, np.ndarray]:
-        """The tokens of every piece of ``slots`` from a corpus in a bucket, by piece: one
-        batch of concurrent ranged requests per shard."""
+        """The tokens of every piece of ``slots`` from a corpus in a bucket, by piece: all in
+        one round trip of concurrent ranged requests."""
         fp = plan.first_piece.tolist()
         by_shard: dict[int, list[int]] = {}
         for slot in slots.tolist():
             for p in range(fp[slot], fp[slot + 1]):
                 by_shard.setdefault(plan.pieces[p][0], []).append(p)
+        requests = [
+            (s, [(plan.pieces[p][1], plan.pieces[p][1] + plan.pieces[p][2]) for p in ps])
+            for s, ps in by_shard.items()
+        ]
         data: dict[int, np.ndarray] = {}
-        for s, ps in by_shard.items():
-            spans = [(plan.pieces[p][1], plan.pieces[p][1] + plan.pieces[p][2]) for p in ps]
-            data.update(zip(ps, self.corpus.shard_spans(s, spans), strict=True))
+        for ps, got in zip(by_shard.values(), self.corpus.shard_spans_many(requests), strict=True):
+            data.update(zip(ps, got, strict=True))
         return data
 
     def row_content(self, samples: np.ndarray) -> np.ndarray | None:
@@ -295,9 +300,13 @@ class WindowReader(ProcessLocal):
                 if not g_rows.size:
                     continue
                 lo, hi = int(g_shards.min()), int(g_shards.max())
-                for s in [lo] if lo == hi else np.unique(g_shards).tolist():
-                    sel = slice(None) if lo == hi else g_shards == s
-                    dest[g_rows[sel]] = self.corpus.gather(s, g_starts[sel], width)
+                sels = [
+                    (s, slice(None) if lo == hi else g_shards == s)
+                    for s in ([lo] if lo == hi else np.unique(g_shards).tolist())
+                ]
+                got = self.corpus.gather_many([(s, g_starts[sel], width) for s, sel in sels])
+                for (_, sel), rows_got in zip(sels, got, strict=True):
+                    dest[g_rows[sel]] = rows_got
             if not single.all():
                 if joins is None:
                     joins = np.zeros((samples.size, width), dtype=bool)
