@@ -218,8 +218,15 @@ def test_a_batch_costs_two_round_trips_at_most_a_request_per_window_none_when_ca
     spec = f"{url}/req/prose.rox"
     write_rox(DOCS, spec, tokenizer="bytes", block_size=4096, max_shard_bytes=40_000,
               storage_options=server.storage_options)  # fmt: skip
+    fresh = open_rox(spec, storage_options=server.storage_options)
+    object_store_stats(reset=True)
+    TokenPipeline(fresh, seq_len=128, global_batch_size=32).map_dataset()[5]
+    # The first read of each shard in a process checks its version: those of a batch's
+    # shards together, in one listing, then the windows and the pieces.
+    assert object_store_stats().calls <= 3, object_store_stats()
+    assert sum(m is not None for m in fresh._maps) >= 3  # the batch did touch several shards
     corpus = open_rox(spec, storage_options=server.storage_options)
-    for s in range(len(corpus.paths)):  # each shard's first read in a process checks its version
+    for s in range(len(corpus.paths)):  # each shard's version checked: mapped for a process
         corpus.shard_index(s)
     data = TokenPipeline(corpus, seq_len=128, global_batch_size=32).map_dataset()
     touched = []

@@ -97,12 +97,20 @@ class RemoteShard:
       header: the shard's footer facts, read when the corpus was opened.
       ref: the object version the corpus opened; another version is refused.
       index: the block index if it was read with the footer, else None (fetched here).
+      now: the object's facts looked up just now (None: looked up here).
     """
 
     tokens = None  # no memory map: read through slice() and gather()
 
-    def __init__(self, header: ShardHeader, ref: ObjectRef, index: np.ndarray | None) -> None:
-        now = ref.store.info(ref.url)
+    def __init__(
+        self,
+        header: ShardHeader,
+        ref: ObjectRef,
+        index: np.ndarray | None,
+        now: ObjectInfo | None = None,
+    ) -> None:
+        if now is None:  # the object's facts now, unless the caller looked several up at once
+            now = ref.store.info(ref.url)
         if (now.size, now.version) != (ref.info.size, ref.info.version):
             raise RoxFormatError(
                 ref.url,

@@ -20,7 +20,7 @@ import numpy as np
 from grain_rox._format._leftovers import leftovers_of
 from grain_rox._format._manifest import Manifest, ShardRecord
 from grain_rox._format._mapped_shard import FileIdentity, MappedShard
-from grain_rox._format._object_store import is_url
+from grain_rox._format._object_store import ObjectInfo, is_url
 from grain_rox._format._paths import PathSpec, resolve_shard_paths
 from grain_rox._format._remote_set import check_object_checksum
 from grain_rox._format._remote_shard import (
@@ -255,7 +255,7 @@ class RoxCorpus:
         """Whether any shard is an object in a bucket (read by ranged requests, not mapped)."""
         return self._remote
 
-    def _map(self, s: int) -> MappedShard | RemoteShard:
+    def _map(self, s: int, now: ObjectInfo | None = None) -> MappedShard | RemoteShard:
         mapped = self._maps[s]
         if mapped is None:
             with self._lock:
@@ -263,13 +263,28 @@ class RoxCorpus:
                 if mapped is None:
                     identity = self._identities[s]
                     if isinstance(identity, ObjectRef):
-                        mapped = RemoteShard(self._headers[s], identity, self._indexes[s])
+                        mapped = RemoteShard(self._headers[s], identity, self._indexes[s], now)
                     else:
                         mapped = MappedShard(self._headers[s], identity)
                     if self._uniform[s] is None:  # index not walked at open: walk it once now
                         self._uniform[s] = check_index(self._headers[s], mapped.ends)
                     self._maps[s] = mapped
         return mapped
+
+    def _map_many(self, shards: list[int]) -> None:
+        """Map the remote ones of ``shards`` not mapped yet, their version checks looked up
+        together (one listing per prefix) rather than one round trip each."""
+        new = [s for s in dict.fromkeys(shards) if self._maps[s] is None]
+        refs = [(s, i) for s in new if isinstance(i := self._identities[s], ObjectRef)]
+        if len(refs) < 2:
+            return
+        stores: dict[int, list[tuple[int, ObjectRef]]] = {}
+        for s, ref in refs:
+            stores.setdefault(id(ref.store), []).append((s, ref))
+        for group in stores.values():
+            infos = group[0][1].store.infos([ref.url for _, ref in group])
+            for s, ref in group:
+                self._map(s, infos[ref.url])
 
     def shard_tokens(self, s: int) -> np.ndarray:
         """Shard ``s``'s whole token region as a zero-copy view of its memory map.
@@ -303,6 +318,7 @@ class RoxCorpus:
         """
         if not self._remote:
             return [self._map(s).gather(starts, width) for s, starts, width in requests]
+        self._map_many([s for s, _, _ in requests])
         out: list[np.ndarray | None] = [None] * len(requests)
         remote: list[tuple[int, RemoteShard]] = []
         for i, (s, starts, width) in enumerate(requests):
@@ -323,6 +339,7 @@ class RoxCorpus:
         concurrent round trip."""
         if not self._remote:
             return [self._map(s).spans(spans) for s, spans in requests]
+        self._map_many([s for s, _ in requests])
         out: list[list[np.ndarray] | None] = [None] * len(requests)
         remote: list[tuple[int, RemoteShard]] = []
         for i, (s, spans) in enumerate(requests):
