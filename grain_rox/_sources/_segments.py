@@ -67,24 +67,43 @@ def segment_features(
     """
     n, width = windows.shape
     seq_len = width - 1
-    starts = np.empty((n, seq_len), dtype=bool)  # position t starts a new segment
-    starts[:, 0] = True
-    np.equal(windows[:, : seq_len - 1], eos_id, out=starts[:, 1:])
+    total = n * seq_len
+    # Segment starts as flat indices into (n, seq_len): each row's first token, each token
+    # after an EOS (an EOS at window column c < seq_len - 1 starts one at c + 1) and each chunk
+    # join (at window column 1 <= c < seq_len). They are few, so they are found sparsely and
+    # the features expanded from them (measured 15 us for a (32, 1024) batch with no EOS,
+    # 35 us with one every 500 tokens; a dense scan per row cost 50-60 us).
+    hits = np.flatnonzero(windows == eos_id)
+    row, col = np.divmod(hits, width)
+    inner = (row * seq_len + col + 1)[col < seq_len - 1]
+    cuts = None  # the targets that lie across a join: (rows, columns)
     if joins is not None:
-        starts[:, 1:] |= joins[:, 1:seq_len]
-    # Segments are sparse: expand them from their start positions (one pass, no scans).
-    first = np.flatnonzero(starts)
-    lengths = np.diff(first, append=n * seq_len)
-    position = np.arange(n * seq_len, dtype=np.int32)
-    position -= np.repeat(first.astype(np.int32), lengths)
-    row_first = np.searchsorted(first, np.arange(n) * seq_len)
-    number = np.arange(1, first.size + 1, dtype=np.int32)
-    number -= np.repeat(row_first.astype(np.int32), np.diff(row_first, append=first.size))
-    segmentation = np.repeat(number, lengths).reshape(n, seq_len)
-    position = position.reshape(n, seq_len)
+        row, col = np.divmod(np.flatnonzero(joins), width)
+        inside = col >= 1
+        cuts = row[inside], col[inside] - 1
+        at_join = (row * seq_len + col)[inside & (col < seq_len)]
+        if at_join.size:  # a join may also follow an EOS: one start
+            both = np.sort(np.concatenate([inner, at_join]))
+            inner = both[np.concatenate([[True], both[1:] != both[:-1]])]
+    position = np.empty((n, seq_len), dtype=np.int32)
+    position[...] = np.arange(seq_len, dtype=np.int32)
+    if not inner.size:  # one segment a row
+        segmentation = np.ones((n, seq_len), dtype=np.int32)
+    else:
+        first = np.sort(np.concatenate([np.arange(0, total, seq_len), inner]))
+        lengths = np.empty_like(first)
+        np.subtract(first[1:], first[:-1], out=lengths[:-1])
+        lengths[-1] = total - first[-1]
+        position.reshape(-1)[...] -= (first % seq_len).astype(np.int32).repeat(lengths)
+        # a segment's number: its index, less that of its row's first segment, plus one
+        row_first = np.searchsorted(first, np.arange(0, total, seq_len))
+        number = np.arange(1, first.size + 1, dtype=np.int32)
+        number -= row_first[first // seq_len].astype(np.int32)
+        segmentation = number.repeat(lengths).reshape(n, seq_len)
     target_segmentation = segmentation
-    if joins is not None and joins[:, 1:].any():
-        target_segmentation = np.where(joins[:, 1:], 0, segmentation).astype(np.int32)
+    if cuts is not None and cuts[0].size:
+        target_segmentation = segmentation.copy()
+        target_segmentation[cuts] = 0
     if content is not None and (content <= seq_len).any():
         if target_segmentation is segmentation:
             target_segmentation = segmentation.copy()
