@@ -81,6 +81,8 @@ class BatchSource:
         self.per_epoch = len(source) // self.batch_size
         self._block = max(1, 4096 // self.batch_size)  # batches whose rows are computed at once
         self._cache: tuple[tuple[int, int], np.ndarray] | None = None
+        # rows drawn here are in range: a source may read them without checking again
+        self._read = getattr(source, "get_valid_batch", source.get_batch)
 
     def __len__(self) -> int:
         return sys.maxsize if self.num_epochs is None else self.per_epoch * self.num_epochs
@@ -119,7 +121,7 @@ class BatchSource:
         return positions.reshape(count, self.batch_size)
 
     def __getitem__(self, index: int) -> Any:
-        return self.source.get_batch(self.rows(index))
+        return self._read(self.rows(index))
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         return [self[i] for i in indices]

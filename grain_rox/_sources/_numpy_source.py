@@ -241,6 +241,11 @@ class NumpySource(ProcessLocal, BatchesMixin):
             raise IndexError(f"rows {bad} are out of range for {self._num_rows} rows")
         return self._pick(rows)
 
+    def get_valid_batch(self, rows: np.ndarray) -> Any:
+        """:meth:`get_batch` of rows already known to be in range (an int64 array), as
+        ``.batches()`` draws them: no bounds check (4-5 us of a ~40 us batch)."""
+        return self._pick(rows)
+
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         batch = self.get_batch(indices)
         if self._single:
