@@ -91,9 +91,12 @@ class TokensLayout:
         extra = tokens[:, seq_len + 1 :]
         extra[...] = 0
         if joins is not None and self.join_columns:
-            rows, positions = np.nonzero(joins[:, 1:])
+            # np.nonzero of the strided joins[:, 1:] took 0.9 ms at (256, 2049); a flat scan
+            # of the whole mask, 20 us (column 0 never starts a segment: dropped)
+            rows, positions = np.divmod(np.flatnonzero(joins), joins.shape[1])
+            inside = positions >= 1
+            rows, positions = rows[inside], positions[inside]
             if rows.size:
-                positions = positions + 1
                 first = np.searchsorted(rows, rows, side="left")  # rows come out sorted
                 column = np.arange(rows.size) - first
                 if int(column.max()) >= self.join_columns:
