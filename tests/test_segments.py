@@ -9,7 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grain_rox._sources._segments import SEGMENT_FEATURES, segment_features
+from grain_rox._sources import _segments
+from grain_rox._sources._segments import (
+    SEGMENT_FEATURES,
+    STACKED_SEGMENT_FEATURES,
+    batch_arrays,
+    segment_features,
+    windows_record,
+)
 
 
 def reference(windows, eos_id, joins, content):
@@ -41,9 +48,13 @@ def reference(windows, eos_id, joins, content):
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.uint32, np.int64])
-def test_features_equal_the_reference_on_random_windows(dtype):
+@pytest.mark.parametrize("into", [None, "planes", "stacked"])
+@pytest.mark.parametrize("block", [None, 1])  # None: the default blocks; 1: a block per row
+def test_features_equal_the_reference_on_random_windows(dtype, into, block, monkeypatch):
+    if block is not None:
+        monkeypatch.setattr(_segments, "_BLOCK_ELEMENTS", block)
     rng = np.random.default_rng(int(np.dtype(dtype).itemsize))
-    for _ in range(300):
+    for _ in range(150):
         n, seq_len = int(rng.integers(1, 6)), int(rng.integers(1, 30))
         eos = 1
         # 0-3 ids: EOS from never to often, runs of EOS, EOS in the first and last columns
@@ -54,12 +65,36 @@ def test_features_equal_the_reference_on_random_windows(dtype):
             else None
         )
         content = rng.integers(0, seq_len + 2, n) if rng.random() < 0.3 else None
-        got = segment_features(windows, eos, None if joins is None else joins.copy(), content)
+        out = segments = None
+        if into is not None:
+            w, out, segments = batch_arrays(
+                n, seq_len, np.dtype(dtype), features=True, stacked=into == "stacked"
+            )
+            w[...] = windows
+            windows = w
+        got = segment_features(
+            windows, eos, None if joins is None else joins.copy(), content, out=out
+        )
         want = reference(windows, eos, joins, content)
         for key in SEGMENT_FEATURES:
             assert got[key].dtype == np.int32 and got[key].shape == (n, seq_len), key
             np.testing.assert_array_equal(got[key], want[key], err_msg=f"{key}\n{windows}\n{joins}")
             assert not got[key].flags.writeable
+        if into == "stacked":  # the record's segments are the features, written in place
+            record = windows_record(windows, got, segments)
+            for row, key in enumerate(STACKED_SEGMENT_FEATURES):
+                np.testing.assert_array_equal(record["segments"][:, row], want[key])
+
+
+def test_a_large_batch_is_built_a_block_of_rows_at_a_time():
+    rng = np.random.default_rng(3)
+    windows = rng.integers(0, 300, (40, 2049)).astype(np.uint16)  # EOS (id 1) every ~300
+    joins = rng.random(windows.shape) < 0.001
+    assert _segments._BLOCK_ELEMENTS // 2049 < 40  # several blocks
+    got = segment_features(windows, 1, joins)
+    want = reference(windows, 1, joins, None)
+    for key in SEGMENT_FEATURES:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 def test_a_join_right_after_an_eos_starts_one_segment():

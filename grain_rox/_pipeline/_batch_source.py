@@ -21,7 +21,17 @@ from grain_rox._order._curriculum import Phase
 from grain_rox._order._lanes import LaneOrder
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
-from grain_rox._sources._segments import maxtext_record, segment_features, windows_record
+from grain_rox._sources._segments import (
+    INPUTS_POSITION,
+    INPUTS_SEGMENTATION,
+    TARGETS_POSITION,
+    TARGETS_SEGMENTATION,
+    FeatureArrays,
+    batch_arrays,
+    maxtext_record,
+    segment_features,
+    windows_record,
+)
 from grain_rox._sources._tokens_layout import TOKENS
 from grain_rox._sources._windows import WindowReader
 
@@ -178,11 +188,15 @@ class GlobalBatchSource:
             _, joins, _ = self._read(sources, samples, batch[:, : phase.seq_len + 1])
             row_eos = np.asarray(self.eos_ids)[sources] if layout.eos_column else None
             return {TOKENS: layout.fill(batch, joins, row_eos)}
-        windows, joins, content = self._read(sources, samples, None, phase.seq_len)
-        features = self._features(windows, joins, sources, content)
+        stacked = self.pipeline.layout == "windows"
+        out, feature_out, segments = batch_arrays(
+            hi - lo, phase.seq_len, self.dtype, features=self.features, stacked=stacked
+        )
+        windows, joins, content = self._read(sources, samples, out)
+        features = self._features(windows, joins, sources, content, feature_out)
         windows.flags.writeable = False  # inputs and targets are views of one buffer
-        if self.pipeline.layout == "windows":
-            return windows_record(windows, features)
+        if stacked:
+            return windows_record(windows, features, segments)
         return maxtext_record(windows, features)
 
     def _read(
@@ -223,22 +237,30 @@ class GlobalBatchSource:
         joins: np.ndarray | None,
         sources: np.ndarray,
         content: np.ndarray | None,
+        into: FeatureArrays | None,
     ) -> dict[str, np.ndarray]:
         if not self.features:
             return {}
         eos_ids = [int(e) for e in self.eos_ids if e is not None]
         if len(set(eos_ids)) == 1:  # one EOS id for all sources: one pass over the batch
-            return segment_features(windows, eos_ids[0], joins, content)
-        out: dict[str, np.ndarray] = {}
-        for s, sel in self._rows_by_source(sources):
+            return segment_features(windows, eos_ids[0], joins, content, out=into)
+        shape = (windows.shape[0], windows.shape[1] - 1)
+        seg, pos, tgt = into or tuple(np.empty(shape, np.int32) for _ in range(3))
+        for s, sel in self._rows_by_source(sources):  # each source's rows, with its own EOS
             part_joins = None if joins is None else joins[sel]
             part_content = None if content is None else content[sel]
             part = segment_features(windows[sel], eos_ids[s], part_joins, part_content)
-            for key, value in part.items():
-                if key not in out:
-                    out[key] = np.empty((windows.shape[0], windows.shape[1] - 1), np.int32)
-                out[key][sel] = value
-        return out
+            seg[sel] = part[INPUTS_SEGMENTATION]
+            pos[sel] = part[INPUTS_POSITION]
+            tgt[sel] = part[TARGETS_SEGMENTATION]
+        for array in (seg, pos, tgt):
+            array.flags.writeable = False
+        return {
+            INPUTS_SEGMENTATION: seg,
+            INPUTS_POSITION: pos,
+            TARGETS_SEGMENTATION: tgt,
+            TARGETS_POSITION: pos,
+        }
 
     def _rows_by_source(self, sources: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """``(source, its rows)`` for each source that serves a row, rows in batch order: one
