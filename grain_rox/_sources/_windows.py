@@ -64,16 +64,30 @@ class WindowReader(ProcessLocal):
     """Reads samples of one source into (n, seq_len + 1) token windows (thread-safe)."""
 
     # Round plans: rebuilt in each process.
-    PROCESS_LOCAL = process_local(_lock=threading.Lock, _plans=collections.OrderedDict)
+    PROCESS_LOCAL = process_local(
+        _lock=threading.Lock, _plans=collections.OrderedDict, _last=lambda: (-1, None)
+    )
     _lock: threading.Lock
     _plans: collections.OrderedDict[int, _GroupPlan]
+    _last: tuple[int, _GroupPlan | None]  # the plan read last: one atomic read, no lock
 
     def __init__(self, corpus: RoxCorpus, order: BlockOrder | LaneOrder | PackedOrder) -> None:
         self.corpus = corpus
         self.order = order
+        self._remote = corpus.remote
+        # reads of at least this many windows gather per shard instead of slicing each one
+        self._gather_from = _ROWS_PER_SHARD_GATHER * len(corpus.paths)
         self.start_process_local()
 
     def _plan(self, group: int) -> _GroupPlan:
+        last_group, last = self._last
+        if last_group == group and last is not None:
+            return last
+        plan = self._plan_of(group)
+        self._last = (group, plan)
+        return plan
+
+    def _plan_of(self, group: int) -> _GroupPlan:
         with self._lock:
             plan = self._plans.get(group)
             if plan is not None:
@@ -154,7 +168,7 @@ class WindowReader(ProcessLocal):
         shards, starts = plan.slot_shard[lo:hi], plan.slot_start[lo:hi]
         if not all_single:
             shards, starts = shards[single], starts[single]
-        if not self.corpus.remote and n < _ROWS_PER_SHARD_GATHER * len(self.corpus.paths):
+        if not self._remote and n < self._gather_from:
             # a slice copy per window, straight from the memory maps
             _copy_rows(self.corpus, shards.tolist(), starts.tolist(), width, out,
                        _row_targets(rows, single, all_single, n))  # fmt: skip
@@ -193,7 +207,7 @@ class WindowReader(ProcessLocal):
         ``out``, a slice copy per piece, mark their joins, and pad packed rows (with 0)."""
         content = None if plan.content is None else plan.content[slots].tolist()
         pieces = plan.pieces_of(slots)
-        remote = self.corpus.remote
+        remote = self._remote
         # a bucket's pieces come in one batch of requests; local ones are sliced from the maps
         fetched = iter(self._fetch_pieces(pieces) if remote else ())
         tokens: dict[int, np.ndarray] = {}  # each shard's memory map, looked up once
@@ -301,7 +315,7 @@ class WindowReader(ProcessLocal):
             for g_rows, g_shards, g_starts in parts:
                 if not g_rows.size:
                     continue
-                if not self.corpus.remote:
+                if not self._remote:
                     _copy_rows(self.corpus, g_shards.tolist(), g_starts.tolist(), width, dest,
                                g_rows.tolist())  # fmt: skip
                     continue
