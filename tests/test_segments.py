@@ -47,6 +47,11 @@ def reference(windows, eos_id, joins, content):
     }
 
 
+def _sparse(joins):
+    """A boolean joins mask as the readers hand joins over: (rows, columns), by row."""
+    return None if joins is None else np.nonzero(joins)
+
+
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.uint32, np.int64])
 @pytest.mark.parametrize("into", [None, "planes", "stacked"])
 @pytest.mark.parametrize("block", [None, 1])  # None: the default blocks; 1: a block per row
@@ -72,9 +77,7 @@ def test_features_equal_the_reference_on_random_windows(dtype, into, block, monk
             )
             w[...] = windows
             windows = w
-        got = segment_features(
-            windows, eos, None if joins is None else joins.copy(), content, out=out
-        )
+        got = segment_features(windows, eos, _sparse(joins), content, out=out)
         want = reference(windows, eos, joins, content)
         for key in SEGMENT_FEATURES:
             assert got[key].dtype == np.int32 and got[key].shape == (n, seq_len), key
@@ -91,7 +94,7 @@ def test_a_large_batch_is_built_a_block_of_rows_at_a_time():
     windows = rng.integers(0, 300, (40, 2049)).astype(np.uint16)  # EOS (id 1) every ~300
     joins = rng.random(windows.shape) < 0.001
     assert _segments._BLOCK_ELEMENTS // 2049 < 40  # several blocks
-    got = segment_features(windows, 1, joins)
+    got = segment_features(windows, 1, _sparse(joins))
     want = reference(windows, 1, joins, None)
     for key in SEGMENT_FEATURES:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
@@ -101,7 +104,7 @@ def test_a_join_right_after_an_eos_starts_one_segment():
     windows = np.array([[5, 1, 6, 7, 8]])  # EOS at column 1: column 2 starts a segment
     joins = np.zeros(windows.shape, bool)
     joins[0, 2] = True  # and a chunk join there too: still one new segment, not two
-    f = segment_features(windows, 1, joins)
+    f = segment_features(windows, 1, _sparse(joins))
     assert f["inputs_segmentation"].tolist() == [[1, 1, 2, 2]]
     assert f["inputs_position"].tolist() == [[0, 1, 0, 1]]
     assert f["targets_segmentation"].tolist() == [[1, 0, 2, 2]]  # target 1 lies across the join

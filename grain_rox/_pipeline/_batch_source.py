@@ -33,7 +33,7 @@ from grain_rox._sources._segments import (
     windows_record,
 )
 from grain_rox._sources._tokens_layout import TOKENS
-from grain_rox._sources._windows import WindowReader
+from grain_rox._sources._windows import Joins, WindowReader, merge_joins
 
 if TYPE_CHECKING:
     from grain_rox._pipeline._pipeline import TokenPipeline
@@ -205,9 +205,9 @@ class GlobalBatchSource:
         samples: np.ndarray,
         out: np.ndarray | None,
         seq_len: int | None = None,
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """The windows of each row's sample of its source (into ``out`` if given), the mask
-        of chunk joins (None when no window crosses one) and, for packed rows, each row's
+    ) -> tuple[np.ndarray, Joins | None, np.ndarray | None]:
+        """The windows of each row's sample of its source (into ``out`` if given), where they
+        cross chunk joins (None when no window crosses one) and, for packed rows, each row's
         tokens before its padding (None: full windows)."""
         dtype = self.dtype if out is None else out.dtype
         if len(self.readers) == 1:
@@ -217,24 +217,23 @@ class GlobalBatchSource:
         if out is None:
             assert seq_len is not None
             out = np.empty((samples.size, seq_len + 1), dtype=dtype)
-        joins = content = None
+        content = None
+        parts_joins = []
         for s, sel in self._rows_by_source(sources):  # each source's rows, straight into out
             part_joins = self.readers[s].read_rows(samples[sel], out, sel)
             if part_joins is not None:
-                if joins is None:
-                    joins = np.zeros(out.shape, dtype=bool)
-                joins[sel] = part_joins
+                parts_joins.append(part_joins)
             part_content = self.readers[s].row_content(samples[sel])
             if part_content is not None:
                 if content is None:
                     content = np.empty(samples.size, dtype=np.int64)
                 content[sel] = part_content
-        return out, joins, content
+        return out, merge_joins(parts_joins), content
 
     def _features(
         self,
         windows: np.ndarray,
-        joins: np.ndarray | None,
+        joins: Joins | None,
         sources: np.ndarray,
         content: np.ndarray | None,
         into: FeatureArrays | None,
@@ -247,7 +246,12 @@ class GlobalBatchSource:
         shape = (windows.shape[0], windows.shape[1] - 1)
         seg, pos, tgt = into or tuple(np.empty(shape, np.int32) for _ in range(3))
         for s, sel in self._rows_by_source(sources):  # each source's rows, with its own EOS
-            part_joins = None if joins is None else joins[sel]
+            part_joins = None
+            if joins is not None:  # this source's joins, by row of windows[sel]
+                at = np.full(windows.shape[0], -1, dtype=np.int64)
+                at[sel] = np.arange(sel.size)
+                mine = at[joins[0]] >= 0
+                part_joins = (at[joins[0][mine]], joins[1][mine])
             part_content = None if content is None else content[sel]
             part = segment_features(windows[sel], eos_ids[s], part_joins, part_content)
             seg[sel] = part[INPUTS_SEGMENTATION]

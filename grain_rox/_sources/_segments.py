@@ -55,7 +55,7 @@ FeatureArrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 def segment_features(
     windows: np.ndarray,
     eos_id: int,
-    joins: np.ndarray | None,
+    joins: tuple[np.ndarray, np.ndarray] | None,
     content: np.ndarray | None = None,
     *,
     out: FeatureArrays | None = None,
@@ -64,8 +64,9 @@ def segment_features(
     read-only arrays: ``targets_position`` is ``inputs_position``, and without chunk joins
     ``targets_segmentation`` is ``inputs_segmentation``. With ``content`` (packed rows: the
     tokens of each row, padding after them) the padding has segment 0 and position 0, and so
-    does every target that is padding. ``out`` (:func:`batch_arrays`) receives them; its
-    targets array only when they differ from the inputs'.
+    does every target that is padding. ``joins``: where windows cross a chunk join, as
+    ``(rows, columns)`` (column ``c >= 1`` starts new text). ``out`` (:func:`batch_arrays`)
+    receives the features; its targets array only when they differ from the inputs'.
 
     >>> w = np.array([[5, 6, 0, 7, 8, 0, 9]])
     >>> f = segment_features(w, eos_id=0, joins=None)
@@ -95,7 +96,7 @@ def segment_features(
     inner = (row * seq_len + col + 1)[col < seq_len - 1]
     cuts = None  # the targets that lie across a join: (rows, columns)
     if joins is not None:
-        row, col = np.divmod(np.flatnonzero(joins), width)
+        row, col = joins
         inside = col >= 1
         cuts = row[inside], col[inside] - 1
         at_join = (row * seq_len + col)[inside & (col < seq_len)]

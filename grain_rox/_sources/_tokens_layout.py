@@ -82,19 +82,20 @@ class TokensLayout:
         return np.empty((rows, self.width(seq_len)), dtype=self.dtype)
 
     def fill(
-        self, tokens: np.ndarray, joins: np.ndarray | None, eos_ids: np.ndarray | None = None
+        self,
+        tokens: np.ndarray,
+        joins: tuple[np.ndarray, np.ndarray] | None,
+        eos_ids: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Write the join columns (from the ``(B, seq_len + 1)`` boolean ``joins`` mask, or
-        None) and the EOS column (``eos_ids``: each row's) of a batch whose windows are in
-        place; returns ``tokens``, read-only."""
+        """Write the join columns (from ``joins``: the ``(rows, columns)`` where windows cross
+        a chunk join, sorted by row, or None) and the EOS column (``eos_ids``: each row's) of a
+        batch whose windows are in place; returns ``tokens``, read-only."""
         seq_len = self.seq_len(tokens.shape[1])
         extra = tokens[:, seq_len + 1 :]
         extra[...] = 0
         if joins is not None and self.join_columns:
-            # np.nonzero of the strided joins[:, 1:] took 0.9 ms at (256, 2049); a flat scan
-            # of the whole mask, 20 us (column 0 never starts a segment: dropped)
-            rows, positions = np.divmod(np.flatnonzero(joins), joins.shape[1])
-            inside = positions >= 1
+            rows, positions = joins
+            inside = positions >= 1  # column 0 never starts a segment
             rows, positions = rows[inside], positions[inside]
             if rows.size:
                 first = np.searchsorted(rows, rows, side="left")  # rows come out sorted

@@ -27,6 +27,10 @@ from grain_rox._order._packed import PackedOrder
 from grain_rox._sources._process_local import ProcessLocal, process_local
 
 _PLAN_CACHE = 8
+# Where windows cross a chunk join: (rows, columns), each (J,) int64, sorted by row then
+# column; column c >= 1 starts new text. Sparse: a (256, 2049) boolean mask cost ~80 us a
+# batch to allocate and scan, for a handful of joins.
+Joins = tuple[np.ndarray, np.ndarray]
 # A read of at least this many windows per shard of the corpus gathers a shard's windows
 # with one fancy index each rather than slicing each window: (256, 2049) over 6 shards,
 # 255 us against 390 (a slice costs ~1.5 us a window, a gather ~5 us a shard).
@@ -152,7 +156,7 @@ class WindowReader(ProcessLocal):
         dtype: np.dtype,
         out: np.ndarray | None,
         rows: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray | None] | None:
+    ) -> tuple[np.ndarray, Joins | None] | None:
         """Fast path: consecutive slots ``[lo, lo + n)`` of one group, one seq_len (written to
         rows ``rows`` of ``out`` when given, else to an ``(n, seq_len + 1)`` ``out``)."""
         plan = self._plan(group)
@@ -188,10 +192,8 @@ class WindowReader(ProcessLocal):
                 out[target] = got
         joins = None
         if not all_single:
-            joins = np.zeros((n, width), dtype=bool)
             multi = np.flatnonzero(~single)
-            self._copy_pieces(plan, lo + multi, out, multi if rows is None else rows[multi],
-                              joins, multi)  # fmt: skip
+            joins = self._copy_pieces(plan, lo + multi, out, multi if rows is None else rows[multi])
         return out, joins
 
     def _copy_pieces(
@@ -200,19 +202,19 @@ class WindowReader(ProcessLocal):
         slots: np.ndarray,
         out: np.ndarray,
         out_rows: np.ndarray,
-        joins: np.ndarray,
-        joins_rows: np.ndarray,
-    ) -> None:
+    ) -> Joins:
         """Copy windows made of several pieces (``slots`` of ``plan``) into rows ``out_rows`` of
-        ``out``, a slice copy per piece, mark their joins, and pad packed rows (with 0)."""
+        ``out``, a slice copy per piece, and pad packed rows (with 0); returns their joins, by
+        row of ``out``."""
         content = None if plan.content is None else plan.content[slots].tolist()
         pieces = plan.pieces_of(slots)
         remote = self._remote
         # a bucket's pieces come in one batch of requests; local ones are sliced from the maps
         fetched = iter(self._fetch_pieces(pieces) if remote else ())
         tokens: dict[int, np.ndarray] = {}  # each shard's memory map, looked up once
-        rows = zip(out_rows.tolist(), joins_rows.tolist(), strict=True)
-        for i, (row, joins_row) in enumerate(rows):
+        join_rows: list[int] = []
+        join_columns: list[int] = []
+        for i, row in enumerate(out_rows.tolist()):
             for s, a, n, d in pieces[i]:
                 if remote:
                     out[row, d : d + n] = next(fetched)
@@ -222,9 +224,11 @@ class WindowReader(ProcessLocal):
                         source = tokens[s] = self.corpus.shard_tokens(s)
                     out[row, d : d + n] = source[a : a + n]
                 if d:
-                    joins[joins_row, d] = True
+                    join_rows.append(row)
+                    join_columns.append(d)
             if content is not None:
                 out[row, content[i] :] = 0
+        return _sorted_joins(np.asarray(join_rows, np.int64), np.asarray(join_columns, np.int64))
 
     def _fetch_pieces(self, pieces: list[list[tuple[int, int, int, int]]]) -> list[np.ndarray]:
         """The tokens of every piece (in order) from a corpus in a bucket: all in one round
@@ -257,11 +261,10 @@ class WindowReader(ProcessLocal):
             out[sel] = content[samples[sel] - j * size]
         return out
 
-    def read_rows(
-        self, samples: np.ndarray, out: np.ndarray, rows: np.ndarray
-    ) -> np.ndarray | None:
+    def read_rows(self, samples: np.ndarray, out: np.ndarray, rows: np.ndarray) -> Joins | None:
         """:meth:`read` into rows ``rows`` of ``out`` (a whole batch's buffer, written in
-        place, in its dtype); returns the chunk-join mask of those rows (None: no join)."""
+        place, in its dtype); returns the chunk joins of those rows, by row of ``out`` (None:
+        no join)."""
         samples = np.asarray(samples, dtype=np.int64)
         size = self.order.group
         first, n = int(samples[0]), samples.size
@@ -271,14 +274,14 @@ class WindowReader(ProcessLocal):
                 return fast[1]
         part, joins = self.read(samples, dtype=out.dtype)
         out[rows] = part
-        return joins
+        return None if joins is None else _sorted_joins(rows[joins[0]], joins[1])
 
     def read(
         self, samples: np.ndarray, *, dtype: np.dtype, out: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+    ) -> tuple[np.ndarray, Joins | None]:
         """Windows of ``samples`` as an (n, seq_len + 1) array of ``dtype`` (written into
-        ``out`` when given: any (n, seq_len + 1) array, a strided view included), plus a
-        boolean (n, seq_len + 1) mask of chunk joins (None when no window crosses one).
+        ``out`` when given: any (n, seq_len + 1) array, a strided view included), plus where
+        they cross chunk joins (:data:`Joins`; None when no window crosses one).
 
         All samples must share one seq_len (one curriculum phase). Windows that lie in one
         chunk (nearly all) are copied a slice each from the memory maps (from a bucket: one
@@ -292,7 +295,7 @@ class WindowReader(ProcessLocal):
             if fast is not None:
                 return fast
         groups = samples // size
-        joins: np.ndarray | None = None
+        parts_joins: list[Joins] = []
         dest: np.ndarray | None = None  # out, once its shape is known
         first_group, last_group = int(groups[0]), int(groups[-1])
         group_ids = [first_group] if first_group == last_group else np.unique(groups).tolist()
@@ -328,12 +331,27 @@ class WindowReader(ProcessLocal):
                 for (_, sel), rows_got in zip(sels, got, strict=True):
                     dest[g_rows[sel]] = rows_got
             if not single.all():
-                if joins is None:
-                    joins = np.zeros((samples.size, width), dtype=bool)
-                multi = rows[~single]
-                self._copy_pieces(plan, slots[~single], dest, multi, joins, multi)
+                parts_joins.append(self._copy_pieces(plan, slots[~single], dest, rows[~single]))
         assert dest is not None
-        return dest, joins
+        return dest, merge_joins(parts_joins)
+
+
+def _sorted_joins(rows: np.ndarray, columns: np.ndarray) -> Joins:
+    """``(rows, columns)`` sorted by row, then column (as a mask's ``np.nonzero`` gives them)."""
+    order = np.lexsort((columns, rows))
+    return rows[order], columns[order]
+
+
+def merge_joins(parts: list[Joins]) -> Joins | None:
+    """The joins of several reads into one batch (each by row of the batch), sorted; None
+    when there are none.
+
+    >>> merge_joins([(np.array([3]), np.array([5])), (np.array([1, 3]), np.array([2, 1]))])
+    (array([1, 3, 3]), array([2, 1, 5]))
+    """
+    if not parts:
+        return None
+    return _sorted_joins(*(np.concatenate(c) for c in zip(*parts, strict=True)))
 
 
 def _row_targets(
