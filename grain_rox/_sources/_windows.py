@@ -55,7 +55,16 @@ class _GroupPlan:
     pieces: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
     def pieces_of(self, slots: np.ndarray) -> list[list[tuple[int, int, int, int]]]:
-        """The pieces of each of ``slots``, as Python ints, for a copy a slice per piece."""
+        """The pieces of each of ``slots``, as Python ints, for a copy a slice per piece:
+        sliced per slot for a few (a batch's one or two windows across a chunk join), in one
+        vectorised pass for many (packed rows)."""
+        if slots.size <= 4:
+            fp = self.first_piece
+            out = []
+            for slot in slots.tolist():
+                a, b = int(fp[slot]), int(fp[slot + 1])
+                out.append(list(zip(*(x[a:b].tolist() for x in self.pieces), strict=True)))
+            return out
         fp = self.first_piece
         counts = fp[slots + 1] - fp[slots]
         at = np.repeat(fp[slots] - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
@@ -205,7 +214,7 @@ class WindowReader(ProcessLocal):
     ) -> Joins:
         """Copy windows made of several pieces (``slots`` of ``plan``) into rows ``out_rows`` of
         ``out``, a slice copy per piece, and pad packed rows (with 0); returns their joins, by
-        row of ``out``."""
+        row of ``out``, sorted."""
         content = None if plan.content is None else plan.content[slots].tolist()
         pieces = plan.pieces_of(slots)
         remote = self._remote
@@ -228,7 +237,9 @@ class WindowReader(ProcessLocal):
                     join_columns.append(d)
             if content is not None:
                 out[row, content[i] :] = 0
-        return _sorted_joins(np.asarray(join_rows, np.int64), np.asarray(join_columns, np.int64))
+        joins = np.asarray(join_rows, np.int64), np.asarray(join_columns, np.int64)
+        pairs = list(zip(join_rows, join_columns, strict=True))
+        return joins if pairs == sorted(pairs) else _sorted_joins(*joins)
 
     def _fetch_pieces(self, pieces: list[list[tuple[int, int, int, int]]]) -> list[np.ndarray]:
         """The tokens of every piece (in order) from a corpus in a bucket: all in one round
