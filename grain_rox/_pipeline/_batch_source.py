@@ -220,10 +220,11 @@ class GlobalBatchSource:
         content = None
         parts_joins = []
         for s, sel in self._rows_by_source(sources):  # each source's rows, straight into out
-            part_joins = self.readers[s].read_rows(samples[sel], out, sel)
+            own = samples[sel]
+            part_joins = self.readers[s].read_rows(own, out, sel)
             if part_joins is not None:
                 parts_joins.append(part_joins)
-            part_content = self.readers[s].row_content(samples[sel])
+            part_content = self.readers[s].row_content(own)
             if part_content is not None:
                 if content is None:
                     content = np.empty(samples.size, dtype=np.int64)
