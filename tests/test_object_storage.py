@@ -133,6 +133,118 @@ def test_an_object_rewritten_after_open_is_refused_not_mixed(bucket):
         copy.tokens(0, 10)
 
 
+def test_a_shard_rewritten_after_a_process_read_it_is_refused_at_its_next_read(bucket):
+    url, server = bucket
+    spec = f"{url}/mid/prose.rox"
+    upload(spec, server)
+    corpus = open_rox(spec, storage_options=server.storage_options)
+    before = corpus.tokens(0, 50).copy()  # shard 0 mapped: its version checked once, here
+    assert bytes(before.astype(np.uint8)) == DOCS[0].encode()[:50]
+    upload(spec, server, docs=DOCS[::-1], if_exists="overwrite")  # same sizes, other bytes
+    # Every read is pinned to the version opened: bytes of the new write never come back.
+    with pytest.raises(RoxFormatError, match="rewritten or removed after the corpus was opened"):
+        corpus.tokens(60_000, 60_050)  # not cached: fetched from the object, refused
+    np.testing.assert_array_equal(corpus.tokens(0, 50), before)  # cached: still the old bytes
+
+
+def test_a_rewrite_between_open_and_the_first_read_is_refused_in_the_opening_process(bucket):
+    url, server = bucket
+    spec = f"{url}/st/prose.rox"
+    upload(spec, server)
+    corpus = open_rox(spec, storage_options=server.storage_options)  # fills fsspec's listing
+    other = server.filesystem()  # another machine rewrites the first shard
+    shard = corpus.paths[0]
+    data = other.cat_file(shard)
+    other.pipe_file(shard, data[::-1])
+    with pytest.raises(RoxFormatError, match="rewritten"):
+        corpus.tokens(0, 10)
+
+
+def test_a_shard_object_replaced_after_the_write_is_refused_at_open(bucket):
+    url, server = bucket
+    spec = f"{url}/rp/prose.rox"
+    result = upload(spec, server)
+    other = server.filesystem()
+    data = bytearray(other.cat_file(result.paths[0]))
+    data[5000:5010] = b"XXXXXXXXXX"  # the same size, other tokens: only the content differs
+    other.pipe_file(result.paths[0], bytes(data))
+    with pytest.raises(RoxFormatError, match="was replaced after the set was written") as e:
+        open_rox(spec, storage_options=server.storage_options)
+    assert result.paths[0] in str(e.value) and "if_exists='overwrite'" in str(e.value)
+    manifest = json.loads(other.cat_file(result.manifest_path))
+    assert all(rec["object_tag"] for rec in manifest["shards"].values())
+
+
+def test_a_concurrent_writer_replacing_a_shard_mid_write_is_caught(bucket, monkeypatch):
+    url, server = bucket
+    spec = f"{url}/race/prose.rox"
+    upload(spec, server)
+    from grain_rox._format import _object_upload
+
+    real_upload = _object_upload._upload
+    other = server.filesystem()
+
+    def then_another_writer_replaces_it(store, path, target, md5):
+        real_upload(store, path, target, md5)
+        if target.endswith("_0001.rox"):  # another writer's bytes (a valid shard) land there
+            other.rm_file(target)
+            other.pipe_file(target, other.cat_file(target.replace("_0001", "_0000")))
+
+    monkeypatch.setattr(_object_upload, "_upload", then_another_writer_replaces_it)
+    with pytest.raises(OSError, match="another writer replaced it during this write"):
+        upload(spec, server, docs=DOCS[::-1], if_exists="overwrite")
+    with pytest.raises(RoxFormatError, match="has not finished"):
+        open_rox(spec, storage_options=server.storage_options)
+
+
+def test_a_retried_upload_whose_first_attempt_landed_is_taken_as_done(bucket, monkeypatch):
+    url, server = bucket
+    spec = f"{url}/retry/prose.rox"
+    monkeypatch.setenv("GRAIN_ROX_OBJECT_RETRY_DELAY", "0.01")
+    store = grain_rox._format._object_store.store_for(spec, server.storage_options)
+    real_put = store.fs.put_file
+    lost = []
+
+    def answer_lost_once(*args, **kwargs):
+        result = real_put(*args, **kwargs)
+        if not lost:
+            lost.append(args[1])
+            raise ConnectionResetError("the object was stored, its answer lost")
+        return result
+
+    monkeypatch.setattr(store.fs, "put_file", answer_lost_once)
+    upload(spec, server)
+    assert lost  # the first upload was retried, and its name already held its bytes
+    corpus = open_rox(spec, storage_options=server.storage_options, verify=True)
+    assert corpus.num_documents == len(DOCS)
+
+
+def test_a_versioned_s3_bucket_reads_in_a_fresh_process(s3_server, s3_bucket):
+    import boto3
+    import fsspec
+
+    boto3.client(
+        "s3", endpoint_url=s3_server.endpoint, aws_access_key_id="testing",
+        aws_secret_access_key="testing", region_name="us-west-2",
+    ).put_bucket_versioning(
+        Bucket=s3_bucket.split("://", 1)[1], VersioningConfiguration={"Status": "Enabled"}
+    )  # fmt: skip
+    spec = f"{s3_bucket}/v/prose.rox"
+    upload(spec, s3_server)
+    blob = pickle.dumps(open_rox(spec, storage_options=s3_server.storage_options))
+    grain_rox._format._object_store._stores.clear()  # what a new process starts with
+    fsspec.filesystem("s3").clear_instance_cache()
+    corpus = pickle.loads(blob)
+    assert corpus.tokens(0, 5).tolist() == list(DOCS[0].encode()[:5])
+
+
+def test_a_missing_bucket_is_named(bucket):
+    _, server = bucket
+    missing = f"{server.protocol}://no-such-bucket-{id(server)}/prose.rox"
+    with pytest.raises(FileNotFoundError, match="does not exist, or these credentials"):
+        open_rox(missing, storage_options=server.storage_options)
+
+
 def test_a_write_killed_mid_upload_is_refused_and_a_rerun_finishes_it(bucket, monkeypatch):
     url, server = bucket
     spec = f"{url}/kill/prose.rox"
@@ -165,8 +277,16 @@ def test_an_existing_set_is_not_overwritten_by_default_nor_appended(bucket):
     url, server = bucket
     spec = f"{url}/ex/prose.rox"
     upload(spec, server)
+    read = []
+
+    def documents():
+        for doc in DOCS:
+            read.append(doc)
+            yield doc
+
     with pytest.raises(FileExistsError, match="if_exists='overwrite'"):
-        upload(spec, server)
+        upload(spec, server, docs=documents())
+    assert not read  # refused before a document was read or staged
     with pytest.raises(ValueError, match="append"):
         upload(spec, server, if_exists="append")
 
@@ -205,9 +325,9 @@ def test_a_server_that_stays_down_fails_naming_the_url(s3_server, s3_bucket, mon
     monkeypatch.setenv("GRAIN_ROX_OBJECT_RETRY_DELAY", "0.05")
     server.stop()
     try:
-        with pytest.raises(
-            OSError, match=r"prose_0000\.rox: reading 1 byte range\(s\) failed 2 times"
-        ):
+        # the first read of a shard looks its version up, then reads: either names the URL
+        failed = r"prose_0000\.rox: (looking up the object|reading 1 byte range\(s\)) failed 2"
+        with pytest.raises(OSError, match=failed):
             corpus.tokens(0, 1000)
     finally:
         server.start()

@@ -101,6 +101,9 @@ class ShardRecord:
       num_padding_tokens: how many of those pad the last block.
       num_documents: the documents written to it, or None when not recorded.
       mtime_ns: its modification time when written, or None (older manifests).
+      object_tag: for a set published to a bucket, the content hash the store keeps for the
+        shard's object (GCS's crc32c, S3's ETag), recorded after the upload was checked; an
+        object whose hash differs was replaced, and is refused. None for local sets.
 
     >>> ShardRecord(file_size=64, num_blocks=2, raw_size=16, sha256=None, num_tokens=8).facts()
     (64, 2, 16)
@@ -114,9 +117,18 @@ class ShardRecord:
     num_padding_tokens: int = 0
     num_documents: int | None = None
     mtime_ns: int | None = None
+    object_tag: str | None = None
 
     def facts(self) -> tuple[int, int, int]:
         return (self.file_size, self.num_blocks, self.raw_size)
+
+    def to_data(self) -> dict[str, Any]:
+        """The record as manifest JSON: ``object_tag`` only when set (a local set's manifest
+        reads as before, in older grain_rox too)."""
+        data = dataclasses.asdict(self)
+        if data["object_tag"] is None:
+            del data["object_tag"]
+        return data
 
     def check_checksum(self, path: str) -> bool:
         """Compare the shard's sha256 with this record; False if no checksum is recorded."""
@@ -224,7 +236,7 @@ class Manifest:
             "pad_id": self.pad_id,
             "tokenizer": self.tokenizer,
             "num_documents": self.num_documents,
-            "shards": {name: dataclasses.asdict(rec) for name, rec in self.shards.items()},
+            "shards": {name: rec.to_data() for name, rec in self.shards.items()},
             "pending": None if self.pending is None else self.pending._data(),
             **({"refused": self.refused} if self.refused is not None else {}),
         }

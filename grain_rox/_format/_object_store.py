@@ -18,20 +18,40 @@ gcsfs, ``AWS_ENDPOINT_URL`` for s3fs.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import dataclasses
 import os
 import random
+import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
 
+
+class ObjectChangedError(OSError):
+    """Object ``url`` is no longer ``version``, the one a read was pinned to: it was rewritten
+    or removed."""
+
+    def __init__(self, url: str, version: str) -> None:
+        super().__init__(
+            f"{url}: the object is no longer the version read so far ({version!r}): it was "
+            "rewritten or removed"
+        )
+        self.url, self.version = url, version
+
+
+_GCS = ("gs", "gcs")
+_S3 = ("s3", "s3a")
+
 # Errors that no retry mends: the object is gone or already there (a create-only upload's
 # precondition), access is denied, the request is wrong.
 _PERMANENT = (
+    ObjectChangedError,
     FileNotFoundError,
     FileExistsError,
     PermissionError,
@@ -55,8 +75,23 @@ def _retry_settings() -> tuple[int, float]:
     return max(1, attempts), max(0.0, first_delay)
 
 
+def _precondition_failed(e: BaseException | None) -> bool:
+    """Whether ``e`` (or what caused it) is a store's "precondition failed" (HTTP 412)."""
+    while e is not None:
+        response = getattr(e, "response", None)  # botocore's ClientError, under s3fs's OSError
+        if isinstance(response, dict):
+            error = response.get("Error", {})
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if error.get("Code") == "PreconditionFailed" or status == 412:
+                return True
+        if getattr(e, "code", None) == 412 or getattr(e, "status", None) == 412:
+            return True
+        e = e.__cause__
+    return False
+
+
 def _permanent(e: BaseException) -> bool:
-    if isinstance(e, _PERMANENT):
+    if isinstance(e, _PERMANENT) or _precondition_failed(e):
         return True
     status = getattr(e, "code", None) or getattr(e, "status", None)
     if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
@@ -124,16 +159,20 @@ class ObjectInfo:
     Attributes:
       url: the object's full URL.
       size: its size in bytes.
-      version: what changes whenever the object is rewritten (GCS's generation, S3's version
-        id or ETag, else its modification time), or "" when the store reports none.
+      version: what changes whenever the object is rewritten (GCS's generation, S3's ETag,
+        which a listing and a lookup both report, versioned bucket or not; else its
+        modification time), or "" when the store reports none.
       content_tag: a hash of the content that the store computed (GCS's crc32c or md5, S3's
         ETag), or "" when it reports none: equal tags mean equal bytes.
+      md5: the hex md5 of the bytes where the store reports it (GCS's md5Hash, an S3 ETag of
+        a single-part upload), else "".
     """
 
     url: str
     size: int
     version: str
     content_tag: str
+    md5: str = ""
 
 
 def _first(info: dict[str, Any], *names: str) -> str:
@@ -144,16 +183,27 @@ def _first(info: dict[str, Any], *names: str) -> str:
     return ""
 
 
+def _md5_hex(data: dict[str, Any]) -> str:
+    """The object's md5 as hex, where the store reports one (see :class:`ObjectInfo`)."""
+    gcs = _first(data, "md5Hash")
+    if gcs:
+        try:
+            return base64.b64decode(gcs).hex()
+        except ValueError:
+            return ""
+    etag = _first(data, "ETag", "etag")
+    return etag.lower() if re.fullmatch(r"[0-9a-fA-F]{32}", etag) else ""
+
+
 def _object_info(url: str, data: dict[str, Any]) -> ObjectInfo:
     if data.get("type") == "directory":
         raise IsADirectoryError(f"{url} is a prefix (a directory), not an object")
     return ObjectInfo(
         url=url,
         size=int(data["size"]),
-        version=_first(
-            data, "generation", "VersionId", "ETag", "etag", "mtime", "updated", "created"
-        ),
+        version=_first(data, "generation", "ETag", "etag", "mtime", "updated", "created"),
         content_tag=_first(data, "crc32c", "md5Hash", "ETag", "etag"),
+        md5=_md5_hex(data),
     )
 
 
@@ -208,7 +258,7 @@ class ObjectStore:
                 return result
             except Exception as e:
                 if _permanent(e):
-                    raise
+                    raise _naming(e, url, what) from e
                 if attempt == attempts:
                     raise OSError(
                         f"{url}: {what} failed {attempts} times ({type(e).__name__}: {e}). "
@@ -221,9 +271,14 @@ class ObjectStore:
         raise AssertionError("unreachable")
 
     def info(self, url: str) -> ObjectInfo:
-        """The object's size, version and content tag (one request)."""
-        data = self.call("looking up the object", url, lambda: self.fs.info(url))
-        return _object_info(url, data)
+        """The object's size, version and content tag now (one request; not fsspec's cached
+        listing, which may predate a rewrite)."""
+
+        def look_up() -> dict[str, Any]:
+            self.fs.invalidate_cache(url)
+            return self.fs.info(url)
+
+        return _object_info(url, self.call("looking up the object", url, look_up))
 
     def infos(self, urls: Sequence[str]) -> dict[str, ObjectInfo]:
         """:meth:`info` of many objects: one listing per prefix that holds several of them
@@ -243,7 +298,7 @@ class ObjectStore:
                     url = self.url(entry["name"])
                     # Only a listing that names versions as info() does (GCS generations,
                     # S3 ETags); others (timestamps in other formats) are looked up one by one.
-                    strong = _first(entry, "generation", "VersionId", "ETag", "etag")
+                    strong = _first(entry, "generation", "ETag", "etag")
                     if url in wanted and strong and entry.get("type") != "directory":
                         out[url] = _object_info(url, entry)
             for url in group:
@@ -251,26 +306,42 @@ class ObjectStore:
                     out[url] = self.info(url)
         return out
 
-    def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        """Bytes ``[a, b)`` of ``url`` for each range, requested concurrently in one call.
+    def read_ranges(
+        self, url: str, ranges: Sequence[tuple[int, int]], pin: ObjectInfo | None = None
+    ) -> list[bytes]:
+        """Bytes ``[a, b)`` of ``url`` for each range, requested concurrently in one call, of
+        the object version ``pin`` when given (see :meth:`read_many`).
 
         A short answer (the object shrank since it was looked up) raises ``OSError``.
         """
-        return self.read_many([(url, a, b) for a, b in ranges])
+        return self.read_many([(url, a, b) for a, b in ranges], {url: pin} if pin else None)
 
-    def read_many(self, spans: Sequence[tuple[str, int, int]]) -> list[bytes]:
+    def read_many(
+        self,
+        spans: Sequence[tuple[str, int, int]],
+        pins: Mapping[str, ObjectInfo | None] | None = None,
+    ) -> list[bytes]:
         """Bytes ``[a, b)`` of object ``url`` for each ``(url, a, b)``, of one or many objects,
-        requested concurrently in one call."""
+        requested concurrently in one call.
+
+        ``pins`` names the version of each object to read (its :class:`ObjectInfo` when it was
+        opened): on GCS each request asks for that generation, on S3 it carries ``If-Match``
+        with that ETag, so a read never returns bytes of a later write; an object rewritten or
+        removed since raises :class:`ObjectChangedError`. Other stores read the current object.
+        """
         if not spans:
             return []
         urls = [u for u, _, _ in spans]
         starts = [a for _, a, _ in spans]
         ends = [b for _, _, b in spans]
         first = urls[0] if len(set(urls)) == 1 else f"{urls[0]} (and {len(set(urls)) - 1} more)"
+        pinned = pins is not None and self.protocol in _GCS + _S3
         found = self.call(
             f"reading {len(spans)} byte range(s)",
             first,
-            lambda: self.fs.cat_ranges(urls, starts, ends, on_error="raise"),
+            (lambda: self._read_pinned(spans, pins or {}))
+            if pinned
+            else (lambda: self.fs.cat_ranges(urls, starts, ends, on_error="raise")),
         )
         total = 0
         for (url, a, b), data in zip(spans, found, strict=True):
@@ -284,6 +355,44 @@ class ObjectStore:
             total += len(data)
         count(requests=len(spans), bytes_read=total)
         return list(found)
+
+    def _read_pinned(
+        self, spans: Sequence[tuple[str, int, int]], pins: Mapping[str, ObjectInfo | None]
+    ) -> list[bytes]:
+        """The spans of the versions ``pins`` names, requested concurrently on the
+        filesystem's event loop (fsspec's ``cat_ranges`` takes no per-object version)."""
+        from fsspec.asyn import sync
+
+        fs = self.fs
+
+        async def one(url: str, a: int, b: int) -> bytes:
+            if b <= a:
+                return b""
+            pin = pins.get(url)
+            version = pin.version if pin is not None else ""
+            try:
+                if not version:
+                    return await fs._cat_file(url, start=a, end=b)
+                if self.protocol in _GCS:
+                    return await fs._cat_file(url, start=a, end=b, generation=version)
+                bucket, key, _ = fs.split_path(url)
+                response = await fs._call_s3(
+                    "get_object", Bucket=bucket, Key=key, Range=f"bytes={a}-{b - 1}",
+                    IfMatch=f'"{version}"',
+                )  # fmt: skip
+                try:
+                    return await response["Body"].read()
+                finally:
+                    response["Body"].close()
+            except Exception as e:
+                if isinstance(e, FileNotFoundError) or _precondition_failed(e):
+                    raise ObjectChangedError(url, version) from e
+                raise
+
+        async def all_spans() -> list[bytes]:
+            return list(await asyncio.gather(*(one(u, a, b) for u, a, b in spans)))
+
+        return sync(fs.loop, all_spans)
 
     def read_all(self, url: str) -> bytes:
         """The whole object (one request)."""
@@ -315,6 +424,16 @@ class ObjectStore:
         self.fs.invalidate_cache()
         found = self.call("listing the glob", pattern, lambda: self.fs.glob(pattern))
         return sorted(self.url(p) for p in found)
+
+
+def _naming(e: BaseException, url: str, what: str) -> BaseException:
+    """``e`` again, its message naming ``url`` and what was being done (an OSError of the
+    same type; other errors as they are)."""
+    if not isinstance(e, OSError) or isinstance(e, ObjectChangedError) or url in str(e):
+        return e
+    detail = e.strerror or (e.args[0] if e.args else "") or type(e).__name__
+    named = type(e)(f"{url}: {what}: {detail}")
+    return named if isinstance(named, OSError) else e
 
 
 _stores: dict[tuple[str, str], ObjectStore] = {}

@@ -10,8 +10,14 @@ A bucket has no rename, but an object appears only when its upload completes, an
 2. it uploads each shard, create-only (an object of the same name from the previous write is
    deleted first): a write that raced this one fails instead of being overwritten;
 3. it deletes the previous write's shards that the new set does not have;
-4. it writes the final manifest, after checking that the manifest is still its own pending
-   one (another writer's would have changed its version).
+4. it checks that every shard object holds the bytes it uploaded (their md5, from one
+   listing) and records each object's content hash in the final manifest, which it writes
+   after checking that the manifest is still its own pending one (another writer's would have
+   changed its version). A reader refuses an object whose content hash is not the recorded
+   one, so a shard replaced later, or by a concurrent writer, is refused rather than read.
+
+A request retried after its answer was lost is taken as done when it had already taken
+effect: an upload whose name holds these very bytes, a delete of an object already gone.
 
 A writer killed before step 1 leaves the previous set as it was (its uploads had not started);
 one killed after it leaves a set that is refused until a write finishes (run it again with
@@ -20,13 +26,20 @@ one killed after it leaves a set that is refused until a write finishes (run it 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 from functools import partial
 from typing import Any
 
-from grain_rox._format._manifest import Manifest, load_manifest, member_pattern
+from grain_rox._format._manifest import (
+    Manifest,
+    load_manifest,
+    manifest_path_for,
+    member_pattern,
+)
 from grain_rox._format._object_store import ObjectStore, store_for
 
 _log = logging.getLogger("grain_rox")
@@ -36,6 +49,30 @@ def _set_objects(store: ObjectStore, parent: str, manifest_name: str) -> tuple[l
     members = member_pattern(manifest_name)
     names = [u.rsplit("/", 1)[1] for u in store.listdir(parent)]
     return sorted(n for n in names if members.fullmatch(n)), manifest_name in names
+
+
+def _existing_set(
+    store: ObjectStore, target: str, manifest_name: str, if_exists: str
+) -> tuple[list[str], bool]:
+    """The set's shard objects and whether its manifest exists; refused unless overwriting."""
+    existing, has_manifest = _set_objects(store, target.rsplit("/", 1)[0], manifest_name)
+    if (existing or has_manifest) and if_exists != "overwrite":
+        raise FileExistsError(
+            f"{target}: the shard set already exists in the bucket ({len(existing)} shard "
+            f"object(s){', and its manifest' if has_manifest else ''}). Fix: pass "
+            "if_exists='overwrite' (grain-rox convert --if-exists overwrite) to replace it, or "
+            "write another name; appending to a set in a bucket is not supported"
+        )
+    return existing, has_manifest
+
+
+def check_can_publish(
+    target: str, *, if_exists: str, storage_options: dict[str, Any] | None = None
+) -> None:
+    """Refuse, before any document is read, a write to a set that exists in the bucket when
+    ``if_exists`` does not allow replacing it (the publish checks again at the end)."""
+    name = os.path.basename(manifest_path_for(target))
+    _existing_set(store_for(target, storage_options), target, name, if_exists)
 
 
 def publish_to_bucket(
@@ -57,14 +94,7 @@ def publish_to_bucket(
     parent = target.rsplit("/", 1)[0]
     manifest_name = os.path.basename(local_manifest)
     murl = f"{parent}/{manifest_name}"
-    existing, has_manifest = _set_objects(store, parent, manifest_name)
-    if (existing or has_manifest) and if_exists != "overwrite":
-        raise FileExistsError(
-            f"{target}: the shard set already exists in the bucket ({len(existing)} shard "
-            f"object(s){', and its manifest' if has_manifest else ''}). Fix: pass "
-            "if_exists='overwrite' (grain-rox convert --if-exists overwrite) to replace it, or "
-            "write another name; appending to a set in a bucket is not supported"
-        )
+    existing, has_manifest = _existing_set(store, target, manifest_name, if_exists)
     final = load_manifest(local_manifest)
     assert final is not None
     final = dataclasses.replace(
@@ -74,21 +104,36 @@ def publish_to_bucket(
     pending = dataclasses.replace(final, shards={}, pending=final)
     _put_manifest(store, murl, pending, create=not has_manifest)
     written_version = store.info(murl).version
-    urls = []
+    urls, md5s = [], {}
     for path in local_paths:
         url = f"{parent}/{os.path.basename(path)}"
+        md5s[url] = _file_md5(path)
         if os.path.basename(path) in existing:
-            store.call("deleting the previous shard", url, partial(store.fs.rm_file, url))
-        store.call(
-            "uploading the shard",
-            url,
-            partial(store.fs.put_file, path, url, mode="create"),
-        )
+            _delete(store, url, "deleting the previous shard")
+        _upload(store, path, url, md5s[url])
         urls.append(url)
     for name in existing:
         if name not in final.shards:
-            url = f"{parent}/{name}"
-            store.call("deleting the previous shard", url, partial(store.fs.rm_file, url))
+            _delete(store, f"{parent}/{name}", "deleting the previous shard")
+    # Each object must hold the bytes this write uploaded (another writer's upload or a
+    # replaced object is caught here); its content hash goes into the manifest, and a reader
+    # refuses an object whose hash differs.
+    infos = store.infos(urls)
+    tags = {}
+    for url in urls:
+        info = infos[url]
+        if info.md5 and info.md5 != md5s[url]:
+            raise OSError(
+                f"{url}: the object's md5 is {info.md5}, not that of the shard this write "
+                f"uploaded ({md5s[url]}): another writer replaced it during this write; the set "
+                "is refused until one write finishes. Fix: run one write of the set at a time, "
+                "then run it again with if_exists='overwrite'"
+            )
+        tags[os.path.basename(url)] = info.content_tag or None
+    final = dataclasses.replace(
+        final,
+        shards={n: dataclasses.replace(r, object_tag=tags.get(n)) for n, r in final.shards.items()},
+    )
     now = store.info(murl).version
     if now != written_version:
         raise OSError(
@@ -102,10 +147,40 @@ def publish_to_bucket(
     return urls, murl
 
 
+def _file_md5(path: str) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _upload(store: ObjectStore, path: str, url: str, md5: str) -> None:
+    """Upload ``path`` to ``url`` create-only. If the name is taken by these very bytes, an
+    earlier attempt whose answer was lost (a retried request) had already put them: done."""
+    try:
+        store.call("uploading the shard", url, partial(store.fs.put_file, path, url, mode="create"))
+    except FileExistsError:
+        there = store.info(url)
+        if not there.md5 or there.md5 != md5:
+            raise
+        _log.info("%s: already uploaded by an earlier attempt of this request", url)
+
+
+def _delete(store: ObjectStore, url: str, what: str) -> None:
+    """Delete ``url``; one already gone (an earlier attempt's, whose answer was lost) is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        store.call(what, url, partial(store.fs.rm_file, url))
+
+
 def _put_manifest(store: ObjectStore, url: str, manifest: Manifest, *, create: bool) -> None:
     data = manifest.to_json().encode("utf-8")
-    store.call(
-        "writing the manifest",
-        url,
-        lambda: store.fs.pipe_file(url, data, mode="create" if create else "overwrite"),
-    )
+    try:
+        store.call(
+            "writing the manifest",
+            url,
+            lambda: store.fs.pipe_file(url, data, mode="create" if create else "overwrite"),
+        )
+    except FileExistsError:  # create-only: fine if an earlier attempt wrote these bytes
+        if store.read_all(url) != data:
+            raise

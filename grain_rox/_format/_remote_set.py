@@ -34,8 +34,26 @@ def _number(url: str) -> int:
 def resolve_url(
     entry: str, *, roxxel_names: bool, storage_options: dict[str, Any] | None
 ) -> tuple[list[str], str]:
-    """The shard objects one URL entry names, in order; and what was searched if none."""
+    """The shard objects one URL entry names, in order; and what was searched if none (and
+    whether the bucket itself is missing)."""
     store = store_for(entry, storage_options)
+    found, searched = _resolve_url(store, entry, roxxel_names)
+    if not found:
+        bucket = entry.split("://", 1)[1].split("/", 1)[0]
+        root = f"{store.protocol}://{bucket}"
+        try:
+            bucket_exists = store.exists(root)
+        except OSError:  # a denial, say: the message above stands alone
+            bucket_exists = True
+        if not bucket_exists:
+            searched += (
+                f"; the bucket {root} does not exist, or these credentials and endpoint "
+                "cannot see it (storage_options, or fsspec's FSSPEC_* environment)"
+            )
+    return found, searched
+
+
+def _resolve_url(store: ObjectStore, entry: str, roxxel_names: bool) -> tuple[list[str], str]:
     if "*" in entry or "?" in entry:
         found = [u for u in store.glob(entry) if u.endswith(".rox")]
         return found, f"the glob {entry!r} (no .rox object matches)"
@@ -116,7 +134,7 @@ def object_sha256(ref: ObjectRef, on_bytes: Callable[[int], None] | None = None)
     digest = hashlib.sha256()
     size = ref.info.size
     for lo in range(0, size, _HASH_CHUNK):
-        data = ref.store.read_ranges(ref.url, [(lo, min(size, lo + _HASH_CHUNK))])[0]
+        data = ref.store.read_ranges(ref.url, [(lo, min(size, lo + _HASH_CHUNK))], ref.info)[0]
         digest.update(data)
         if on_bytes is not None:
             on_bytes(len(data))

@@ -10,12 +10,12 @@ first reads it, so an object rewritten after the corpus was opened is refused, n
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from grain_rox._format._block_cache import shared_cache
-from grain_rox._format._object_store import ObjectInfo, ObjectStore
+from grain_rox._format._object_store import ObjectChangedError, ObjectInfo, ObjectStore
 from grain_rox._format._rox_format import (
     INDEX_DTYPE,
     INDEX_ENTRY_SIZE,
@@ -57,7 +57,8 @@ def read_tails(refs: list[ObjectRef]) -> list[bytes]:
     for members in by_store.values():
         store = refs[members[0]].store
         spans = [(refs[i].url, _tail_start(refs[i]), refs[i].info.size) for i in members]
-        for i, data in zip(members, store.read_many(spans), strict=True):
+        pins = {refs[i].url: refs[i].info for i in members}
+        for i, data in zip(members, _pinned(store.read_many, spans, pins), strict=True):
             out[i] = data
     return out
 
@@ -72,13 +73,14 @@ def open_object(ref: ObjectRef, tail: bytes | None = None) -> tuple[ShardHeader,
     None: :class:`RemoteShard` fetches it)."""
     url, size = ref.url, ref.info.size
     tail_start = _tail_start(ref)
+    pins = {url: ref.info}
     if tail is None:
-        tail = ref.store.read_ranges(url, [(tail_start, size)])[0] if size else b""
+        tail = _pinned(ref.store.read_many, [(url, tail_start, size)], pins)[0] if size else b""
 
     def read_at(offset: int, n: int) -> bytes:
         if offset >= tail_start:
             return tail[offset - tail_start : offset - tail_start + n]
-        return ref.store.read_ranges(url, [(offset, offset + n)])[0]
+        return _pinned(ref.store.read_many, [(url, offset, offset + n)], pins)[0]
 
     header = parse_header(url, size, read_at)
     if header.num_blocks == 0:
@@ -124,9 +126,8 @@ class RemoteShard:
         self._key = (ref.url, ref.info.version)
         if index is None:
             lo = header.index_offset
-            data = ref.store.read_ranges(
-                ref.url, [(lo, lo + INDEX_ENTRY_SIZE * header.num_blocks)]
-            )[0]
+            span = (ref.url, lo, lo + INDEX_ENTRY_SIZE * header.num_blocks)
+            data = _pinned(ref.store.read_many, [span], {ref.url: ref.info})[0]
             index = np.frombuffer(data, INDEX_DTYPE)
         self.ends = index
 
@@ -165,13 +166,34 @@ def read_remote(
             by_store.setdefault(id(shards[o].ref.store), []).append(k)
         for ks in by_store.values():
             store = shards[spans[ks[0]][0]].ref.store
-            got = store.read_many([(shards[spans[k][0]].ref.url, *spans[k][1:]) for k in ks])
+            pins = {shards[spans[k][0]].ref.url: shards[spans[k][0]].ref.info for k in ks}
+            wanted = [(shards[spans[k][0]].ref.url, *spans[k][1:]) for k in ks]
+            got = _pinned(store.read_many, wanted, pins)
             for k, data in zip(ks, got, strict=True):
                 out[k] = data
         return out
 
     objects = [(sh._key, sh.header.file_size, r) for sh, r in zip(shards, ranges, strict=True)]
     return shared_cache().read_objects(objects, fetch)
+
+
+def _pinned(
+    read_many: Callable[..., list[bytes]],
+    spans: Sequence[tuple[str, int, int]],
+    pins: Mapping[str, ObjectInfo],
+) -> list[bytes]:
+    """``read_many(spans, pins)``: the bytes of the object versions the corpus opened; an
+    object rewritten or removed since is refused, naming the fix, never read."""
+    try:
+        return read_many(spans, pins)
+    except ObjectChangedError as e:
+        raise RoxFormatError(
+            e.url,
+            f"the object was rewritten or removed after the corpus was opened (it was version "
+            f"{e.version!r})",
+            "reopen the corpus (open_rox) / make a new pipeline; a checkpoint made on the "
+            "data as opened cannot continue on these bytes",
+        ) from e
 
 
 def gather_remote(requests: list[tuple[RemoteShard, np.ndarray, int]]) -> list[np.ndarray]:

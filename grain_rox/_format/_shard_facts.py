@@ -99,6 +99,8 @@ def load_shard_facts(
             )
         manifest = tried[mpath]
         record = manifest.check_shard(header, mpath) if manifest else None
+        if record is not None and isinstance(facts.identities[-1], ObjectRef):
+            _check_object_tag(facts.identities[-1], record, mpath)
         if manifest is not None and record is not None:
             facts.manifests[mpath] = manifest
         if index is not None and header.num_blocks:  # a remote index that came with the footer
@@ -130,6 +132,20 @@ def _open_objects(
         refs += [ObjectRef(store, infos[url]) for url in group]
     tails = read_tails(refs)
     return {ref.url: (ref, *open_object(ref, tail)) for ref, tail in zip(refs, tails, strict=True)}
+
+
+def _check_object_tag(ref: ObjectRef, record: ShardRecord, manifest_path: str) -> None:
+    """Raise if a shard object's content hash is not the one its manifest recorded when the
+    set was published (the object was replaced since, or by a concurrent writer)."""
+    now = ref.info.content_tag
+    if record.object_tag and now and now != record.object_tag:
+        raise RoxFormatError(
+            ref.url,
+            f"the object's content hash is {now!r} but {manifest_path} records "
+            f"{record.object_tag!r}: the object was replaced after the set was written",
+            "write the set again (if_exists='overwrite') or restore the object from a copy "
+            "of the set; grain-rox verify checks every shard against the manifest's sha256",
+        )
 
 
 def check_unchanged(path: str, record: ShardRecord) -> None:
@@ -164,8 +180,9 @@ def _remote_samples(
             spans = stores.setdefault(id(identity.store), (identity.store, []))[1]
             spans += [(s, identity.url, 0, first), (s, identity.url, last, header.raw_size)]
     out: dict[int, list[bytes]] = {}
+    pins = {i.url: i.info for i in identities if isinstance(i, ObjectRef)}
     for store, spans in stores.values():
-        found = store.read_many([(url, a, b) for _, url, a, b in spans])
+        found = store.read_many([(url, a, b) for _, url, a, b in spans], pins)
         for (s, *_), data in zip(spans, found, strict=True):
             out.setdefault(s, []).append(data)
     return out

@@ -38,7 +38,7 @@ import numpy as np
 from grain_rox._format._atomic import set_write_lock
 from grain_rox._format._manifest import MANIFEST_SUFFIX, Manifest, manifest_path_for, set_base
 from grain_rox._format._object_store import is_url
-from grain_rox._format._object_upload import publish_to_bucket
+from grain_rox._format._object_upload import check_can_publish, publish_to_bucket
 from grain_rox._format._rox_format import read_header
 from grain_rox._format._shard_set import (
     clean_leftovers,
@@ -257,6 +257,7 @@ def _write_to_bucket(
             f"manifest=False for {url}: a set in a bucket is published through its manifest "
             "(readers refuse it while a write is pending). Fix: leave manifest=True"
         )
+    check_can_publish(url, if_exists=if_exists, storage_options=storage_options)
     with tempfile.TemporaryDirectory(prefix="grain_rox_upload_") as staging:
         local = write_rox(items, os.path.join(staging, os.path.basename(url)), **options)
         if not local.paths:
