@@ -289,3 +289,13 @@ def test_large_files_are_identified_by_evenly_spaced_samples(tmp_path):
     data[-1] ^= 1  # inside the last sample
     path.write_bytes(bytes(data))
     assert digest(1 << 20) != sampled
+
+
+def test_batches_read_through_a_subclass_get_batch():
+    class Doubled(NumpySource):
+        def get_batch(self, indices):
+            return super().get_batch(indices) * 2
+
+    rows = Doubled(np.arange(10)).batches(5, shuffle=False)
+    assert rows[0].tolist() == [0, 2, 4, 6, 8]  # the override, not the plain rows
+    assert NumpySource(np.arange(10)).batches(5, shuffle=False)[1].tolist() == [5, 6, 7, 8, 9]

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from grain_rox import TokenPipeline
+from grain_rox import Phase, TokenPipeline
 from grain_rox._order._lanes import LaneOrder, Run
 from grain_rox._order._permutation import FeistelPermutation, derive_key
 from grain_rox._sources._segments import MAXTEXT_FEATURES
@@ -180,3 +180,17 @@ def test_bad_configs_are_explained(positional):
         TokenPipeline(positional, seq_len=8, global_batch_size=4).batch_source(rows=(2, 9))
     with pytest.raises(FileNotFoundError):
         TokenPipeline("/nonexistent/*.rox", seq_len=8, global_batch_size=4).batch_source()
+
+
+@pytest.mark.parametrize("layout", ["maxtext", "windows"])
+def test_every_array_of_a_batch_is_read_only(make_rox, layout):
+    # sources with different EOS ids take the per-source features path
+    a = make_rox("ro_a", [np.arange(1, 500, dtype=np.uint16)] * 40, separator=0)
+    b = make_rox("ro_b", [np.arange(1, 300, dtype=np.uint16)] * 40, separator=7)
+    single = {"seq_len": 64, "global_batch_size": 8}
+    mixed = {"phases": [Phase(None, 8, 64, weights={"a": 0.5, "b": 0.5})]}
+    for paths, config in ((a, single), ({"a": a, "b": b}, mixed)):
+        pipe = TokenPipeline(paths, seed=0, layout=layout, **config)
+        batch = pipe.batch_source()[3]
+        for key, array in batch.items():
+            assert not array.flags.writeable, (paths, layout, key)

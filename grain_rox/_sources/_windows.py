@@ -390,7 +390,12 @@ def _copy_rows(
         tokens = maps.get(s)
         if tokens is None:
             tokens = maps[s] = corpus.shard_tokens(s)
-        out[t] = tokens[a : a + width]
+        window = tokens[a : a + width]
+        if window.shape[0] != width:  # never from a plan; a short slice would broadcast
+            raise IndexError(
+                f"window [{a}, {a + width}) lies outside shard {s} ({tokens.shape[0]} tokens)"
+            )
+        out[t] = window
 
 
 def _destination(out: np.ndarray | None, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
