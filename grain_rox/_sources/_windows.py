@@ -48,7 +48,6 @@ class _GroupPlan:
     slot_start: np.ndarray  # (R,) start of the slot's first piece
     one_seq_len: bool  # every window of the group has one seq_len
     multi_before: np.ndarray  # (R + 1,) windows of several pieces among slots [0, r)
-    one_shard: int  # the shard every single-piece window reads, or -1
     content: np.ndarray | None  # (R,) tokens of each row, the rest padding (None: all full)
     # every piece: (shard, token offset inside it, length, offset inside the window), each
     # (P,), in row order (multi-piece windows are copied a slice per piece)
@@ -58,14 +57,13 @@ class _GroupPlan:
         """The pieces of each of ``slots``, as Python ints, for a copy a slice per piece:
         sliced per slot for a few (a batch's one or two windows across a chunk join), in one
         vectorised pass for many (packed rows)."""
+        fp = self.first_piece
         if slots.size <= 4:
-            fp = self.first_piece
             out = []
             for slot in slots.tolist():
                 a, b = int(fp[slot]), int(fp[slot + 1])
                 out.append(list(zip(*(x[a:b].tolist() for x in self.pieces), strict=True)))
             return out
-        fp = self.first_piece
         counts = fp[slots + 1] - fp[slots]
         at = np.repeat(fp[slots] - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
         flat = list(zip(*(a[at].tolist() for a in self.pieces), strict=True))
@@ -143,7 +141,6 @@ class WindowReader(ProcessLocal):
             single &= rows.content == rows.seq_len + 1
         slot_shard = shard[head] if shard.size else np.zeros(size, dtype=np.int64)
         slot_start = start[head] if shard.size else np.zeros(size, dtype=np.int64)
-        shards = np.unique(slot_shard[single])
         return _GroupPlan(
             seq_len=rows.seq_len,
             first_piece=first_piece,
@@ -152,7 +149,6 @@ class WindowReader(ProcessLocal):
             slot_start=slot_start,
             one_seq_len=bool((rows.seq_len == rows.seq_len[0]).all()),
             multi_before=np.concatenate([[0], np.cumsum(~single)]),
-            one_shard=int(shards[0]) if shards.size == 1 else -1,
             content=rows.content,
             pieces=(shard, start, piece_hi - piece_lo, span_dest[span_of_piece] + piece_lo - lo),
         )
@@ -181,29 +177,49 @@ class WindowReader(ProcessLocal):
         shards, starts = plan.slot_shard[lo:hi], plan.slot_start[lo:hi]
         if not all_single:
             shards, starts = shards[single], starts[single]
-        if not self._remote and n < self._gather_from:
-            # a slice copy per window, straight from the memory maps
-            _copy_rows(self.corpus, shards.tolist(), starts.tolist(), width, out,
-                       _row_targets(rows, single, all_single, n))  # fmt: skip
-        elif plan.one_shard >= 0:
-            target = slice(None) if all_single else single
-            out[target if rows is None else rows[target]] = self.corpus.gather(
-                plan.one_shard, starts, width
-            )
-        else:  # one gather per shard (from a bucket: all in one round trip)
-            targets, requests = [], []
-            local_rows = np.arange(n) if all_single else np.flatnonzero(single)
-            for s in np.unique(shards).tolist():
-                sel = shards == s
-                targets.append(local_rows[sel] if rows is None else rows[local_rows[sel]])
-                requests.append((s, starts[sel], width))
-            for target, got in zip(targets, self.corpus.gather_many(requests), strict=True):
-                out[target] = got
+        targets = slice(None) if all_single else np.flatnonzero(single)
+        self._fill(shards, starts, width, out, targets if rows is None else rows[targets])
         joins = None
         if not all_single:
             multi = np.flatnonzero(~single)
             joins = self._copy_pieces(plan, lo + multi, out, multi if rows is None else rows[multi])
         return out, joins
+
+    def _fill(
+        self,
+        shards: np.ndarray,
+        starts: np.ndarray,
+        width: int,
+        out: np.ndarray,
+        targets: slice | np.ndarray,
+    ) -> None:
+        """Rows ``targets`` of ``out`` (a slice or row numbers) get the ``width``-token
+        windows at ``starts`` of ``shards``: a slice copy per window from the memory maps, or,
+        for a read of many windows per shard and for a bucket, one gather per shard (from a
+        bucket all in one round trip)."""
+        if not shards.size:
+            return
+        if not self._remote and shards.size < self._gather_from:
+            rows = (
+                targets.tolist()
+                if isinstance(targets, np.ndarray)
+                else range(*targets.indices(out.shape[0]))
+            )
+            _copy_rows(self.corpus, shards.tolist(), starts.tolist(), width, out, rows)
+            return
+        lo, hi = int(shards.min()), int(shards.max())
+        if lo == hi:
+            out[targets] = self.corpus.gather(lo, starts, width)
+            return
+        if isinstance(targets, slice):
+            targets = np.arange(out.shape[0])[targets]
+        ids = np.unique(shards).tolist()
+        sels = [shards == s for s in ids]
+        got = self.corpus.gather_many(
+            [(s, starts[sel], width) for s, sel in zip(ids, sels, strict=True)]
+        )
+        for sel, rows_got in zip(sels, got, strict=True):
+            out[targets[sel]] = rows_got
 
     def _copy_pieces(
         self,
@@ -320,27 +336,8 @@ class WindowReader(ProcessLocal):
             if np.any(plan.seq_len[slots] + 1 != width):
                 raise ValueError("one read holds windows of one seq_len (one phase)")
             single = plan.single[slots]
-            shards = plan.slot_shard[slots]
-            starts = plan.slot_start[slots]
-            if single.all():
-                parts = [(rows, shards, starts)]
-            else:
-                parts = [(rows[single], shards[single], starts[single])]
-            for g_rows, g_shards, g_starts in parts:
-                if not g_rows.size:
-                    continue
-                if not self._remote:
-                    _copy_rows(self.corpus, g_shards.tolist(), g_starts.tolist(), width, dest,
-                               g_rows.tolist())  # fmt: skip
-                    continue
-                lo, hi = int(g_shards.min()), int(g_shards.max())
-                sels = [
-                    (s, slice(None) if lo == hi else g_shards == s)
-                    for s in ([lo] if lo == hi else np.unique(g_shards).tolist())
-                ]
-                got = self.corpus.gather_many([(s, g_starts[sel], width) for s, sel in sels])
-                for (_, sel), rows_got in zip(sels, got, strict=True):
-                    dest[g_rows[sel]] = rows_got
+            self._fill(plan.slot_shard[slots][single], plan.slot_start[slots][single], width,
+                       dest, rows[single])  # fmt: skip
             if not single.all():
                 parts_joins.append(self._copy_pieces(plan, slots[~single], dest, rows[~single]))
         assert dest is not None
@@ -363,16 +360,6 @@ def merge_joins(parts: list[Joins]) -> Joins | None:
     if not parts:
         return None
     return _sorted_joins(*(np.concatenate(c) for c in zip(*parts, strict=True)))
-
-
-def _row_targets(
-    rows: np.ndarray | None, single: np.ndarray, all_single: bool, n: int
-) -> list[int] | range:
-    """The rows of ``out`` that the single-piece windows among ``n`` slots fill."""
-    local = range(n) if all_single else np.flatnonzero(single)
-    if rows is None:
-        return local if isinstance(local, range) else local.tolist()
-    return rows[local].tolist() if not isinstance(local, range) else rows.tolist()
 
 
 def _copy_rows(
