@@ -2,7 +2,7 @@
 
 :class:`ObjectStore` wraps one fsspec filesystem: object facts (:meth:`ObjectStore.info`:
 size, version, content tag), ranged reads issued concurrently in one call
-(:meth:`ObjectStore.read_ranges`), listing, and writes. Every request is retried with
+(:meth:`ObjectStore.read_many`), listing, and writes. Every request is retried with
 exponential backoff on transient errors (a connection refused, a timeout, a 5xx) and, when
 the attempts run out, fails with an ``OSError`` that names the URL and what to check.
 
@@ -306,16 +306,6 @@ class ObjectStore:
                     out[url] = self.info(url)
         return out
 
-    def read_ranges(
-        self, url: str, ranges: Sequence[tuple[int, int]], pin: ObjectInfo | None = None
-    ) -> list[bytes]:
-        """Bytes ``[a, b)`` of ``url`` for each range, requested concurrently in one call, of
-        the object version ``pin`` when given (see :meth:`read_many`).
-
-        A short answer (the object shrank since it was looked up) raises ``OSError``.
-        """
-        return self.read_many([(url, a, b) for a, b in ranges], {url: pin} if pin else None)
-
     def read_many(
         self,
         spans: Sequence[tuple[str, int, int]],
@@ -432,8 +422,10 @@ def _naming(e: BaseException, url: str, what: str) -> BaseException:
     if not isinstance(e, OSError) or isinstance(e, ObjectChangedError) or url in str(e):
         return e
     detail = e.strerror or (e.args[0] if e.args else "") or type(e).__name__
-    named = type(e)(f"{url}: {what}: {detail}")
-    return named if isinstance(named, OSError) else e
+    try:
+        return type(e)(f"{url}: {what}: {detail}")
+    except TypeError:  # a subclass whose constructor wants more than a message
+        return e
 
 
 _stores: dict[tuple[str, str], ObjectStore] = {}

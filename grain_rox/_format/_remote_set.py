@@ -20,7 +20,7 @@ from typing import Any
 
 from grain_rox._format._manifest import Manifest, ShardRecord, member_pattern
 from grain_rox._format._object_store import ObjectStore, store_for
-from grain_rox._format._remote_shard import ObjectRef
+from grain_rox._format._remote_shard import ObjectRef, read_pinned
 from grain_rox._format._rox_format import RoxFormatError
 
 _HASH_CHUNK = 8 << 20
@@ -133,8 +133,9 @@ def object_sha256(ref: ObjectRef, on_bytes: Callable[[int], None] | None = None)
     """The sha256 of a whole object, streamed in 8 MiB ranged reads (bounded memory)."""
     digest = hashlib.sha256()
     size = ref.info.size
+    pins = {ref.url: ref.info}
     for lo in range(0, size, _HASH_CHUNK):
-        data = ref.store.read_ranges(ref.url, [(lo, min(size, lo + _HASH_CHUNK))], ref.info)[0]
+        data = read_pinned(ref.store, [(ref.url, lo, min(size, lo + _HASH_CHUNK))], pins)[0]
         digest.update(data)
         if on_bytes is not None:
             on_bytes(len(data))

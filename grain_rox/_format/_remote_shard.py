@@ -10,7 +10,7 @@ first reads it, so an object rewritten after the corpus was opened is refused, n
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -58,7 +58,7 @@ def read_tails(refs: list[ObjectRef]) -> list[bytes]:
         store = refs[members[0]].store
         spans = [(refs[i].url, _tail_start(refs[i]), refs[i].info.size) for i in members]
         pins = {refs[i].url: refs[i].info for i in members}
-        for i, data in zip(members, _pinned(store.read_many, spans, pins), strict=True):
+        for i, data in zip(members, read_pinned(store, spans, pins), strict=True):
             out[i] = data
     return out
 
@@ -75,12 +75,12 @@ def open_object(ref: ObjectRef, tail: bytes | None = None) -> tuple[ShardHeader,
     tail_start = _tail_start(ref)
     pins = {url: ref.info}
     if tail is None:
-        tail = _pinned(ref.store.read_many, [(url, tail_start, size)], pins)[0] if size else b""
+        tail = read_pinned(ref.store, [(url, tail_start, size)], pins)[0] if size else b""
 
     def read_at(offset: int, n: int) -> bytes:
         if offset >= tail_start:
             return tail[offset - tail_start : offset - tail_start + n]
-        return _pinned(ref.store.read_many, [(url, offset, offset + n)], pins)[0]
+        return read_pinned(ref.store, [(url, offset, offset + n)], pins)[0]
 
     header = parse_header(url, size, read_at)
     if header.num_blocks == 0:
@@ -127,7 +127,7 @@ class RemoteShard:
         if index is None:
             lo = header.index_offset
             span = (ref.url, lo, lo + INDEX_ENTRY_SIZE * header.num_blocks)
-            data = _pinned(ref.store.read_many, [span], {ref.url: ref.info})[0]
+            data = read_pinned(ref.store, [span], {ref.url: ref.info})[0]
             index = np.frombuffer(data, INDEX_DTYPE)
         self.ends = index
 
@@ -168,7 +168,7 @@ def read_remote(
             store = shards[spans[ks[0]][0]].ref.store
             pins = {shards[spans[k][0]].ref.url: shards[spans[k][0]].ref.info for k in ks}
             wanted = [(shards[spans[k][0]].ref.url, *spans[k][1:]) for k in ks]
-            got = _pinned(store.read_many, wanted, pins)
+            got = read_pinned(store, wanted, pins)
             for k, data in zip(ks, got, strict=True):
                 out[k] = data
         return out
@@ -177,15 +177,15 @@ def read_remote(
     return shared_cache().read_objects(objects, fetch)
 
 
-def _pinned(
-    read_many: Callable[..., list[bytes]],
+def read_pinned(
+    store: ObjectStore,
     spans: Sequence[tuple[str, int, int]],
     pins: Mapping[str, ObjectInfo],
 ) -> list[bytes]:
-    """``read_many(spans, pins)``: the bytes of the object versions the corpus opened; an
+    """``store.read_many(spans, pins)``: the bytes of the object versions a corpus opened; an
     object rewritten or removed since is refused, naming the fix, never read."""
     try:
-        return read_many(spans, pins)
+        return store.read_many(spans, pins)
     except ObjectChangedError as e:
         raise RoxFormatError(
             e.url,

@@ -21,7 +21,7 @@ from grain_rox._format._manifest import Manifest, ShardRecord, manifest_path_for
 from grain_rox._format._mapped_shard import FileIdentity, file_identity
 from grain_rox._format._object_store import ObjectStore, is_url, store_for
 from grain_rox._format._remote_set import remote_manifest
-from grain_rox._format._remote_shard import ObjectRef, open_object, read_tails
+from grain_rox._format._remote_shard import ObjectRef, open_object, read_pinned, read_tails
 from grain_rox._format._rox_format import (
     RoxFormatError,
     ShardHeader,
@@ -182,7 +182,7 @@ def _remote_samples(
     out: dict[int, list[bytes]] = {}
     pins = {i.url: i.info for i in identities if isinstance(i, ObjectRef)}
     for store, spans in stores.values():
-        found = store.read_many([(url, a, b) for _, url, a, b in spans], pins)
+        found = read_pinned(store, [(url, a, b) for _, url, a, b in spans], pins)
         for (s, *_), data in zip(spans, found, strict=True):
             out.setdefault(s, []).append(data)
     return out

@@ -27,13 +27,14 @@ from grain_rox._sources._segments import (
     TARGETS_POSITION,
     TARGETS_SEGMENTATION,
     FeatureArrays,
+    Joins,
     batch_arrays,
     maxtext_record,
     segment_features,
     windows_record,
 )
 from grain_rox._sources._tokens_layout import TOKENS
-from grain_rox._sources._windows import Joins, WindowReader, merge_joins
+from grain_rox._sources._windows import WindowReader, merge_joins
 
 if TYPE_CHECKING:
     from grain_rox._pipeline._pipeline import TokenPipeline

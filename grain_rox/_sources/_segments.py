@@ -50,12 +50,16 @@ STACKED_SEGMENT_FEATURES = (INPUTS_SEGMENTATION, INPUTS_POSITION, TARGETS_SEGMEN
 _BLOCK_ELEMENTS = 1 << 16
 # Where segment_features writes: (inputs_segmentation, inputs_position, targets_segmentation).
 FeatureArrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+# Where windows cross a chunk join: (rows, columns), each (J,) int64, sorted by row then
+# column; column c >= 1 starts new text. Sparse: a (256, 2049) boolean mask cost ~80 us a
+# batch to allocate and scan, for a handful of joins.
+Joins = tuple[np.ndarray, np.ndarray]
 
 
 def segment_features(
     windows: np.ndarray,
     eos_id: int,
-    joins: tuple[np.ndarray, np.ndarray] | None,
+    joins: Joins | None,
     content: np.ndarray | None = None,
     *,
     out: FeatureArrays | None = None,

@@ -41,6 +41,7 @@ from grain_rox._sources._segments import (
     TARGETS,
     TARGETS_POSITION,
     TARGETS_SEGMENTATION,
+    Joins,
 )
 
 TOKENS = "tokens"  # the key of a layout="tokens" batch's one array
@@ -84,7 +85,7 @@ class TokensLayout:
     def fill(
         self,
         tokens: np.ndarray,
-        joins: tuple[np.ndarray, np.ndarray] | None,
+        joins: Joins | None,
         eos_ids: np.ndarray | None = None,
     ) -> np.ndarray:
         """Write the join columns (from ``joins``: the ``(rows, columns)`` where windows cross

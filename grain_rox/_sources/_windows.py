@@ -25,12 +25,9 @@ from grain_rox._order._blocks import BlockOrder
 from grain_rox._order._lanes import LaneOrder
 from grain_rox._order._packed import PackedOrder
 from grain_rox._sources._process_local import ProcessLocal, process_local
+from grain_rox._sources._segments import Joins
 
 _PLAN_CACHE = 8
-# Where windows cross a chunk join: (rows, columns), each (J,) int64, sorted by row then
-# column; column c >= 1 starts new text. Sparse: a (256, 2049) boolean mask cost ~80 us a
-# batch to allocate and scan, for a handful of joins.
-Joins = tuple[np.ndarray, np.ndarray]
 # A read of at least this many windows per shard of the corpus gathers a shard's windows
 # with one fancy index each rather than slicing each window: (256, 2049) over 6 shards,
 # 255 us against 390 (a slice costs ~1.5 us a window, a gather ~5 us a shard).
