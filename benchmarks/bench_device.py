@@ -17,7 +17,8 @@ Contenders, at ``(32, 1024)`` and ``(256, 2048)`` batches:
    together (segment ids computed, positions a fixed ``arange``: a floor, not the features);
 3. grain_rox's default, ``MultiHostDataLoadIterator(TokenPipeline(path, seq_len=L,
    global_batch_size=B, seed=0))``, and with ``features_on_device=False`` where it exists;
-4. ``layout="windows"``, with and without ``segmentation``;
+4. ``layout="windows"``, with and without ``segmentation``; packed rows
+   (``packing="best_fit"``), features derived on the device and on the host;
 5. the fast path: ``layout="tokens"`` through the iterator, each batch consumed by a jitted
    step that calls ``pipe.unpack(batch)`` and reduces every feature (where it exists);
 6. ``roxxel.stream`` (one ``(B, L)`` array), epochs chained, when roxxel is installed.
@@ -282,6 +283,14 @@ def optional_pipelines(path: str, batch: int, seq_len: int) -> dict[str, Any]:
         out["tokens"] = tokens if hasattr(tokens, "unpack") else "TokenPipeline has no unpack()"
     except (ValueError, TypeError) as e:
         out["tokens"] = f"TokenPipeline(layout='tokens') is refused: {e}"
+    try:
+        packed = grain_rox.TokenPipeline(
+            path, seq_len=seq_len, global_batch_size=batch, seed=0, eos_id=EOS,
+            packing="best_fit", layout="tokens",
+        )  # fmt: skip
+        out["packed"] = packed.with_layout("maxtext")
+    except (ValueError, TypeError) as e:
+        out["packed"] = f"packed rows cannot travel as one array in this grain_rox: {e}"
     return out
 
 
@@ -328,6 +337,8 @@ def described(batch: int, seq_len: int) -> dict[str, str]:
         "windows": 'grain_rox `layout="windows"` (windows + stacked segments)',
         "windows1": 'grain_rox `layout="windows"`, `segmentation=False` (one array)',
         "fast": 'grain_rox fast path: `layout="tokens"` + `pipe.unpack` in a jitted step',
+        "packed": 'grain_rox default, `packing="best_fit"` (one array, features on the device)',
+        "packed_host": 'grain_rox `packing="best_fit"`, `features_on_device=False` (six arrays)',
         "roxxel": f"`roxxel.stream` (one `({batch}, {seq_len})` array: inputs only)",
     }
 
@@ -385,6 +396,12 @@ def bench_shape(
     else:
         consume = jax.jit(lambda b: reduce_features(fast.unpack(b)))
         makers["fast"] = rox_maker(fast, sharding, then=consume)
+    packed = extra["packed"]
+    if isinstance(packed, str):
+        skipped["packed"] = skipped["packed_host"] = packed
+    else:
+        makers["packed"] = rox_maker(packed, sharding)
+        makers["packed_host"] = rox_maker(packed, sharding, features_on_device=False)
     if roxxel is not None:
         makers["roxxel"] = roxxel_maker(roxxel, path, batch, seq_len, sharding)
     else:

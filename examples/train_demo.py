@@ -138,9 +138,9 @@ def pipeline(
             grain_rox.Phase(steps=steps[1], batch_size=batch // 2, seq_len=256, weights=second),
         ],
         seed=0,
-        # one array a batch, the features derived in the jitted step; packed rows carry
-        # padding, so they come as windows plus their (B, 3, L) segment features
-        layout="windows" if packing else "tokens",
+        # one array a batch (packed rows too: their joins and padding ride in a few columns),
+        # the features derived in the jitted step
+        layout="tokens",
         packing=packing,  # None: rows of concatenated text; "best_fit": whole documents
     )
 

@@ -341,7 +341,6 @@ def test_segment_ids_keep_attention_inside_each_document(random_corpus):
     [
         ({"packing": "greedy"}, "packing='greedy'; use 'best_fit', 'first_fit' or None"),
         ({"packing": "best_fit", "order": "lanes"}, "order='lanes' applies to unpacked rows"),
-        ({"packing": "best_fit", "layout": "tokens"}, "which layout='tokens' cannot say"),
         ({"packing": "best_fit", "segmentation": False}, "needs segmentation=True"),
     ],
 )
@@ -357,18 +356,27 @@ def test_packing_without_an_eos_id_names_the_fix(make_rox):
         pipe.map_dataset()
 
 
-def test_features_on_device_falls_back_to_the_host_for_packed_rows_and_says_why(
-    random_corpus, caplog
+def test_packed_rows_travel_as_one_array_and_their_features_are_derived_on_the_devices(
+    random_corpus,
 ):
+    """One transfer a packed batch too: the tokens, a join mask and each row's content
+    length, with the six features derived on the devices, equal to the host's."""
     pipe = TokenPipeline(random_corpus, seq_len=64, global_batch_size=8, **PACKED)
-    with caplog.at_level("WARNING", logger="grain_rox"):
-        it = MultiHostDataLoadIterator(pipe, features_on_device=True)
-    with it:
-        got = next(it)
-    assert "packing='best_fit' pads rows" in caplog.text
-    want = pipe.map_dataset()[0]
-    for key in want:
-        assert np.array_equal(np.asarray(got[key]), want[key]), key
+    want = pipe.map_dataset()
+    with MultiHostDataLoadIterator(pipe, features_on_device=True) as it:
+        assert it._feed.derive is not None
+        assert it._feed.read_as.layout == "tokens"
+        for step in range(6):
+            got = next(it)
+            assert sorted(got) == sorted(want[step])
+            for key in want[step]:
+                np.testing.assert_array_equal(np.asarray(got[key]), want[step][key], err_msg=key)
+        state = it.get_state()
+    with MultiHostDataLoadIterator(pipe, features_on_device=True) as resumed:
+        resumed.set_state(state)
+        got = next(resumed)
+        for key in want[6]:
+            np.testing.assert_array_equal(np.asarray(got[key]), want[6][key], err_msg=key)
 
 
 # ---- real processes: jax.distributed over loopback, and Grain worker processes -------------

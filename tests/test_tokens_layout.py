@@ -36,7 +36,8 @@ def corpora(tmp_path_factory) -> dict[str, str]:
 
 
 CASES = {
-    "one source, one join column": dict(sources="a", chunk_tokens=4096),
+    # short windows (16, then 40 tokens): the joins travel as a join mask, narrower than columns
+    "one source, chunk joins": dict(sources="a", chunk_tokens=4096),
     "windows across 3 joins": dict(sources="a", chunk_tokens=7),
     "two sources, one EOS": dict(sources=("a", "b"), chunk_tokens=60),
     "two EOS ids (EOS column)": dict(
@@ -45,16 +46,34 @@ CASES = {
     "no segment features": dict(sources="a", segmentation=False),
     "uint32 tokens": dict(sources="wide", chunk_tokens=300),
     "uint16 output": dict(sources="a", dtype=np.uint16, chunk_tokens=50),
+    # longer windows (200, then 500 tokens): join columns, narrower than a mask
+    "join columns": dict(sources="a", chunk_tokens=4096, seq_lens=(200, 500)),
+    "join columns, two EOS ids": dict(
+        sources=("a", "other_eos"),
+        chunk_tokens=700,
+        seq_lens=(200, 500),
+        allow_mixed_tokenizers=True,
+    ),
+    # packed rows: a join at every document boundary (a join mask) and a content column
+    "packed rows": dict(sources="a", packing="best_fit", chunk_tokens=200),
+    "packed rows, first fit, uint32": dict(sources="wide", packing="first_fit", chunk_tokens=300),
+    "packed rows, two EOS ids": dict(
+        sources=("a", "other_eos"),
+        packing="best_fit",
+        chunk_tokens=150,
+        allow_mixed_tokenizers=True,
+    ),
 }
 
 
-def _pipeline(corpora, *, sources, **kwargs) -> TokenPipeline:
+def _pipeline(corpora, *, sources, seq_lens=(16, 40), **kwargs) -> TokenPipeline:
+    short, long = seq_lens
     if isinstance(sources, tuple):
         spec = {n: corpora[n] for n in sources}
         weights = {n: 1.0 for n in sources}
-        phases = [Phase(5, 8, 16, weights), Phase(None, 4, 40, weights)]
+        phases = [Phase(5, 8, short, weights), Phase(None, 4, long, weights)]
         return TokenPipeline(spec, phases=phases, seed=3, **kwargs)
-    phases = [Phase(5, 8, 16), Phase(None, 4, 40)]
+    phases = [Phase(5, 8, short), Phase(None, 4, long)]
     return TokenPipeline(corpora[sources], phases=phases, seed=3, **kwargs)
 
 
@@ -66,6 +85,7 @@ def test_unpacked_tokens_equal_the_host_features(corpora, case):
     packed = tokens_pipe.map_dataset()
     unpack = jax.jit(pipe.unpack)
     crossed = 0
+    padded = False
     for step in (0, 1, 4, 5, 6, 30):  # both phases (seq_len 16, then 40)
         expected, batch = host[step], packed[step]
         tokens = batch["tokens"]
@@ -77,13 +97,43 @@ def test_unpacked_tokens_equal_the_host_features(corpora, case):
             layout.width(expected["inputs"].shape[1]),
         )
         crossed += int((tokens[:, layout.seq_len(tokens.shape[1]) + 1 :] > 0).any())
+        padded |= bool((expected.get("inputs_segmentation", np.ones(1)) == 0).any())
         for features in (pipe.unpack(batch), unpack(batch)):
             assert sorted(features) == sorted(expected)
             for key in expected:
                 np.testing.assert_array_equal(np.asarray(features[key]), expected[key], err_msg=key)
                 assert np.asarray(features[key]).dtype == expected[key].dtype, key
-    if pipe.segmentation and case != "one source, one join column":
+    if pipe.segmentation and case not in ("one source, chunk joins", "join columns"):
         assert crossed, "the case should exercise join (or EOS) columns"
+    if pipe.packing:
+        assert padded, "the case should exercise padding"
+
+
+def test_a_packed_row_says_its_padding_and_its_joins(corpora):
+    """The content column and the join mask of a packed batch, read directly: each row's
+    tokens before its padding, and a bit at each position where a piece of another document
+    starts without an EOS before it (as the host features cut the targets there)."""
+    pipe = _pipeline(corpora, **CASES["packed rows"])
+    layout = pipe.tokens_layout()
+    assert (layout.join_mask, layout.content_column, layout.join_columns) == (True, True, 0)
+    host = pipe.map_dataset()
+    for step in (0, 5):
+        batch = pipe.with_layout("tokens").map_dataset()[step]["tokens"]
+        seq_len = layout.seq_len(batch.shape[1])
+        assert batch.shape[1] == seq_len + 1 + -(-(seq_len + 1) // 16) + 1
+        content = batch[:, -1].astype(int)
+        t = np.arange(seq_len)
+        # a row's tokens are a prefix of it (segment > 0), the padding after them (segment 0)
+        np.testing.assert_array_equal(host[step]["inputs_segmentation"] > 0, t < content[:, None])
+        assert ((content >= 0) & (content <= seq_len + 1)).all()
+        assert (content < seq_len + 1).any(), "the batch should hold padded rows"
+        words = batch[:, seq_len + 1 : -1].astype(np.uint32)
+        bits = (words[:, :, None] >> np.arange(16, dtype=np.uint32)) & 1
+        joins = bits.reshape(batch.shape[0], -1)[:, : seq_len + 1].astype(bool)
+        assert not joins[:, 0].any()
+        cut = host[step]["targets_segmentation"] == 0  # a join at c + 1 cuts target c
+        padding = np.arange(seq_len)[None, :] + 1 >= content[:, None]
+        np.testing.assert_array_equal(joins[:, 1:] & ~padding, cut & ~padding)
 
 
 def test_the_layout_is_as_small_as_the_data_allows(corpora):
@@ -95,14 +145,26 @@ def test_the_layout_is_as_small_as_the_data_allows(corpora):
         False,
         np.dtype("uint16"),
     )
+    # 7-token chunks: a 41-token window crosses 6 joins; 6 join columns, or a 3-column mask
+    tiny = TokenPipeline(corpora["a"], seq_len=40, global_batch_size=4, chunk_tokens=7)
+    assert (tiny.tokens_layout().join_mask, tiny.tokens_layout().width(40)) == (True, 41 + 3)
     assert TokenPipeline(corpora["a"], seq_len=40, global_batch_size=4,
-                         chunk_tokens=7).tokens_layout().join_columns == 6  # fmt: skip
+                         chunk_tokens=20).tokens_layout().join_columns == 2  # fmt: skip
     # seq_len 16 then 40: a 40-token window over the rest of a block's 16-token grid crosses
-    # up to 3 joins between holes, and each of its 4 holes may cross one chunk join (or 3)
-    assert (
-        _pipeline(corpora, **CASES["one source, one join column"]).tokens_layout().join_columns == 7
-    )
-    assert _pipeline(corpora, **CASES["windows across 3 joins"]).tokens_layout().join_columns == 15
+    # up to 3 joins between holes, and each of its 4 holes may cross one chunk join: 7 join
+    # columns, or a 3-column mask; at 200 then 500 tokens, 7 columns against a 32-column mask
+    phased = _pipeline(corpora, **CASES["one source, chunk joins"]).tokens_layout()
+    assert (phased.join_mask, phased.mask_columns(40)) == (True, 3)
+    assert _pipeline(corpora, **CASES["join columns"]).tokens_layout().join_columns == 7
+    mixed_columns = _pipeline(corpora, **CASES["join columns, two EOS ids"]).tokens_layout()
+    assert (mixed_columns.join_mask, mixed_columns.eos_column) == (False, True)
+    # up to 15 joins a 40-token window: a 3-column join mask (16 positions a column) is narrower
+    across = _pipeline(corpora, **CASES["windows across 3 joins"]).tokens_layout()
+    assert (across.join_mask, across.join_columns, across.mask_columns(40)) == (True, 0, 3)
+    assert across.width(40) == 41 + 3
+    packed = _pipeline(corpora, **CASES["packed rows, first fit, uint32"]).tokens_layout()
+    assert (packed.join_mask, packed.content_column, packed.bits) == (True, True, 32)
+    assert packed.width(40) == 41 + 2 + 1 and packed.seq_len(44) == 40
     mixed = _pipeline(corpora, **CASES["two EOS ids (EOS column)"]).tokens_layout()
     assert (mixed.eos_id, mixed.eos_column) == (None, True)
     plain = _pipeline(corpora, **CASES["no segment features"]).tokens_layout()
@@ -167,12 +229,22 @@ def test_deriving_the_features_on_the_devices_needs_no_collectives():
     from grain_rox._sources._tokens_layout import TokensLayout
 
     sharding = NamedSharding(jax.make_mesh((jax.device_count(),), ("data",)), PartitionSpec("data"))
-    layout = TokensLayout(join_columns=3, eos_id=None, eos_column=True, dtype=np.dtype("uint16"))
-    derive = jax.jit(lambda b: layout.unpack(b, out_dtype=np.int32), out_shardings=sharding)
-    batch = jax.device_put(np.zeros((2 * jax.device_count(), 21), np.uint16), sharding)
-    compiled = derive.lower(batch).compile().as_text()
-    for collective in ("all-gather", "all-reduce", "collective-permute", "all-to-all"):
-        assert collective not in compiled, collective
+    columns = TokensLayout(join_columns=3, eos_id=None, eos_column=True, dtype=np.dtype("uint16"))
+    packed = TokensLayout(
+        join_columns=0,
+        eos_id=0,
+        eos_column=False,
+        dtype=np.dtype("uint16"),
+        join_mask=True,
+        content_column=True,
+    )
+    for layout in (columns, packed):
+        derive = jax.jit(lambda b, layout=layout: layout.unpack(b, out_dtype=np.int32),
+                         out_shardings=sharding)  # fmt: skip
+        rows = np.zeros((2 * jax.device_count(), layout.width(40)), np.uint16)
+        compiled = derive.lower(jax.device_put(rows, sharding)).compile().as_text()
+        for collective in ("all-gather", "all-reduce", "collective-permute", "all-to-all"):
+            assert collective not in compiled, (layout, collective)
 
 
 def test_a_state_restores_only_onto_the_layout_it_was_saved_with(corpora):

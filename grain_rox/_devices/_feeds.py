@@ -121,20 +121,13 @@ class PipelineFeed:
         self.derive: Any = None
         tokens = pipeline.plan.tokens
         rows_only = all(axis is None for axis in tuple(sharding.spec)[1:])  # not along seq_len
-        possible = (
-            pipeline.layout == "maxtext"
-            and tokens is not None
-            and rows_only
-            and not pipeline.packing
-        )
+        possible = pipeline.layout == "maxtext" and tokens is not None and rows_only
         if features_on_device and not possible:
             _log.warning(
                 "MultiHostDataLoadIterator(features_on_device=True) computes the features on the "
                 "host: it needs the 'maxtext' layout (this pipeline's is %r), integer tokens, "
-                "rows of concatenated text (packing=%r pads rows, which one token array cannot "
-                "say), and a data sharding that does not split the sequence axis (this one: %s)",
+                "and a data sharding that does not split the sequence axis (this one: %s)",
                 pipeline.layout,
-                pipeline.packing,
                 sharding.spec,
             )
         if features_on_device is None:

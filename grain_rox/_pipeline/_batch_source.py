@@ -186,9 +186,9 @@ class GlobalBatchSource:
             layout = self.tokens
             assert layout is not None  # TokenPipeline checked it
             batch = layout.empty(hi - lo, phase.seq_len)
-            _, joins, _ = self._read(sources, samples, batch[:, : phase.seq_len + 1])
+            _, joins, content = self._read(sources, samples, batch[:, : phase.seq_len + 1])
             row_eos = np.asarray(self.eos_ids)[sources] if layout.eos_column else None
-            return {TOKENS: layout.fill(batch, joins, row_eos)}
+            return {TOKENS: layout.fill(batch, joins, row_eos, content)}
         stacked = self.pipeline.layout == "windows"
         out, feature_out, segments = batch_arrays(
             hi - lo, phase.seq_len, self.dtype, features=self.features, stacked=stacked

@@ -57,7 +57,8 @@ class TokenPipeline:
 
     ``layout="tokens"`` yields one array a batch, ``{"tokens": (B, seq_len + 1 + k)}`` in the
     sources' own integer dtype (``uint16`` for most vocabularies): the window plus ``k`` small
-    columns that say where it crosses a chunk join. Each array sent to an accelerator costs a
+    columns that say where it crosses a chunk join (and, for packed rows, where its padding
+    starts: ``grain_rox._sources._tokens_layout``). Each array sent to an accelerator costs a
     transfer of fixed price, so this is the fastest way in; :meth:`unpack` turns it into the
     MaxText features inside the training step's jit. ``MultiHostDataLoadIterator`` sends the
     default ``"maxtext"`` layout this way too and derives the features on the devices.
@@ -467,11 +468,6 @@ def _check_packing_args(pipeline: TokenPipeline) -> None:
         raise ValueError(
             f"TokenPipeline: packing={packing!r} has its own order; order={pipeline.order!r} "
             "applies to unpacked rows (leave order at its default)"
-        )
-    if pipeline.layout == TOKENS:
-        raise ValueError(
-            f"TokenPipeline: packing={packing!r} pads rows, which layout='tokens' cannot say; "
-            "use layout='maxtext' (default) or 'windows'"
         )
     if not pipeline.segmentation:
         raise ValueError(

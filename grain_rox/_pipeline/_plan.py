@@ -257,6 +257,7 @@ def resolve_plan(
         max_joins=max(o.max_joins for o in orders),
         max_seq_len=orders[0].max_seq_len,
         token_dtypes=[c.dtype for c in corpora.values()],
+        packed=pipeline.packing is not None,
     )
     return PipelinePlan(
         corpora=corpora,

@@ -6,9 +6,13 @@ can travel as one array, ``tokens``, of shape ``(B, seq_len + 1 + joins + eos)``
 corpus's own integer dtype (``uint16`` when the vocabulary fits: half the bytes of int32):
 
 * columns ``[0, seq_len]``: the window, ``seq_len + 1`` tokens (inputs and shifted targets);
-* the next ``joins`` columns: where the window crosses a chunk join (unrelated text
-  follows), as positions ``1..seq_len``, 0 for none; present only with segment features and
-  only as many as a window can cross (1 for the default 64K-token chunks);
+* then, with segment features, where the window crosses a join (unrelated text follows), the
+  narrower of two ways at the longest ``seq_len``: as many *join columns* as a window can
+  cross (1 for the default 64K-token chunks), each a position ``1..seq_len`` or 0 for none;
+  or a *join mask*, one bit per position ``0..seq_len``, ``bits`` positions a column (packed
+  rows, whose every document boundary is a join);
+* with packed rows, a *content column*: the row's tokens before its padding (``seq_len + 1``
+  when it has none);
 * one last column, only when the sources use different EOS ids: each row's EOS id.
 
 :meth:`TokensLayout.unpack` turns it into the six MaxText arrays with a handful of
@@ -29,6 +33,7 @@ a ``jax.jit`` on the device, equal to the features computed on the host
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,31 +57,62 @@ class TokensLayout:
     """How a pipeline's batches are packed into one ``tokens`` array (see the module doc).
 
     Attributes:
-      join_columns: columns holding chunk-join positions (0 without segment features).
+      join_columns: columns holding chunk-join positions (0 without segment features, or
+        with ``join_mask``).
       eos_id: the EOS id of every source (None without segment features, or when the
         sources differ: then ``eos_column`` is set).
       eos_column: whether a last column holds each row's EOS id.
-      dtype: the array's dtype: the sources' integer token dtype, widened if a join position
-        or an EOS id would not fit.
+      dtype: the array's dtype: the sources' integer token dtype, widened if a join position,
+        a row's content or an EOS id would not fit.
+      join_mask: whether the joins travel as a bit mask (:meth:`mask_columns` columns)
+        instead of join columns.
+      content_column: whether a column holds each row's tokens before its padding (packed
+        rows).
     """
 
     join_columns: int
     eos_id: int | None
     eos_column: bool
     dtype: np.dtype
+    join_mask: bool = False
+    content_column: bool = False
+
+    @functools.cached_property
+    def bits(self) -> int:
+        """Join-mask positions a column holds: every bit of the dtype but a sign bit."""
+        info = np.iinfo(self.dtype)
+        return info.bits - (1 if info.min < 0 else 0)
+
+    def mask_columns(self, seq_len: int) -> int:
+        """Columns of the join mask of a ``seq_len`` window (0 without ``join_mask``)."""
+        return -(-(seq_len + 1) // self.bits) if self.join_mask else 0
 
     @property
     def features(self) -> bool:
         """Whether the batches carry the four segment features."""
         return self.eos_id is not None or self.eos_column
 
+    def _after_window(self, seq_len: int) -> int:
+        """Columns after the window: joins, content, EOS id."""
+        joins = self.mask_columns(seq_len) if self.join_mask else self.join_columns
+        return joins + int(self.content_column) + int(self.eos_column)
+
     def width(self, seq_len: int) -> int:
         """Columns of a batch of ``seq_len``-token rows."""
-        return seq_len + 1 + self.join_columns + int(self.eos_column)
+        return seq_len + 1 + self._after_window(seq_len)
 
     def seq_len(self, width: int) -> int:
         """The ``seq_len`` of a batch ``width`` columns wide."""
-        return width - 1 - self.join_columns - int(self.eos_column)
+        fixed = int(self.content_column) + int(self.eos_column)
+        if not self.join_mask:
+            return width - 1 - self.join_columns - fixed
+        # width - fixed = (seq_len + 1) + ceil((seq_len + 1) / bits): one solution at most
+        cells = width - fixed
+        guess = cells * self.bits // (self.bits + 1)
+        for window in (guess, guess + 1):
+            if window >= 1 and window + -(-window // self.bits) == cells:
+                return window - 1
+        raise ValueError(f"no seq_len gives a batch {width} columns wide in {self}")
 
     def empty(self, rows: int, seq_len: int) -> np.ndarray:
         """A batch to fill: read the windows into ``out[:, :seq_len + 1]``, then :meth:`fill`."""
@@ -87,14 +123,20 @@ class TokensLayout:
         tokens: np.ndarray,
         joins: Joins | None,
         eos_ids: np.ndarray | None = None,
+        content: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Write the join columns (from ``joins``: the ``(rows, columns)`` where windows cross
-        a chunk join, sorted by row, or None) and the EOS column (``eos_ids``: each row's) of a
-        batch whose windows are in place; returns ``tokens``, read-only."""
+        """Write the joins (from ``joins``: the ``(rows, columns)`` where windows cross a join,
+        sorted by row, or None), the content column (``content``: each packed row's tokens
+        before its padding, None for full rows) and the EOS column (``eos_ids``: each row's) of
+        a batch whose windows are in place; returns ``tokens``, read-only."""
         seq_len = self.seq_len(tokens.shape[1])
         extra = tokens[:, seq_len + 1 :]
         extra[...] = 0
-        if joins is not None and self.join_columns:
+        if self.content_column:
+            extra[:, -1 - int(self.eos_column)] = seq_len + 1 if content is None else content
+        if joins is not None and self.join_mask:
+            self._fill_mask(extra[:, : self.mask_columns(seq_len)], joins)
+        elif joins is not None and self.join_columns:
             rows, positions = joins
             inside = positions >= 1  # column 0 never starts a segment
             rows, positions = rows[inside], positions[inside]
@@ -112,6 +154,20 @@ class TokensLayout:
             extra[:, -1] = eos_ids
         tokens.flags.writeable = False
         return tokens
+
+    def _fill_mask(self, mask: np.ndarray, joins: Joins) -> None:
+        """Set bit ``c % bits`` of ``mask[r, c // bits]`` for every join ``(r, c)``, c >= 1
+        (joins are distinct, so a sum of their bits is their OR)."""
+        rows, positions = joins
+        inside = positions >= 1
+        rows, positions = rows[inside], positions[inside]
+        if not rows.size:
+            return
+        word, bit = np.divmod(positions, self.bits)
+        cells = mask.shape[0] * mask.shape[1]
+        # float64 weights hold a word's sum exactly (below 2**32)
+        words = np.bincount(rows * mask.shape[1] + word, np.left_shift(1, bit), minlength=cells)
+        mask[...] = words.reshape(mask.shape).astype(mask.dtype)
 
     def unpack(self, tokens: Any, *, out_dtype: Any) -> dict[str, Any]:
         """The MaxText features of a ``tokens`` batch: NumPy in, NumPy out; a ``jax.Array``
@@ -132,9 +188,14 @@ class TokensLayout:
         after_eos = window[:, : seq_len - 1] == eos
         starts = xp.concatenate([xp.ones((rows, 1), dtype=bool), after_eos], axis=1)
         join_at = None
-        if self.join_columns:
-            columns = tokens[:, seq_len + 1 : seq_len + 1 + self.join_columns].astype(np.int32)
+        after = seq_len + 1  # the first column after the window
+        if self.join_mask:
+            words = tokens[:, after : after + self.mask_columns(seq_len)]
+            join_at = _mask_bits(xp, words, self.bits, seq_len + 1)
+        elif self.join_columns:
+            columns = tokens[:, after : after + self.join_columns].astype(np.int32)
             join_at = _scatter_true(xp, (rows, seq_len + 1), columns)
+        if join_at is not None:
             starts = starts | join_at[:, :seq_len]
         t = xp.arange(seq_len, dtype=np.int32)
         segmentation = xp.cumsum(starts, axis=1, dtype=np.int32)
@@ -143,6 +204,14 @@ class TokensLayout:
         target_segmentation = segmentation
         if join_at is not None:  # no loss on a target across a join (unrelated text)
             target_segmentation = xp.where(join_at[:, 1:], 0, segmentation).astype(np.int32)
+        if self.content_column:  # packed rows: padding, and targets that are padding, are 0
+            column = tokens.shape[1] - 1 - int(self.eos_column)
+            content = tokens[:, column : column + 1].astype(np.int32)
+            padding = t >= content
+            segmentation = xp.where(padding, 0, segmentation).astype(np.int32)
+            position = xp.where(padding, 0, position).astype(np.int32)
+            target_segmentation = xp.where(t + 1 >= content, 0, target_segmentation)
+            target_segmentation = target_segmentation.astype(np.int32)
         out[INPUTS_SEGMENTATION] = segmentation
         out[INPUTS_POSITION] = position
         out[TARGETS_SEGMENTATION] = target_segmentation
@@ -177,6 +246,14 @@ def _scatter_true(xp: Any, shape: tuple[int, int], columns: Any) -> Any:
     return mask
 
 
+def _mask_bits(xp: Any, words: Any, bits: int, width: int) -> Any:
+    """The ``(rows, width)`` boolean mask whose position ``p`` is bit ``p % bits`` of
+    ``words[:, p // bits]``: shifts and a reshape, elementwise per row (no gather)."""
+    shifts = xp.arange(bits, dtype=np.uint32)
+    cells = (words.astype(np.uint32)[:, :, None] >> shifts) & np.uint32(1)
+    return cells.reshape(words.shape[0], -1)[:, :width].astype(bool)
+
+
 def _cummax(x: Any) -> Any:
     """The running maximum along each row."""
     if isinstance(x, np.ndarray):
@@ -192,27 +269,39 @@ def tokens_layout(
     max_joins: int,
     max_seq_len: int,
     token_dtypes: Sequence[np.dtype],
+    packed: bool = False,
 ) -> TokensLayout | None:
     """The layout of a pipeline's sources (their EOS ids, None where features are off; the
-    most joins a window of their orders crosses; stored dtypes), or None when its tokens are
-    not integers.
+    most joins a window of their orders crosses; stored dtypes; whether rows are packed), or
+    None when its tokens are not integers. Joins travel as join columns or as a join mask,
+    whichever is narrower at ``max_seq_len``.
 
     >>> tokens_layout(eos_ids=[0], max_joins=1, max_seq_len=1024,
-    ...               token_dtypes=[np.dtype("uint16")])
-    TokensLayout(join_columns=1, eos_id=0, eos_column=False, dtype=dtype('uint16'))
+    ...               token_dtypes=[np.dtype("uint16")])  # doctest: +NORMALIZE_WHITESPACE
+    TokensLayout(join_columns=1, eos_id=0, eos_column=False, dtype=dtype('uint16'),
+                 join_mask=False, content_column=False)
+    >>> packed = tokens_layout(eos_ids=[0], max_joins=1024, max_seq_len=1024,
+    ...                        token_dtypes=[np.dtype("uint16")], packed=True)
+    >>> packed.join_mask, packed.content_column, packed.width(1024)  # 1025 + 65 + 1
+    (True, True, 1091)
     """
     dtype = np.result_type(*token_dtypes)
     if dtype.kind not in "iu":
         return None
     features = bool(eos_ids) and all(e is not None for e in eos_ids)
     distinct = {int(e) for e in eos_ids if e is not None} if features else set()
-    join_columns = max_joins if features else 0
-    largest = max([max_seq_len, *distinct]) if features else 0
+    # a join position is at most max_seq_len; a packed row's content max_seq_len + 1
+    largest = max([max_seq_len + int(packed), *distinct]) if features else 0
     if largest > np.iinfo(dtype).max:
         dtype = np.result_type(dtype, np.min_scalar_type(largest))
-    return TokensLayout(
-        join_columns=join_columns,
+    layout = TokensLayout(
+        join_columns=max_joins if features else 0,
         eos_id=distinct.pop() if len(distinct) == 1 else None,
         eos_column=len(distinct) > 1,
         dtype=np.dtype(dtype),
+        content_column=features and packed,
     )
+    as_mask = dataclasses.replace(layout, join_columns=0, join_mask=True)
+    if features and as_mask.mask_columns(max_seq_len) < layout.join_columns:
+        return as_mask
+    return layout
