@@ -56,6 +56,10 @@ CASES = {
     ),
     # packed rows: a join at every document boundary (a join mask) and a content column
     "packed rows": dict(sources="a", packing="best_fit", chunk_tokens=200),
+    # the rest of a block's 40-token rows, cut into 16-token rows (joins where they were cut)
+    "packed rows, seq_len 40 then 16": dict(
+        sources="a", packing="best_fit", chunk_tokens=200, seq_lens=(40, 16)
+    ),
     "packed rows, first fit, uint32": dict(sources="wide", packing="first_fit", chunk_tokens=300),
     "packed rows, two EOS ids": dict(
         sources=("a", "other_eos"),
