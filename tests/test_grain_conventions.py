@@ -160,6 +160,29 @@ def test_sources_index_like_grain_sources_and_lists(paths, name):
         source[1.0]  # as a list: not an index
 
 
+def test_a_batch_dataset_reads_and_names_its_source_as_grains_source_dataset_does(paths):
+    """map_dataset() and .batches() read their source directly (grain_rox's BatchDataset,
+    without Grain's per-read byte counters); as Grain's ``MapDataset.source`` they take
+    indices modulo their length, slice, and describe themselves by their source, so a mix or
+    a packing over them keeps the identity its checkpoints were saved with."""
+    from grain_rox._pipeline._mixing import describe_dataset
+
+    pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1, num_epochs=1)
+    ours, grains = pipe.map_dataset(), grain.MapDataset.source(pipe.batch_source())
+    n = len(ours)
+    assert n == len(grains) and n > 3
+    for index in (0, 2, n - 1, -1, n, n + 2):
+        assert inputs(ours[index]) == inputs(grains[index]), index
+    assert [inputs(b) for b in ours[1:3]] == [inputs(grains[1]), inputs(grains[2])]
+    assert describe_dataset(ours) == describe_dataset(grains)
+    other = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=2, num_epochs=1)
+    assert describe_dataset(other.map_dataset()) != describe_dataset(ours)
+    assert str(ours) == "BatchDataset(source=GlobalBatchSource)"
+    it = iter(ours.to_iter_dataset(grain.ReadOptions(num_threads=0)))
+    next(it)
+    assert it.get_state() == {"next_index": 1}  # the state Grain's source dataset saves
+
+
 def test_numpy_integers_are_accepted_by_every_argument(paths):
     i64, i32 = np.int64, np.int32
     assert Phase(steps=i64(10), batch_size=i32(4), seq_len=i64(16)) == Phase(10, 4, 16)

@@ -57,7 +57,7 @@ _ACCEPTED = (
 
 
 def _source_map(ds: Any) -> Any:
-    """The ``SourceMapDataset`` of a ``.batches()`` dataset (or its ``to_iter_dataset``)."""
+    """The ``BatchDataset`` of a ``.batches()`` dataset (or its ``to_iter_dataset``)."""
     if isinstance(ds, IdentifiedMapDataset):
         return ds._parent
     if isinstance(ds, IdentifiedIterDataset):
@@ -71,7 +71,7 @@ def batches_feed(ds: Any) -> BatchSource:
     """The whole (unsharded) :class:`BatchSource` behind a ``.batches()`` dataset ``ds``, or a
     ValueError saying what placement='device' takes."""
     source_map = _source_map(ds)
-    batches = getattr(source_map, "_source", None)
+    batches = getattr(source_map, "source", None)
     if not isinstance(source_map, grain.MapDataset) or not isinstance(batches, BatchSource):
         raise ValueError(f"placement='device' takes {_ACCEPTED}; got {type(ds).__name__}")
     return BatchSource(

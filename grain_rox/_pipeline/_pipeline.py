@@ -30,6 +30,7 @@ from grain_rox._order._curriculum import Phase, Schedule
 from grain_rox._order._permutation import int_arg, seed_arg
 from grain_rox._pipeline._batch_source import GlobalBatchSource, RowSpec
 from grain_rox._pipeline._plan import PipelinePlan, open_sources, resolve_plan, source_orders
+from grain_rox._sources._batch_dataset import BatchDataset
 from grain_rox._sources._grain_setup import batch_read_options
 from grain_rox._sources._segments import unpack_windows
 from grain_rox._sources._tokens_layout import TOKENS, TokensLayout
@@ -383,7 +384,7 @@ class TokenPipeline:
     # ---- through Grain ----------------------------------------------------------------
     def map_dataset(self, *, rows: RowSpec = None, first_step: int = 0) -> grain.MapDataset:
         """A ``grain.MapDataset`` whose element ``i`` is global batch ``first_step + i``."""
-        return grain.MapDataset.source(self.batch_source(rows=rows, first_step=first_step))
+        return BatchDataset(self.batch_source(rows=rows, first_step=first_step))
 
     def iter_dataset(
         self,

@@ -23,6 +23,7 @@ import grain
 import numpy as np
 
 from grain_rox._order._permutation import FeistelPermutation, derive_key, seed_arg
+from grain_rox._sources._batch_dataset import BatchDataset
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._identity import with_identity
 
@@ -197,7 +198,7 @@ def shuffled_batches(
         source, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs, shard=shard
     )
     return with_identity(
-        grain.MapDataset.source(batches),
+        BatchDataset(batches),
         batch_identity(batches),
         what=f"{type(source).__name__}.batches()",
     )

@@ -1,0 +1,52 @@
+"""A ``grain.MapDataset`` over a source whose records are whole batches, read without Grain's
+per-read source metrics.
+
+``grain.MapDataset.source(source)`` (Grain 0.2.18's ``SourceMapDataset``) records, for every
+element, its size in bytes (a walk over the record's arrays) and its latency into Grain's
+monitoring counters. For a source of single examples that is a small share of a read; a
+grain_rox record is a whole batch read in tens of microseconds, and those counters cost
+15 us of it: a ``(32, 1024)`` ``layout="tokens"`` batch through ``to_iter_dataset()``
+took 70-71 us with them, 55-56 us without (the read alone, 45 us). :class:`BatchDataset` reads
+the source directly, keeps what a Grain dataset owes its pipeline (the element count,
+``index % len`` as ``SourceMapDataset`` takes it, slicing, pickling for worker processes, the
+self-time and output-spec statistics Grain's execution summaries show) and drops the
+counters.
+
+>>> import numpy as np
+>>> ds = BatchDataset([np.arange(3), np.arange(3, 6)])
+>>> len(ds), ds[1].tolist(), ds[3].tolist(), str(ds)
+(2, [3, 4, 5], [3, 4, 5], 'BatchDataset(source=list)')
+>>> [x.tolist() for x in ds.to_iter_dataset()]
+[[0, 1, 2], [3, 4, 5]]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grain
+
+
+class BatchDataset(grain.MapDataset):
+    """``grain.MapDataset.source(source)`` for a source of whole batches, without Grain's
+    per-read byte and latency counters (see the module doc).
+
+    Attributes:
+      source: The random-access source read (any ``len`` + ``__getitem__``).
+    """
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        with self._stats.record_self_time():
+            return self._stats.record_output_spec(self.source[index % len(self.source)])
+
+    def __str__(self) -> str:
+        return f"BatchDataset(source={type(self.source).__name__})"
