@@ -90,12 +90,21 @@ def segment_features(
     # and fault them in again (a (256, 2048) batch took 4.9 ms instead of 0.9 ms).
     rows_per_block = max(1, _BLOCK_ELEMENTS // width)
     blocks = range(0, n, rows_per_block)
-    if len(blocks) == 1:
-        hits = np.flatnonzero(windows == eos_id)
-    else:
-        hits = np.concatenate(
-            [np.flatnonzero(windows[r : r + rows_per_block] == eos_id) + r * width for r in blocks]
-        )
+    padded = content is not None and bool((content <= seq_len).any())
+    # Packed rows are padded with token 0 (the reader writes it). When 0 is also the EOS id,
+    # the padding is left out of the scan, or every one of its tokens would be a segment
+    # start: a (256, 2048) batch took 16.8 ms, 2.2 ms with the padding left out. (Starts an
+    # EOS puts in the padding otherwise are zeroed with it below.)
+    live = content[:, None] - 1 if padded and eos_id == 0 else None
+    columns = np.arange(width)
+
+    def eos_at(r: int) -> np.ndarray:
+        hit = windows[r : r + rows_per_block] == eos_id
+        if live is not None:
+            hit &= columns < live[r : r + rows_per_block]
+        return np.flatnonzero(hit) + r * width
+
+    hits = eos_at(0) if len(blocks) == 1 else np.concatenate([eos_at(r) for r in blocks])
     row, col = np.divmod(hits, width)
     inner = (row * seq_len + col + 1)[col < seq_len - 1]
     cuts = None  # the targets that lie across a join: (rows, columns)
@@ -133,14 +142,14 @@ def segment_features(
             position[r:r2] -= start[a:b].repeat(lengths[a:b]).reshape(r2 - r, seq_len)
             segmentation[r:r2] = number[a:b].repeat(lengths[a:b]).reshape(r2 - r, seq_len)
     target_segmentation = segmentation
-    padded = content is not None and bool((content <= seq_len).any())
     if padded or (cuts is not None and cuts[0].size):
         target_segmentation = segmentation.copy() if spare is None else spare
         if spare is not None:
             spare[...] = segmentation
     if cuts is not None and cuts[0].size:
         target_segmentation[cuts] = 0
-    if content is not None and padded:
+    if padded:
+        assert content is not None
         for r in np.flatnonzero(content <= seq_len).tolist():
             c = int(content[r])
             segmentation[r, c:] = position[r, c:] = 0  # padding: a suffix of the row
