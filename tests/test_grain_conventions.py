@@ -183,6 +183,55 @@ def test_a_batch_dataset_reads_and_names_its_source_as_grains_source_dataset_doe
     assert it.get_state() == {"next_index": 1}  # the state Grain's source dataset saves
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3, 7])
+def test_each_worker_reads_the_share_grains_source_dataset_gives_it(paths, workers):
+    """mp_prefetch(..., sequential_slice=True) slices each worker's copy of the dataset in
+    place (set_slice, called through the iter dataset as in a worker): worker i reads the same
+    contiguous batches from map_dataset() and .batches() as from Grain's MapDataset.source,
+    the first len % workers shares one batch longer, and the shares make up the whole."""
+    pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1, num_epochs=1)
+    numpy = NumpySource(np.arange(90).reshape(30, 3))
+    cases = [  # (ours, Grain's source dataset over the same source, batch -> comparable)
+        (pipe.map_dataset, lambda: grain.MapDataset.source(pipe.batch_source()), inputs),
+        (
+            lambda: numpy.batches(4, seed=1, num_epochs=1)._parent,  # under the identity
+            lambda: grain.MapDataset.source(numpy.batches(4, seed=1, num_epochs=1)._parent.source),
+            lambda batch: batch.tolist(),
+        ),
+    ]
+
+    def share(ds: grain.MapDataset, worker: int, as_list) -> list:
+        it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0))
+        it_ds.set_slice(slice(worker, None, workers), sequential_slice=True)
+        return [as_list(batch) for batch in it_ds]
+
+    for ours, grains, as_list in cases:
+        assert type(ours()).__name__ == "BatchDataset"
+        shares = [share(ours(), w, as_list) for w in range(workers)]
+        assert shares == [share(grains(), w, as_list) for w in range(workers)]
+        whole = [as_list(batch) for batch in ours()]
+        assert [batch for s in shares for batch in s] == whole
+        assert [len(s) for s in shares] == [
+            len(whole) // workers + (w < len(whole) % workers) for w in range(workers)
+        ]
+
+
+@pytest.mark.slow
+def test_sequential_slices_in_grain_worker_processes_read_as_grains_source_dataset(paths):
+    pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1, num_epochs=1)
+    options = grain.MultiprocessingOptions(num_workers=2)
+
+    def served(ds: grain.MapDataset) -> list:
+        it = iter(ds.to_iter_dataset().mp_prefetch(options, sequential_slice=True))
+        out = [inputs(batch) for batch in it]
+        it.close()
+        return out
+
+    ours = served(pipe.map_dataset())  # before: "Cannot slice `MapDataset` source"
+    assert ours == served(grain.MapDataset.source(pipe.batch_source()))
+    assert sorted(ours) == sorted(inputs(batch) for batch in pipe.map_dataset())
+
+
 def test_numpy_integers_are_accepted_by_every_argument(paths):
     i64, i32 = np.int64, np.int32
     assert Phase(steps=i64(10), batch_size=i32(4), seq_len=i64(16)) == Phase(10, 4, 16)

@@ -29,6 +29,8 @@ def corpora(tmp_path_factory) -> dict[str, str]:
         ("b", 1, np.uint16, 60_000, 0),
         ("other_eos", 2, np.uint16, 60_000, 7),
         ("wide", 3, np.uint32, 4_000_000_000, 0),
+        ("signed", 4, np.int32, 60_000, 0),
+        ("unsigned", 5, np.uint32, 60_000, 0),
     ):
         out[name] = str(d / f"{name}.rox")
         write_rox(_docs(seed, 700, dtype, high, eos), out[name], separator=eos)
@@ -61,6 +63,21 @@ CASES = {
         sources="a", packing="best_fit", chunk_tokens=200, seq_lens=(40, 16)
     ),
     "packed rows, first fit, uint32": dict(sources="wide", packing="first_fit", chunk_tokens=300),
+    # an int32 source mixed with a uint32 one: int64 tokens, whose mask columns hold 32 bits
+    # (a column is unpacked as uint32; with 63 per column the joins came out wrong)
+    "int64 tokens": dict(
+        sources=("signed", "unsigned"),
+        chunk_tokens=40,
+        seq_lens=(62, 130),
+        allow_mixed_tokenizers=True,
+    ),
+    "int64 tokens, packed": dict(
+        sources=("signed", "unsigned"),
+        packing="best_fit",
+        chunk_tokens=300,
+        seq_lens=(63, 31),
+        allow_mixed_tokenizers=True,
+    ),
     "packed rows, two EOS ids": dict(
         sources=("a", "other_eos"),
         packing="best_fit",
@@ -168,6 +185,8 @@ def test_the_layout_is_as_small_as_the_data_allows(corpora):
     assert across.width(40) == 41 + 3
     packed = _pipeline(corpora, **CASES["packed rows, first fit, uint32"]).tokens_layout()
     assert (packed.join_mask, packed.content_column, packed.bits) == (True, True, 32)
+    wide = _pipeline(corpora, **CASES["int64 tokens, packed"]).tokens_layout()
+    assert (wide.dtype, wide.bits, wide.mask_columns(63)) == (np.dtype("int64"), 32, 2)
     assert packed.width(40) == 41 + 2 + 1 and packed.seq_len(44) == 40
     mixed = _pipeline(corpora, **CASES["two EOS ids (EOS column)"]).tokens_layout()
     assert (mixed.eos_id, mixed.eos_column) == (None, True)

@@ -8,7 +8,8 @@ grain_rox record is a whole batch read in tens of microseconds, and those counte
 15 us of it: a ``(32, 1024)`` ``layout="tokens"`` batch through ``to_iter_dataset()``
 took 70-71 us with them, 55-56 us without (the read alone, 45 us). :class:`BatchDataset` reads
 the source directly, keeps what a Grain dataset owes its pipeline (the element count,
-``index % len`` as ``SourceMapDataset`` takes it, slicing, pickling for worker processes, the
+``index % len`` as ``SourceMapDataset`` takes it, slicing, the contiguous share each worker
+reads under ``mp_prefetch(..., sequential_slice=True)``, pickling for worker processes, the
 self-time and output-spec statistics Grain's execution summaries show) and drops the
 counters.
 
@@ -22,6 +23,7 @@ counters.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import grain
@@ -38,15 +40,32 @@ class BatchDataset(grain.MapDataset):
     def __init__(self, source: Any) -> None:
         super().__init__()
         self.source = source
+        # the share of the source read, [first, first + count) (a worker's, once Grain's
+        # sequential slicing has set it; None: all of it)
+        self._first: int = 0
+        self._count: int | None = None
 
     def __len__(self) -> int:
-        return len(self.source)
+        return len(self.source) if self._count is None else self._count
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return self.slice(index)
         with self._stats.record_self_time():
-            return self._stats.record_output_spec(self.source[index % len(self.source)])
+            read = self.source[self._first + operator.index(index) % len(self)]
+            return self._stats.record_output_spec(read)
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Grain's in-place slicing hook, called in worker ``sl.start`` of ``sl.step`` under
+        ``mp_prefetch(..., sequential_slice=True)``: that worker reads a contiguous share of
+        the source, split as Grain splits ``SourceMapDataset`` (the first ``len % workers``
+        shares one element longer)."""
+        if not sequential_slice:  # Grain slices a source dataset in place only sequentially
+            raise ValueError(f"BatchDataset slices in place only sequentially, not {sl}")
+        worker, workers = sl.start or 0, sl.step or 1
+        size, extra = divmod(len(self.source), workers)
+        self._first = size * worker + min(worker, extra)
+        self._count = size + int(worker < extra)
 
     def __str__(self) -> str:
         return f"BatchDataset(source={type(self.source).__name__})"

@@ -79,9 +79,10 @@ class TokensLayout:
 
     @functools.cached_property
     def bits(self) -> int:
-        """Join-mask positions a column holds: every bit of the dtype but a sign bit."""
+        """Join-mask positions a column holds: every bit of the dtype but a sign bit, and 32
+        at most (a column is unpacked as a ``uint32``; 64-bit columns hold 32 positions)."""
         info = np.iinfo(self.dtype)
-        return info.bits - (1 if info.min < 0 else 0)
+        return min(32, info.bits - (1 if info.min < 0 else 0))
 
     def mask_columns(self, seq_len: int) -> int:
         """Columns of the join mask of a ``seq_len`` window (0 without ``join_mask``)."""
@@ -165,7 +166,7 @@ class TokensLayout:
             return
         word, bit = np.divmod(positions, self.bits)
         cells = mask.shape[0] * mask.shape[1]
-        # float64 weights hold a word's sum exactly (below 2**32)
+        # float64 weights hold a word's sum exactly (below 2**32: ``bits`` is 32 at most)
         words = np.bincount(rows * mask.shape[1] + word, np.left_shift(1, bit), minlength=cells)
         mask[...] = words.reshape(mask.shape).astype(mask.dtype)
 
