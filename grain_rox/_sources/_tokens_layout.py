@@ -2,8 +2,8 @@
 
 Every separate array a batch sends to an accelerator costs a transfer with a fixed price
 that no host speed removes (measured on an H100 host: six arrays cost 3x one). So a batch
-can travel as one array, ``tokens``, of shape ``(B, seq_len + 1 + joins + eos)`` in the
-corpus's own integer dtype (``uint16`` when the vocabulary fits: half the bytes of int32):
+can travel as one array, ``tokens``, of shape ``(B, seq_len + 1 + joins + content + eos)``
+in the corpus's own integer dtype (``uint16`` when the vocabulary fits: half the bytes of int32):
 
 * columns ``[0, seq_len]``: the window, ``seq_len + 1`` tokens (inputs and shifted targets);
 * then, with segment features, where the window crosses a join (unrelated text follows), the
