@@ -201,23 +201,15 @@ class GlobalBatchSource:
         return maxtext_record(windows, features)
 
     def _read(
-        self,
-        sources: np.ndarray,
-        samples: np.ndarray,
-        out: np.ndarray | None,
-        seq_len: int | None = None,
+        self, sources: np.ndarray, samples: np.ndarray, out: np.ndarray
     ) -> tuple[np.ndarray, Joins | None, np.ndarray | None]:
-        """The windows of each row's sample of its source (into ``out`` if given), where they
+        """The windows of each row's sample of its source, written into ``out``, where they
         cross chunk joins (None when no window crosses one) and, for packed rows, each row's
         tokens before its padding (None: full windows)."""
-        dtype = self.dtype if out is None else out.dtype
         if len(self.readers) == 1:
             reader = self.readers[0]
-            windows, joins = reader.read(samples, dtype=dtype, out=out)
+            windows, joins = reader.read(samples, dtype=out.dtype, out=out)
             return windows, joins, reader.row_content(samples)
-        if out is None:
-            assert seq_len is not None
-            out = np.empty((samples.size, seq_len + 1), dtype=dtype)
         content = None
         parts_joins = []
         for s, sel in self._rows_by_source(sources):  # each source's rows, straight into out
@@ -245,8 +237,8 @@ class GlobalBatchSource:
         eos_ids = [int(e) for e in self.eos_ids if e is not None]
         if len(set(eos_ids)) == 1:  # one EOS id for all sources: one pass over the batch
             return segment_features(windows, eos_ids[0], joins, content, out=into)
-        shape = (windows.shape[0], windows.shape[1] - 1)
-        seg, pos, tgt = into or tuple(np.empty(shape, np.int32) for _ in range(3))
+        assert into is not None  # batch_arrays carved them (the batch has features)
+        seg, pos, tgt = into
         for s, sel in self._rows_by_source(sources):  # each source's rows, with its own EOS
             part_joins = None
             if joins is not None:  # this source's joins, by row of windows[sel]
