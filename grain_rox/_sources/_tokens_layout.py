@@ -135,35 +135,32 @@ class TokensLayout:
         extra[...] = 0
         if self.content_column:
             extra[:, -1 - int(self.eos_column)] = seq_len + 1 if content is None else content
-        if joins is not None and self.join_mask:
-            self._fill_mask(extra[:, : self.mask_columns(seq_len)], joins)
-        elif joins is not None and self.join_columns:
+        if joins is not None and self.features:
             rows, positions = joins
             inside = positions >= 1  # column 0 never starts a segment
             rows, positions = rows[inside], positions[inside]
-            if rows.size:
-                first = np.searchsorted(rows, rows, side="left")  # rows come out sorted
-                column = np.arange(rows.size) - first
-                if int(column.max()) >= self.join_columns:
-                    raise AssertionError(
-                        f"a window crosses {int(column.max()) + 1} joins, more than the "
-                        f"{self.join_columns} the layout holds"
-                    )
-                extra[rows, column] = positions
+        else:
+            rows = positions = np.empty(0, dtype=np.int64)
+        if rows.size and self.join_mask:
+            self._fill_mask(extra[:, : self.mask_columns(seq_len)], rows, positions)
+        elif rows.size and self.join_columns:
+            first = np.searchsorted(rows, rows, side="left")  # rows come out sorted
+            column = np.arange(rows.size) - first
+            if int(column.max()) >= self.join_columns:
+                raise AssertionError(
+                    f"a window crosses {int(column.max()) + 1} joins, more than the "
+                    f"{self.join_columns} the layout holds"
+                )
+            extra[rows, column] = positions
         if self.eos_column:
             assert eos_ids is not None
             extra[:, -1] = eos_ids
         tokens.flags.writeable = False
         return tokens
 
-    def _fill_mask(self, mask: np.ndarray, joins: Joins) -> None:
+    def _fill_mask(self, mask: np.ndarray, rows: np.ndarray, positions: np.ndarray) -> None:
         """Set bit ``c % bits`` of ``mask[r, c // bits]`` for every join ``(r, c)``, c >= 1
         (joins are distinct, so a sum of their bits is their OR)."""
-        rows, positions = joins
-        inside = positions >= 1
-        rows, positions = rows[inside], positions[inside]
-        if not rows.size:
-            return
         word, bit = np.divmod(positions, self.bits)
         cells = mask.shape[0] * mask.shape[1]
         # float64 weights hold a word's sum exactly (below 2**32: ``bits`` is 32 at most)
