@@ -22,6 +22,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from grain_rox._format._atomic import atomic_write_bytes
@@ -54,11 +55,16 @@ def manifest_path_for(shard_path: str) -> str:
 
 def sha256_file(path: str, *, chunk_bytes: int = 8 << 20) -> str:
     """Return the hex sha256 of a whole file, read in chunks (bounded memory)."""
-    h = hashlib.sha256()
+    return file_hexdigest(path, hashlib.sha256, chunk_bytes=chunk_bytes)
+
+
+def file_hexdigest(path: str, new: Callable[[], Any], *, chunk_bytes: int = 8 << 20) -> str:
+    """The hex digest of a whole file by the hash ``new()`` makes, read in chunks."""
+    h = new()
     with open(path, "rb", buffering=0) as f:
         while block := f.read(chunk_bytes):
             h.update(block)
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
 def member_pattern(manifest_path: str) -> re.Pattern[str]:

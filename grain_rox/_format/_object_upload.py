@@ -36,6 +36,7 @@ from typing import Any
 
 from grain_rox._format._manifest import (
     Manifest,
+    file_hexdigest,
     load_manifest,
     manifest_path_for,
     member_pattern,
@@ -107,7 +108,7 @@ def publish_to_bucket(
     urls, md5s = [], {}
     for path in local_paths:
         url = f"{parent}/{os.path.basename(path)}"
-        md5s[url] = _file_md5(path)
+        md5s[url] = file_hexdigest(path, partial(hashlib.md5, usedforsecurity=False))
         if os.path.basename(path) in existing:
             _delete(store, url, "deleting the previous shard")
         _upload(store, path, url, md5s[url])
@@ -145,14 +146,6 @@ def publish_to_bucket(
     _put_manifest(store, murl, final, create=False)
     _log.info("published %d shard(s) and %s", len(urls), murl)
     return urls, murl
-
-
-def _file_md5(path: str) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _upload(store: ObjectStore, path: str, url: str, md5: str) -> None:
