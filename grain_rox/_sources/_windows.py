@@ -348,14 +348,14 @@ def _sorted_joins(rows: np.ndarray, columns: np.ndarray) -> Joins:
 
 
 def merge_joins(parts: list[Joins]) -> Joins | None:
-    """The joins of several reads into one batch (each by row of the batch), sorted; None
-    when there are none.
+    """The joins of several reads into one batch (each by row of the batch, sorted), sorted;
+    None when there are none.
 
     >>> merge_joins([(np.array([3]), np.array([5])), (np.array([1, 3]), np.array([2, 1]))])
     (array([1, 3, 3]), array([2, 1, 5]))
     """
-    if not parts:
-        return None
+    if len(parts) <= 1:
+        return parts[0] if parts else None  # one read's joins come sorted
     return _sorted_joins(*(np.concatenate(c) for c in zip(*parts, strict=True)))
 
 
