@@ -31,7 +31,7 @@ from grain_rox._devices._placement import data_shards, process_rows
 from grain_rox._order._curriculum import ENDLESS, history_problems
 from grain_rox._pipeline._batch_source import GlobalBatchSource
 from grain_rox._pipeline._pipeline import TokenPipeline
-from grain_rox._sources._batch_dataset import BatchDataset
+from grain_rox._sources._batch_dataset import dataset_source
 from grain_rox._sources._tokens_layout import TOKENS
 
 _log = logging.getLogger("grain_rox")
@@ -357,10 +357,8 @@ def _pipelines_under(node: Any, depth: int = 0) -> Iterator[TokenPipeline]:
     if isinstance(node, GlobalBatchSource):
         yield node.pipeline
         return
-    children = [getattr(node, name, None) for name in ("_data_source", "_source")]
-    if isinstance(node, BatchDataset):  # (a DataLoader's source; Grain's SourceMapDataset's)
-        children.append(node.source)
-    for child in children:
+    # a DataLoader's data source; a source dataset's
+    for child in (getattr(node, "_data_source", None), dataset_source(node)):
         if child is not None:
             yield from _pipelines_under(child, depth + 1)
     for parent in getattr(node, "_parents", None) or ():

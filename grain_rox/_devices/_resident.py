@@ -37,6 +37,7 @@ from jax.sharding import NamedSharding
 from grain_rox._devices._iterator_state import check_step
 from grain_rox._devices._placement import data_shards
 from grain_rox._devices._resident_data import BLOCK, ResidentRows
+from grain_rox._sources._batch_dataset import dataset_source
 from grain_rox._sources._batches import BatchSource, batch_identity
 from grain_rox._sources._identity import (
     IdentifiedIterDataset,
@@ -71,7 +72,7 @@ def batches_feed(ds: Any) -> BatchSource:
     """The whole (unsharded) :class:`BatchSource` behind a ``.batches()`` dataset ``ds``, or a
     ValueError saying what placement='device' takes."""
     source_map = _source_map(ds)
-    batches = getattr(source_map, "source", None)
+    batches = dataset_source(source_map)
     if not isinstance(source_map, grain.MapDataset) or not isinstance(batches, BatchSource):
         raise ValueError(f"placement='device' takes {_ACCEPTED}; got {type(ds).__name__}")
     return BatchSource(

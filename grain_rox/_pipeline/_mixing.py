@@ -21,7 +21,7 @@ import numpy as np
 from grain_rox._format._digest import facts_digest
 from grain_rox._order._mixture import Mixture, resolve_weights
 from grain_rox._order._permutation import derive_key, int_arg, seed_arg
-from grain_rox._sources._batch_dataset import BatchDataset
+from grain_rox._sources._batch_dataset import dataset_source
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._identity import IdentifiedIterDataset, IdentifiedMapDataset, with_identity
 
@@ -71,8 +71,7 @@ def _source_description(source: Any) -> str:
 
 
 def _node_description(node: Any) -> str:
-    # a source node (grain_rox's BatchDataset, Grain's SourceMapDataset): described by its source
-    source = node.source if isinstance(node, BatchDataset) else getattr(node, "_source", None)
+    source = dataset_source(node)  # a source dataset is described by its source
     if source is not None and not node.parents:
         return _source_description(source)
     if isinstance(node, (IdentifiedMapDataset, IdentifiedIterDataset)):

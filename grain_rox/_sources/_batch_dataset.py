@@ -69,3 +69,15 @@ class BatchDataset(grain.MapDataset):
 
     def __str__(self) -> str:
         return f"BatchDataset(source={type(self.source).__name__})"
+
+
+def dataset_source(node: Any) -> Any:
+    """The data source a source dataset reads (a :class:`BatchDataset`'s, or the one Grain's
+    ``MapDataset.source`` keeps), or None for any other dataset node.
+
+    >>> dataset_source(BatchDataset([1])), dataset_source(grain.MapDataset.source([2]))
+    ([1], [2])
+    """
+    if isinstance(node, BatchDataset):
+        return node.source
+    return getattr(node, "_source", None)
