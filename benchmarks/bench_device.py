@@ -26,7 +26,9 @@ Contenders, at ``(32, 1024)`` and ``(256, 2048)`` batches:
 Then the train-step stall: a jitted step of about 3 ms and 7 ms (a matmul loop sized at start-up
 on the device; it consumes the batch) with a batch already on the device vs fed by grain_rox's
 default and by the fast path, as the step time's increase; and worker scaling: the default with
-``worker_count=0`` vs ``4``.
+``worker_count=0`` vs ``4`` (a TokenPipeline is read in process either way), and heavy host work
+(32 stdlib sources a batch tokenized with cl100k_base in a Grain ``map``) in process vs 8 Grain
+workers (``mp_prefetch``; at most one per CPU).
 
 JAX picks the platform: ``JAX_PLATFORMS=cpu`` and the fake-device flag that ``nox -s bench``
 sets for the CPU benchmarks are dropped (``--platform cpu`` forces the CPU). Without an
@@ -545,7 +547,80 @@ def bench_workers(cfg: Config, path: str, sharding: NamedSharding) -> tuple[list
         f"- grain_rox default at ({batch}, {seq_len}): worker_count={WORKERS} / worker_count=0 = "
         f"{ratio:.2f}x (target: never slower, judged as >= 0.98 for noise: {verdict})"
     )
-    return [line], runs
+    heavy_line, heavy_runs = bench_heavy_workers(cfg, sharding)
+    return [line, heavy_line], {**runs, **heavy_runs}
+
+
+class TokenizedRow:
+    """A Grain map with heavy host work: a text -> its first ``seq_len + 1`` cl100k_base
+    tokens, zero-padded, as int32 (the tokenizer is built on first use, in each worker)."""
+
+    def __init__(self, seq_len: int) -> None:
+        self.width = seq_len + 1
+        self._tokenizer: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"width": self.width, "_tokenizer": None}
+
+    def __call__(self, text: str) -> np.ndarray:
+        if self._tokenizer is None:
+            self._tokenizer = grain_rox.get_tokenizer("cl100k_base")
+        ids = self._tokenizer.encode(text)[: self.width]
+        row = np.zeros(self.width, np.int32)
+        row[: len(ids)] = ids
+        return row
+
+
+def heavy_maker(texts: list[str], workers: int, sharding: NamedSharding) -> Maker:
+    """Texts tokenized on the fly, 32 rows a batch, through Grain's ``mp_prefetch`` with
+    ``workers`` processes (0: in process), then ``device_put``."""
+    import grain
+
+    batch, seq_len = SHAPES[0]
+
+    def make() -> Feed:
+        ds = (
+            grain.MapDataset.source(texts).shuffle(seed=0).repeat()
+            .map(TokenizedRow(seq_len)).batch(batch)
+            .to_iter_dataset(grain.ReadOptions(num_threads=0))
+        )  # fmt: skip
+        if workers:
+            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+        it = iter(ds)
+        close = getattr(it, "close", None) or (lambda: None)
+        return Feed(lambda: jax.device_put(next(it), sharding), close)
+
+    return make
+
+
+def bench_heavy_workers(cfg: Config, sharding: NamedSharding) -> tuple[str, dict]:
+    """Worker scaling where a batch is heavy host work (tokenizing 32 texts with cl100k_base):
+    Grain's workers must pay (issue 13: >= 4x with 8 workers on a 16-core host)."""
+    cpus = os.cpu_count() or 1
+    workers = min(8, cpus)
+    texts = list(grain_rox.builtin_documents("code", limit=400 if cfg.quick else 3000))
+    TokenizedRow(8)("warm")  # the vocabulary is built once here, before any timing
+    makers = {f"h{n}": heavy_maker(texts, n, sharding) for n in (0, workers)}
+    counts = {}
+    for name, make in makers.items():
+        probe = timed(make, 4 * workers, warm=2 * workers)
+        counts[name] = max(4 * workers, min(cfg.max_batches, int(probe * 2 * cfg.seconds)))
+        log(f"heavy workers: probe {name}: {probe:.1f} batches/s -> {counts[name]} per run")
+
+    def run(make: Maker, n: int) -> Callable[[], dict[str, float]]:
+        return lambda: {"bps": timed(make, n, warm=2 * workers)}
+
+    runs = interleave(cfg.rounds, {k: run(m, counts[k]) for k, m in makers.items()})
+    bps = {k: v["bps"] for k, v in runs.items()}
+    ratio = statistics.median(bps[f"h{workers}"]) / statistics.median(bps["h0"])
+    verdict = ("PASS" if ratio >= 4 else "MISS") if cpus >= 16 else f"n/a on {cpus} CPUs"
+    line = (
+        f"- heavy host work (cl100k_base tokenization of 32 stdlib sources a batch, Grain "
+        f"`mp_prefetch`): {workers} workers / in process = {ratio:.2f}x "
+        f"({statistics.median(bps['h0']):.1f} -> {statistics.median(bps[f'h{workers}']):.1f} "
+        f"batches/s; target >= 4x with 8 workers on 16 cores: {verdict})"
+    )
+    return line, bps
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -639,9 +714,11 @@ def main() -> int:
             if "t" in args.only:
                 for shape in SHAPES:
                     rows += bench_shape(cfg, path, tokens, shape, sharding, roxxel, device)
+                    log(f"{shape}:\n{markdown(rows[-len(described(*shape)) :], device)}")
             del tokens
         if "s" in args.only:
             stall = bench_stall(cfg, path, sharding, device)
+            log("\n".join(stall[0]))
         if "w" in args.only:
             workers = bench_workers(cfg, path, sharding)
     elapsed = time.perf_counter() - started
