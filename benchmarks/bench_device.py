@@ -21,11 +21,15 @@ Contenders, at ``(32, 1024)`` and ``(256, 2048)`` batches:
    (``packing="best_fit"``), features derived on the device and on the host;
 5. the fast path: ``layout="tokens"`` through the iterator, each batch consumed by a jitted
    step that calls ``pipe.unpack(batch)`` and reduces every feature (where it exists);
-6. ``roxxel.stream`` (one ``(B, L)`` array), epochs chained, when roxxel is installed.
+6. ``roxxel.stream`` (one ``(B, L)`` array), epochs chained, when roxxel is installed;
+7. the default, the one-array windows and the fast path again with reading and placing in one
+   thread (the iterator's default on CPU devices), against its default on accelerators: one
+   thread reads the next batch while another places the last.
 
 Then the train-step stall: a jitted step of about 3 ms and 7 ms (a matmul loop sized at start-up
 on the device; it consumes the batch) with a batch already on the device vs fed by grain_rox's
-default and by the fast path, as the step time's increase; and worker scaling: the default with
+default and by the fast path (each also in one thread), as the step time's increase; and worker
+scaling: the default with
 ``worker_count=0`` vs ``4`` (a TokenPipeline is read in process either way), and heavy host work
 (32 stdlib sources a batch tokenized with cl100k_base in a Grain ``map``) in process vs 8 Grain
 workers (``mp_prefetch``; at most one per CPU).
@@ -102,7 +106,6 @@ MEAN_DOC_TOKENS = 1500
 SHAPES = ((32, 1024), (256, 2048))
 STEP_MS = (3.0, 7.0)
 WORKERS = 4
-BASELINE_DEFAULT = 990.0  # grain_rox default, (32, 1024), batches/s on the H100 of issue 13
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,8 +227,12 @@ def rox_maker(
 ) -> Maker:
     """``MultiHostDataLoadIterator(pipe, **kwargs)``; each batch through ``then`` if given."""
 
+    split = kwargs.pop("split_producer", None)
+
     def make() -> Feed:
         it = grain_rox.MultiHostDataLoadIterator(pipe, data_sharding=sharding, **kwargs)
+        if split is not None and hasattr(it, "_split_producer"):
+            it._split_producer = split  # reading and placing in one thread or two
         if then is None:
             return Feed(lambda: next(it), it.close)
         return Feed(lambda: then(next(it)), it.close)
@@ -342,34 +349,43 @@ def described(batch: int, seq_len: int) -> dict[str, str]:
         "packed": 'grain_rox default, `packing="best_fit"` (one array, features on the device)',
         "packed_host": 'grain_rox `packing="best_fit"`, `features_on_device=False` (six arrays)',
         "roxxel": f"`roxxel.stream` (one `({batch}, {seq_len})` array: inputs only)",
+        "default_one": "grain_rox default, reading and placing in one thread",
+        "windows1_one": 'grain_rox `layout="windows"`, `segmentation=False`, one thread',
+        "fast_one": "grain_rox fast path, reading and placing in one thread",
     }
 
 
-def targets(batch: int, seq_len: int, device: bool, roxxel: list[float]) -> dict[str, Target]:
-    """Issue 13's targets, judged on the medians (the absolute one only on an accelerator)."""
+def targets(roxxel: list[float], floor6: list[float]) -> dict[str, Target]:
+    """Issue 13's targets, judged on the medians. The default's is relative: issue 13's 990
+    batches/s were 1.01x the six-transfer floor on its H100, so 1.3x them is 1.3x that floor
+    measured beside it (absolute batches/s differ from host to host)."""
 
     def fast(r: Row) -> bool | None:
         if r.ratio is None or r.ours_median is None:
             return None
         return r.ratio >= 0.9 and (not roxxel or r.ours_median >= statistics.median(roxxel))
 
-    out = {
+    def default(r: Row) -> bool | None:
+        if r.ours_median is None or not floor6:
+            return None
+        return r.ours_median >= 1.3 * statistics.median(floor6)
+
+    judge_default = Target(">= 1.3x six-transfer floor", default)
+    judge_fast = Target(">= 0.9x floor, >= roxxel", fast)
+    return {
         "windows": ratio_at_least(1.0),
         "windows1": ratio_at_least(1.0),
-        "fast": Target(">= 0.9x floor, >= roxxel", fast),
+        "windows1_one": ratio_at_least(1.0),
+        "fast": judge_fast,
+        "fast_one": judge_fast,
+        "default": judge_default,
+        "default_one": judge_default,
     }
-    if device and (batch, seq_len) == (32, 1024):
-        limit = 1.3 * BASELINE_DEFAULT
-        out["default"] = Target(
-            f">= {limit:,.0f}/s (1.3x 990, H100)",
-            lambda r: None if r.ours_median is None else r.ours_median >= limit,
-        )
-    return out
 
 
 def bench_shape(
     cfg: Config, path: str, tokens: np.ndarray, shape: tuple[int, int], sharding: NamedSharding,
-    roxxel: Any, device: bool,
+    roxxel: Any,
 ) -> list[Row]:  # fmt: skip
     batch, seq_len = shape
 
@@ -385,19 +401,23 @@ def bench_shape(
         "floor": floor_maker(gather, False, sharding),
         "floor6": floor_maker(gather, True, sharding),
         "default": rox_maker(pipe(), sharding),
+        "default_one": rox_maker(pipe(), sharding, split_producer=False),
     }
     if extra["host_features"] is True:
         makers["host_features"] = rox_maker(pipe(), sharding, features_on_device=False)
     else:
         skipped["host_features"] = extra["host_features"]
     makers["windows"] = rox_maker(pipe(layout="windows"), sharding)
-    makers["windows1"] = rox_maker(pipe(layout="windows", segmentation=False), sharding)
+    windows1 = pipe(layout="windows", segmentation=False)
+    makers["windows1"] = rox_maker(windows1, sharding)
+    makers["windows1_one"] = rox_maker(windows1, sharding, split_producer=False)
     fast = extra["tokens"]
     if isinstance(fast, str):
         skipped["fast"] = fast
     else:
         consume = jax.jit(lambda b: reduce_features(fast.unpack(b)))
         makers["fast"] = rox_maker(fast, sharding, then=consume)
+        makers["fast_one"] = rox_maker(fast, sharding, then=consume, split_producer=False)
     packed = extra["packed"]
     if isinstance(packed, str):
         skipped["packed"] = skipped["packed_host"] = packed
@@ -410,7 +430,7 @@ def bench_shape(
         skipped["roxxel"] = "roxxel is not installed"
 
     runs = measure(cfg, makers, f"({batch}, {seq_len})")
-    judged = targets(batch, seq_len, device, runs.get("roxxel", []))
+    judged = targets(runs.get("roxxel", []), runs["floor6"])
     return [
         Row(f"{key} {batch}x{seq_len}", what, "batch/s", runs.get(key, []), runs["floor"], True,
             what, "the one-transfer floor", judged.get(key), skipped=skipped.get(key))
@@ -483,14 +503,18 @@ class Stall:
         per_iter = max((t2 - t1) / (3 * k), 1e-6)
         return max(1, round((target_ms - (t1 - per_iter * k)) / per_iter))
 
-    def run(self, key: str, iters: int, fed: bool) -> Callable[[], dict[str, float]]:
+    def run(self, key: str, iters: int, how: str) -> Callable[[], dict[str, float]]:
+        """``how``: "resident", "fed" (the iterator as configured by default) or "one"
+        (reading and placing in one thread)."""
         step, n = self.step(key, iters), self.cfg.stall_steps
 
         def go() -> dict[str, float]:
-            if not fed:
+            if how == "resident":
                 return {"ms": self.ms(step, lambda: self.resident[key], n)}
             pipe = self.pipes[key]
             with grain_rox.MultiHostDataLoadIterator(pipe, data_sharding=self.sharding) as it:
+                if how == "one" and hasattr(it, "_split_producer"):
+                    it._split_producer = False
                 return {"ms": self.ms(step, lambda: next(it), n)}
 
         return go
@@ -498,9 +522,9 @@ class Stall:
     def measure(self, target_ms: float) -> tuple[str, dict[str, Any]]:
         iters = self.sized(target_ms)
         contenders = {
-            f"{key} {how}": self.run(key, iters, how == "fed")
+            f"{key} {how}": self.run(key, iters, how)
             for key in self.pipes
-            for how in ("resident", "fed")
+            for how in ("resident", "fed", "one")
         }
         warm_up(contenders)  # compiles each step
         runs = {k: v["ms"] for k, v in interleave(self.cfg.rounds, contenders).items()}
@@ -510,9 +534,10 @@ class Stall:
             if key not in self.pipes:
                 parts.append(f"{label} n/a")
                 continue
-            stall = 100 * (med[f"{key} fed"] / med[f"{key} resident"] - 1)
-            verdict = f" ({'PASS' if stall <= 2 else 'MISS'}: <= 2%)" if target_ms == 3 else ""
-            parts.append(f"{label} {stall:+.1f}%{verdict}")
+            for how, named in (("fed", ""), ("one", ", one thread")):
+                stall = 100 * (med[f"{key} {how}"] / med[f"{key} resident"] - 1)
+                verdict = f" ({'PASS' if stall <= 2 else 'MISS'}: <= 2%)" if target_ms == 3 else ""
+                parts.append(f"{label}{named} {stall:+.1f}%{verdict}")
         if "fast" in self.pipes:
             unpack = 100 * (med["fast resident"] / med["default resident"] - 1)
             parts.append(f"`pipe.unpack` inside the resident step {unpack:+.1f}%")
@@ -713,7 +738,7 @@ def main() -> int:
             log(f"corpus: {corpus.num_tokens / 1e6:.0f}M tokens written")
             if "t" in args.only:
                 for shape in SHAPES:
-                    rows += bench_shape(cfg, path, tokens, shape, sharding, roxxel, device)
+                    rows += bench_shape(cfg, path, tokens, shape, sharding, roxxel)
                     log(f"{shape}:\n{markdown(rows[-len(described(*shape)) :], device)}")
             del tokens
         if "s" in args.only:

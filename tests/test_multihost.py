@@ -13,7 +13,19 @@ from _corpora import random_documents
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from grain_rox import MultiHostDataLoadIterator, TokenPipeline
+from grain_rox._devices import _multihost
 from grain_rox._sources._segments import MAXTEXT_FEATURES
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["one_producer", "read_and_place"])
+def split_producer(request, monkeypatch):
+    """Every test in one producer thread, and with reading and placing in two threads."""
+    monkeypatch.setattr(_multihost, "_SPLIT_PRODUCER", request.param)
+    return request.param
+
+
+def producer_threads(split: bool) -> set[str]:
+    return {"grain_rox-prefetch", "grain_rox-read"} if split else {"grain_rox-prefetch"}
 
 
 @pytest.fixture(scope="module")
@@ -133,16 +145,30 @@ def test_grain_dataset_input_keeps_grain_state(corpus):
     again.close()
 
 
-def test_close_stops_the_prefetch_thread(pipe):
+def test_close_stops_the_prefetch_thread(pipe, split_producer):
     before = {t.name for t in threading.enumerate()}
     it = MultiHostDataLoadIterator(pipe, prefetch=2)
     next(it)
-    assert any(t.name == "grain_rox-prefetch" for t in threading.enumerate())
+    started = {t.name for t in threading.enumerate()} - before
+    assert started == producer_threads(split_producer)
     it.close()
     assert {t.name for t in threading.enumerate()} - before == set()
 
 
-def test_worker_count_reads_a_token_pipeline_in_process_and_says_why(pipe, caplog):
+def test_reading_and_placing_take_two_threads_only_on_accelerators(pipe, monkeypatch):
+    """On accelerators one thread reads while another places (the transfer waits on the
+    device); on CPU devices both stages would compete for the cores the step uses."""
+    monkeypatch.setattr(_multihost, "_SPLIT_PRODUCER", None)
+    before = {t.name for t in threading.enumerate()}
+    with MultiHostDataLoadIterator(pipe) as it:
+        on_cpu = all(d.platform == "cpu" for d in it.mesh.devices.flat)
+        assert it._split_producer is not on_cpu
+        next(it)
+        started = {t.name for t in threading.enumerate()} - before
+        assert started == producer_threads(not on_cpu)
+
+
+def test_worker_count_reads_a_token_pipeline_in_process_and_says_why(pipe, caplog, split_producer):
     before = {t.name for t in threading.enumerate()}
     with caplog.at_level("WARNING", logger="grain_rox"):
         it = MultiHostDataLoadIterator(pipe, worker_count=2)
@@ -152,7 +178,7 @@ def test_worker_count_reads_a_token_pipeline_in_process_and_says_why(pipe, caplo
     with it:
         got = [np.asarray(next(it)["inputs"]) for _ in range(3)]
         started = {t.name for t in threading.enumerate()} - before
-    assert started == {"grain_rox-prefetch"}  # no Grain worker threads or processes
+    assert started == producer_threads(split_producer)  # no Grain workers (threads or processes)
     ds = pipe.map_dataset()
     assert all(np.array_equal(g, ds[k]["inputs"]) for k, g in enumerate(got))
 

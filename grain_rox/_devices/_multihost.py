@@ -2,8 +2,9 @@
 
 Each process reads only the rows its devices hold; the rows are placed with
 ``jax.make_array_from_process_local_data``. A bounded background thread keeps ``prefetch``
-batches on the devices ahead of the training step; an error there is re-raised in the caller
-after the good batches before it, never a hang. The iterator's state is the number of global
+batches on the devices ahead of the training step (on accelerators a second one reads the next
+host batch meanwhile); an error there is re-raised in the caller after the good batches before
+it, never a hang. The iterator's state is the number of global
 batches handed to the caller, so it restores on any number of processes (for a
 :class:`~grain_rox.TokenPipeline`), or Grain's own state (for a user's Grain loader).
 ``set_state`` refuses a state from other data or config (the pipeline's identity; for Grain
@@ -27,7 +28,7 @@ import logging
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -41,6 +42,33 @@ from grain_rox._devices._resident import resident_feed
 from grain_rox._pipeline._pipeline import TokenPipeline
 
 _DONE = object()
+# Read the next host batch in one thread while another places the last one on the devices
+# (a transfer waits on the device; reading needs the interpreter). None: on accelerators
+# (measured on an H200: the default 1,650 -> 2,539 batches/s at (32, 1024), 930 -> 1,520 at
+# (256, 2048)), not on CPU devices, where both stages compete for the same cores.
+_SPLIT_PRODUCER: bool | None = None
+
+
+def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    """Put ``item`` into ``out``, waiting for room unless ``stop`` is set (then False)."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _drain(items: queue.Queue[Any], stop: threading.Event) -> Iterator[Any]:
+    """The items of ``items`` until ``stop`` is set."""
+    while not stop.is_set():
+        try:
+            yield items.get(timeout=0.1)
+        except queue.Empty:
+            continue
+
+
 _log = logging.getLogger("grain_rox")
 _running: weakref.WeakSet[MultiHostDataLoadIterator] = weakref.WeakSet()
 _exit_hook: list[bool] = []
@@ -72,12 +100,13 @@ class MultiHostDataLoadIterator:
 
     Each process reads only the rows its devices hold and places them with
     ``jax.make_array_from_process_local_data``; a background thread keeps ``prefetch`` batches
-    on the devices ahead of the training step (an error there is raised in the caller after
-    the good batches before it, never a hang). The state is the number of global batches
-    handed out (plus Grain's own state for a Grain input), so a TokenPipeline's state restores
-    on any number of processes; ``set_state`` refuses a state from other data, another config
-    or another kind of input, naming what changed. Use it as a context manager, or call
-    ``close()``, to stop the thread.
+    on the devices ahead of the training step (on accelerators two: one reads the next batch
+    while the other places the last; an error there is raised in the caller after the good
+    batches before it, never a hang). The state is the number of global batches handed out
+    (plus Grain's own state for a Grain input), so a TokenPipeline's state restores on any
+    number of processes; ``set_state`` refuses a state from other data, another config or
+    another kind of input, naming what changed. Use it as a context manager, or call
+    ``close()``, to stop the threads.
 
     ``loader_or_dataset`` is a :class:`~grain_rox.TokenPipeline` (recommended: each process
     reads only its rows and the state restores on any host count), a ``grain.DataLoader``, or
@@ -174,8 +203,15 @@ class MultiHostDataLoadIterator:
         # None for a TokenPipeline, whose position is the step).
         self._position: Any = None
         self._host_iter: Any = None  # the iterator of this process's batches, once made
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # the placing thread, once started
+        self._threads: list[threading.Thread] = []
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        self._read_queue: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._split_producer = (
+            any(d.platform != "cpu" for d in self.sharding.mesh.devices.flat)
+            if _SPLIT_PRODUCER is None
+            else _SPLIT_PRODUCER
+        )
         self._stop = threading.Event()
         self._exhausted = False
 
@@ -227,23 +263,43 @@ class MultiHostDataLoadIterator:
         return self._feed.on_device(batch)
 
     def _produce(self, host_iter: Any, stop: threading.Event, out: queue.Queue[Any]) -> None:
-        try:
-            while not stop.is_set():
-                try:
-                    local = next(host_iter)
-                except StopIteration:
-                    out.put((_DONE, None))
-                    return
+        """Read this process's batches and place them, in one thread."""
+        self._place_from(self._read_into(host_iter, stop), stop, out)
+
+    def _read_into(self, host_iter: Any, stop: threading.Event) -> Iterator[Any]:
+        """``(host batch, position)``, then ``(_DONE, None)`` at the end or ``(error, None)``."""
+        while not stop.is_set():
+            try:
+                local = next(host_iter)
                 position = self._feed.position(host_iter)
-                batch = self._to_global(local)
-                while not stop.is_set():
-                    try:
-                        out.put((batch, position), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-        except BaseException as e:  # re-raised in the caller, in order
-            out.put((e, None))
+            except StopIteration:
+                yield _DONE, None
+                return
+            except BaseException as e:  # re-raised in the caller, in order
+                yield e, None
+                return
+            yield local, position
+
+    def _read_ahead(self, host_iter: Any, stop: threading.Event, out: queue.Queue[Any]) -> None:
+        """The reading stage of a split producer: host batches into ``out``."""
+        for item in self._read_into(host_iter, stop):
+            if not _put(out, item, stop):
+                return
+
+    def _place_from(
+        self, items: Iterable[Any], stop: threading.Event, out: queue.Queue[Any]
+    ) -> None:
+        """Place each host batch of ``items`` on the devices, into ``out`` (an end or an error
+        passes through, and ends the stage)."""
+        for item, position in items:
+            last = item is _DONE or isinstance(item, BaseException)
+            if not last:
+                try:
+                    item = self._to_global(item)
+                except BaseException as e:  # re-raised in the caller, in order
+                    item, position, last = e, None, True
+            if not _put(out, (item, position), stop) or last:
+                return
 
     def start_prefetch(self) -> None:
         """Start the background producer (done automatically on the first ``next``; batches
@@ -256,26 +312,46 @@ class MultiHostDataLoadIterator:
             return
         self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.prefetch)
-        self._thread = threading.Thread(
-            target=self._produce,
-            args=(self._host_iter, self._stop, self._queue),
-            name="grain_rox-prefetch",
-            daemon=True,
+        self._threads = []
+        if self._split_producer:  # one thread reads the next batch while another places one
+            self._read_queue = queue.Queue(maxsize=2)
+            self._threads.append(
+                threading.Thread(
+                    target=self._read_ahead,
+                    args=(self._host_iter, self._stop, self._read_queue),
+                    name="grain_rox-read",
+                    daemon=True,
+                )
+            )
+            placing = _drain(self._read_queue, self._stop)
+        else:
+            placing = self._read_into(self._host_iter, self._stop)
+        self._threads.append(
+            threading.Thread(
+                target=self._place_from,
+                args=(placing, self._stop, self._queue),
+                name="grain_rox-prefetch",
+                daemon=True,
+            )
         )
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
+        self._thread = self._threads[-1]
         _running.add(self)
         if not _exit_hook:
             _exit_hook.append(True)
             atexit.register(_stop_all_at_exit)
 
     def _halt(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is not None:
+        threads, self._threads, self._thread = self._threads, [], None
+        if threads:
             self._stop.set()
-            while thread.is_alive():
-                with contextlib.suppress(queue.Empty):
-                    self._queue.get(timeout=0.05)
-                thread.join(timeout=0.05)
+            for thread in threads:
+                while thread.is_alive():
+                    for q in (self._queue, self._read_queue):
+                        with contextlib.suppress(queue.Empty):
+                            q.get_nowait()
+                    thread.join(timeout=0.05)
         closer = getattr(self._host_iter, "close", None)
         if callable(closer):
             closer()
