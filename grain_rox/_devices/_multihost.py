@@ -4,9 +4,9 @@ Each process reads only the rows its devices hold; the rows are placed with
 ``jax.make_array_from_process_local_data``. A bounded background thread keeps ``prefetch``
 batches on the devices ahead of the training step (on accelerators a second one reads the next
 host batch meanwhile); an error there is re-raised in the caller after the good batches before
-it, never a hang. The iterator's state is the number of global
-batches handed to the caller, so it restores on any number of processes (for a
-:class:`~grain_rox.TokenPipeline`), or Grain's own state (for a user's Grain loader).
+it, never a hang. The iterator's state is the number of global batches handed to the caller,
+so it restores on any number of processes (for a :class:`~grain_rox.TokenPipeline`), or
+Grain's own state (for a user's Grain loader).
 ``set_state`` refuses a state from other data or config (the pipeline's identity; for Grain
 inputs the identity a ``.batches()`` state or a ``grain.DataLoader`` carries), from the other
 kind of input, or edited by hand (see ``grain_rox._devices._iterator_state``), naming the
@@ -47,6 +47,9 @@ _DONE = object()
 # (measured on an H200: the default 1,650 -> 2,539 batches/s at (32, 1024), 930 -> 1,520 at
 # (256, 2048)), not on CPU devices, where both stages compete for the same cores.
 _SPLIT_PRODUCER: bool | None = None
+_log = logging.getLogger("grain_rox")
+_running: weakref.WeakSet[MultiHostDataLoadIterator] = weakref.WeakSet()
+_exit_hook: list[bool] = []
 
 
 def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
@@ -67,11 +70,6 @@ def _drain(items: queue.Queue[Any], stop: threading.Event) -> Iterator[Any]:
             yield items.get(timeout=0.1)
         except queue.Empty:
             continue
-
-
-_log = logging.getLogger("grain_rox")
-_running: weakref.WeakSet[MultiHostDataLoadIterator] = weakref.WeakSet()
-_exit_hook: list[bool] = []
 
 
 def _stop_all_at_exit() -> None:
@@ -261,10 +259,6 @@ class MultiHostDataLoadIterator:
         by_id = dict(zip(unique, placed, strict=True))
         batch = jax.tree_util.tree_unflatten(treedef, [by_id[id(leaf)] for leaf in leaves])
         return self._feed.on_device(batch)
-
-    def _produce(self, host_iter: Any, stop: threading.Event, out: queue.Queue[Any]) -> None:
-        """Read this process's batches and place them, in one thread."""
-        self._place_from(self._read_into(host_iter, stop), stop, out)
 
     def _read_into(self, host_iter: Any, stop: threading.Event) -> Iterator[Any]:
         """``(host batch, position)``, then ``(_DONE, None)`` at the end or ``(error, None)``."""
