@@ -29,10 +29,9 @@ Contenders, at ``(32, 1024)`` and ``(256, 2048)`` batches:
 Then the train-step stall: a jitted step of about 3 ms and 7 ms (a matmul loop sized at start-up
 on the device; it consumes the batch) with a batch already on the device vs fed by grain_rox's
 default and by the fast path (each also in one thread), as the step time's increase; and worker
-scaling: the default with
-``worker_count=0`` vs ``4`` (a TokenPipeline is read in process either way), and heavy host work
-(32 stdlib sources a batch tokenized with cl100k_base in a Grain ``map``) in process vs 8 Grain
-workers (``mp_prefetch``; at most one per CPU).
+scaling: the default with ``worker_count=0`` vs ``4`` (a TokenPipeline is read in process either
+way), and heavy host work (32 stdlib sources a batch tokenized with cl100k_base in a Grain
+``map``) in process vs 8 Grain workers (``mp_prefetch``; at most one per CPU).
 
 JAX picks the platform: ``JAX_PLATFORMS=cpu`` and the fake-device flag that ``nox -s bench``
 sets for the CPU benchmarks are dropped (``--platform cpu`` forces the CPU). Without an
