@@ -85,37 +85,6 @@ def _in_order(source: GlobalBatchSource) -> Iterator[Any]:
         yield source[index]
 
 
-class DerivedFeatures:
-    """One compiled function: a ``layout="tokens"`` batch on the devices -> its MaxText
-    features, sharded like the batch. A feature equal to another (``targets_position`` is
-    ``inputs_position``; ``targets_segmentation`` is ``inputs_segmentation`` where no target
-    is masked) is one output, handed out under both keys (as the host path shares the host
-    array): every output of a compiled function has a cost of its own on an accelerator."""
-
-    def __init__(self, tokens: Any, out_dtype: Any, sharding: NamedSharding) -> None:
-        self.tokens, self.out_dtype = tokens, out_dtype
-        self.keys: dict[tuple[int, ...], list[tuple[str, int]]] = {}  # by batch shape
-        self.compiled = jax.jit(self._unique_features, out_shardings=sharding)
-
-    def _unique_features(self, batch: Any) -> list[Any]:
-        shape = tuple(batch[TOKENS].shape)
-        features = self.tokens.unpack(batch[TOKENS], out_dtype=self.out_dtype)
-        unique: dict[int, int] = {}  # id of a traced value -> its output
-        outputs: list[Any] = []
-        keys = []
-        for key, value in features.items():
-            if id(value) not in unique:
-                unique[id(value)] = len(outputs)
-                outputs.append(value)
-            keys.append((key, unique[id(value)]))
-        self.keys[shape] = keys  # recorded while tracing, once per batch shape
-        return outputs
-
-    def __call__(self, batch: Any) -> dict[str, Any]:
-        outputs = self.compiled(batch)
-        return {key: outputs[i] for key, i in self.keys[tuple(batch[TOKENS].shape)]}
-
-
 class PipelineFeed:
     """A :class:`~grain_rox.TokenPipeline`, read in this process's rows of each batch."""
 
@@ -174,7 +143,14 @@ class PipelineFeed:
             features_on_device = any(d.platform != "cpu" for d in sharding.mesh.devices.flat)
         if features_on_device and possible and tokens is not None:
             self.read_as = pipeline.with_layout("tokens")
-            self.derive = DerivedFeatures(tokens, pipeline.dtype, sharding)
+            out_dtype = pipeline.dtype
+            # six outputs, each its own array, even where two features are equal: one output
+            # fewer would save a fixed cost on an accelerator, but a step that donates the
+            # batch would then donate one buffer twice (an error; on CPU, a crash)
+            self.derive = jax.jit(
+                lambda batch: tokens.unpack(batch[TOKENS], out_dtype=out_dtype),
+                out_shardings=sharding,
+            )
         self.identity = pipeline.describe()
 
     @functools.cached_property
