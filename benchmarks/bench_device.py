@@ -20,7 +20,9 @@ Contenders, at ``(32, 1024)`` and ``(256, 2048)`` batches:
 4. ``layout="windows"``, with and without ``segmentation``; packed rows
    (``packing="best_fit"``), features derived on the device and on the host;
 5. the fast path: ``layout="tokens"`` through the iterator, each batch consumed by a jitted
-   step that calls ``pipe.unpack(batch)`` and reduces every feature (where it exists);
+   step that calls ``pipe.unpack(batch)`` and reduces every feature (where it exists), and the
+   floor's batches consumed by the same kind of step (``floor_step``: what the step itself
+   costs when the caller blocks on it every batch);
 6. ``roxxel.stream`` (one ``(B, L)`` array), epochs chained, when roxxel is installed;
 7. the default, the one-array windows and the fast path again with reading and placing in one
    thread (the iterator's default on CPU devices), against its default on accelerators: one
@@ -209,13 +211,27 @@ class Feed:
 Maker = Callable[[], Feed]
 
 
-def floor_maker(gather: Gather, six: bool, sharding: NamedSharding) -> Maker:
+def floor_maker(
+    gather: Gather, six: bool, sharding: NamedSharding, then: Callable[[Any], Any] | None = None
+) -> Maker:
+    """The floor's batches (one array, or the six MaxText arrays); each through ``then`` if
+    given, in the caller's thread."""
+
     def make() -> Feed:
         host = gather.six if six else gather.windows
         p = Prefetcher(lambda: jax.device_put(host(), sharding))
-        return Feed(p.next, p.close)
+        return Feed(p.next if then is None else lambda: then(p.next()), p.close)
 
     return make
+
+
+def window_step() -> Callable[[Any], Any]:
+    """The fast path's jitted step for the floor's int32 windows: the MaxText features from
+    EOS alone (a window with no join columns), every one reduced."""
+    from grain_rox._sources._tokens_layout import TokensLayout
+
+    layout = TokensLayout(join_columns=0, eos_id=EOS, eos_column=False, dtype=np.dtype("int32"))
+    return jax.jit(lambda w: reduce_features(layout.unpack(w, out_dtype=np.int32)))
 
 
 def rox_maker(
@@ -348,6 +364,8 @@ def described(batch: int, seq_len: int) -> dict[str, str]:
         "packed": 'grain_rox default, `packing="best_fit"` (one array, features on the device)',
         "packed_host": 'grain_rox `packing="best_fit"`, `features_on_device=False` (six arrays)',
         "roxxel": f"`roxxel.stream` (one `({batch}, {seq_len})` array: inputs only)",
+        "floor_step": "the floor, each batch consumed by the fast path's jitted step "
+        "(features derived from the window)",
         "default_one": "grain_rox default, reading and placing in one thread",
         "windows1_one": 'grain_rox `layout="windows"`, `segmentation=False`, one thread',
         "fast_one": "grain_rox fast path, reading and placing in one thread",
@@ -399,6 +417,7 @@ def bench_shape(
     makers: dict[str, Maker] = {
         "floor": floor_maker(gather, False, sharding),
         "floor6": floor_maker(gather, True, sharding),
+        "floor_step": floor_maker(gather, False, sharding, then=window_step()),
         "default": rox_maker(pipe(), sharding),
         "default_one": rox_maker(pipe(), sharding, split_producer=False),
     }
