@@ -201,8 +201,7 @@ class MultiHostDataLoadIterator:
         # None for a TokenPipeline, whose position is the step).
         self._position: Any = None
         self._host_iter: Any = None  # the iterator of this process's batches, once made
-        self._thread: threading.Thread | None = None  # the placing thread, once started
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # the producer's, once started
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         self._read_queue: queue.Queue[Any] = queue.Queue(maxsize=2)
         self._split_producer = (
@@ -294,7 +293,7 @@ class MultiHostDataLoadIterator:
     def start_prefetch(self) -> None:
         """Start the background producer (done automatically on the first ``next``; batches
         gathered on the devices are dispatched asynchronously in the caller's thread)."""
-        if self._thread is not None or self._exhausted:
+        if self._threads or self._exhausted:
             return
         if self._host_iter is None:  # (set_state may have made it, to check the state)
             self._host_iter = self._feed.host_iterator(self._step, self._position)
@@ -326,14 +325,13 @@ class MultiHostDataLoadIterator:
         )
         for thread in self._threads:
             thread.start()
-        self._thread = self._threads[-1]
         _running.add(self)
         if not _exit_hook:
             _exit_hook.append(True)
             atexit.register(_stop_all_at_exit)
 
     def _halt(self) -> None:
-        threads, self._threads, self._thread = self._threads, [], None
+        threads, self._threads = self._threads, []
         if threads:
             self._stop.set()
             for thread in threads:
@@ -354,7 +352,7 @@ class MultiHostDataLoadIterator:
     def __next__(self) -> Any:
         if self._exhausted:
             raise StopIteration
-        if self._thread is None:
+        if not self._threads:
             self.start_prefetch()
         if self._feed.in_caller:
             return self._next_in_caller()
