@@ -240,19 +240,19 @@ class MultiHostDataLoadIterator:
         # included: a step that donates the batch cannot donate one buffer twice.
         arrays = [np.ascontiguousarray(leaf) for leaf in leaves]  # JAX copies strided views slower
         self._feed.check_rows(arrays)
-        if jax.process_count() == 1 and len(arrays) == 1:
-            # an array alone: device_put([a]) took 251 us against 128 for device_put(a) on
-            # one H200 host (the same on another); for several, one batched call is cheaper
-            placed = [jax.device_put(arrays[0], self.sharding)]
-        elif jax.process_count() == 1:
-            placed = jax.device_put(arrays, self.sharding)  # one batched transfer
-        else:
+        if jax.process_count() > 1:
             placed = [
                 jax.make_array_from_process_local_data(
                     self.sharding, a, (self._feed.global_rows(a.shape[0]), *a.shape[1:])
                 )
                 for a in arrays
             ]
+        elif len(arrays) == 1:
+            # an array alone: device_put([a]) took 251 us against 128 for device_put(a) on
+            # one H200 host (the same on another); for several, one batched call is cheaper
+            placed = [jax.device_put(arrays[0], self.sharding)]
+        else:
+            placed = jax.device_put(arrays, self.sharding)  # one batched transfer
         return self._feed.on_device(jax.tree_util.tree_unflatten(treedef, placed))
 
     def _read_into(self, host_iter: Any, stop: threading.Event) -> Iterator[Any]:
