@@ -175,7 +175,7 @@ def bench_mixing(cfg: Config, paths: dict[str, str], force_profile: bool) -> tup
         def run() -> dict[str, float]:
             t0 = time.perf_counter()
             for k in range(1, n + 1):
-                schedule.step_samples(k, 0, BATCH)
+                schedule.step_rows(k, 0, BATCH)
             return {"us_per_batch": 1e6 * (time.perf_counter() - t0) / n}
 
         return run
@@ -218,10 +218,10 @@ def bench_mixing(cfg: Config, paths: dict[str, str], force_profile: bool) -> tup
             runs["mixed_noseg"]["batches_per_s"], runs["unmixed_noseg"]["batches_per_s"], True,
             "as 1a with segmentation=False (inputs/targets only: no segment_features)",
             "as 1a with segmentation=False"),
-        Row("1c", "mixing bookkeeping: step_samples", "us/batch",
+        Row("1c", "mixing bookkeeping: step_rows", "us/batch",
             book_runs["mixed"]["us_per_batch"], book_runs["unmixed"]["us_per_batch"], False,
-            f"Schedule.step_samples(k, 0, {BATCH}) of 1a's mixed schedule (Mixture.sources + "
-            f"counts + per-source sample numbers), k = 1..{n}",
+            f"Schedule.step_rows(k, 0, {BATCH}) of 1a's mixed schedule (each row's source and "
+            f"sample number, and each source's rows), k = 1..{n}",
             "the same for the unmixed single-source schedule"),
     ]  # fmt: skip
     details: dict[str, Any] = {"runs": runs, "bookkeeping_runs": book_runs, "units": units}

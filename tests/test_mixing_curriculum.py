@@ -294,3 +294,30 @@ def test_mix_datasets_phases_change_weights_and_continue_every_source():
         mix_datasets({"a": a, "b": b}, phases=[(None, {"a": 1}), (5, {"b": 1})])
     with pytest.raises(ValueError, match="length=50 differs from the phases' 20 samples"):
         mix_datasets({"a": a, "b": b}, phases=[(10, {"a": 1}), (10, {"b": 1})], length=50)
+
+
+@pytest.mark.parametrize("count", [3, 20])  # 20: more sources than a span keeps counts for
+def test_each_sources_rows_of_a_batch_are_consecutive_samples_of_its_order(count):
+    """A mixed batch reads each source's rows as one run of its own samples: the rows and the
+    first sample that ``step_rows`` gives are those of ``step_samples``, for batches inside
+    one cached span, across spans (48 does not divide 4096), across a phase boundary, for a
+    process's part of a batch, and with a source that has weight 0 in a phase."""
+    from grain_rox._order._curriculum import Schedule
+
+    names = [f"s{i}" for i in range(count)]
+    first = {n: float(i + 1) for i, n in enumerate(names)}
+    later = {**first, names[1]: 0.0}
+    schedule = Schedule([Phase(90, 48, 16, first), Phase(None, 32, 16, later)], names)
+    for step in [*range(0, 3), *range(84, 96), 211, 10**6]:
+        size = schedule.phases[schedule.phase_of_step(step)].batch_size
+        for lo, hi in [(0, size), (8, 24)]:
+            _, sources, samples = schedule.step_samples(step, lo, hi)
+            got_sources, got_samples, groups = schedule.step_rows(step, lo, hi)
+            assert np.array_equal(got_sources, sources)
+            assert np.array_equal(got_samples, samples)
+            expected = []
+            for s in np.unique(sources).tolist():
+                rows = np.flatnonzero(sources == s)
+                assert np.array_equal(samples[rows], samples[rows[0]] + np.arange(rows.size))
+                expected.append((s, rows.tolist(), int(samples[rows[0]])))
+            assert [(s, rows.tolist(), f) for s, rows, f in groups] == expected
