@@ -56,9 +56,12 @@ def _sparse(joins):
 @pytest.mark.parametrize("into", [None, "planes", "stacked"])
 @pytest.mark.parametrize("block", [None, 1])  # None: the default blocks; 1: a block per row
 @pytest.mark.parametrize("eos", [1, 0])  # 0: also the padding token of packed rows
-def test_features_equal_the_reference_on_random_windows(dtype, into, block, eos, monkeypatch):
+@pytest.mark.parametrize("few", [None, -1, 10**9])  # the starts one by one: default, never, always
+def test_features_equal_the_reference_on_random_windows(dtype, into, block, eos, few, monkeypatch):
     if block is not None:
         monkeypatch.setattr(_segments, "_BLOCK_ELEMENTS", block)
+    if few is not None:
+        monkeypatch.setattr(_segments, "_FEW_STARTS", few)
     rng = np.random.default_rng(int(np.dtype(dtype).itemsize))
     for _ in range(150):
         n, seq_len = int(rng.integers(1, 6)), int(rng.integers(1, 30))

@@ -48,6 +48,11 @@ SEGMENT_FEATURES = MAXTEXT_FEATURES[2:]
 STACKED_SEGMENT_FEATURES = (INPUTS_SEGMENTATION, INPUTS_POSITION, TARGETS_SEGMENTATION)
 # Tokens a block of rows holds when segment features are built a block at a time.
 _BLOCK_ELEMENTS = 1 << 16
+# Up to this many segment starts inside rows (besides each row's first), each is written as
+# two row-suffix slices; more are expanded in one vectorised pass. A (32, 1024) batch of
+# random text with an EOS every ~50k tokens has one start in every other batch: the features
+# took ~40 us with the vectorised pass, ~3 us a start with slices.
+_FEW_STARTS = 8
 # Where segment_features writes: (inputs_segmentation, inputs_position, targets_segmentation).
 FeatureArrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 # Where windows cross a chunk join: (rows, columns), each (J,) int64, sorted by row then
@@ -122,9 +127,14 @@ def segment_features(
         spare = None
     else:
         segmentation, position, spare = out
-    position[...] = np.arange(seq_len, dtype=np.int32)
-    if not inner.size:  # one segment a row
+    ramp = np.arange(seq_len, dtype=np.int32)
+    position[...] = ramp
+    if inner.size <= _FEW_STARTS:  # one segment a row, then each start (ascending) on top
         segmentation[...] = 1
+        for start in inner.tolist():
+            r, c = divmod(start, seq_len)
+            position[r, c:] = ramp[: seq_len - c]
+            segmentation[r, c:] += 1
     else:
         first = np.sort(np.concatenate([np.arange(0, total, seq_len), inner]))
         lengths = np.empty_like(first)
