@@ -216,6 +216,46 @@ def test_each_worker_reads_the_share_grains_source_dataset_gives_it(paths, worke
         ]
 
 
+def test_reading_in_the_calling_thread_is_grains_iterator_without_its_bookkeeping(paths):
+    """to_iter_dataset(ReadOptions(num_threads=0)) of a batch dataset (map_dataset(), the
+    dataset under .batches(), iter_dataset()) reads in order in the calling thread: the same
+    batches, the same state after each, the same restores, strided worker slices and errors
+    as Grain's own iterator dataset over the same MapDataset; other read options keep
+    Grain's."""
+    from grain_rox._sources._batch_dataset import InOrderIterDataset
+
+    pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1, num_epochs=1)
+    numpy = NumpySource(np.arange(90).reshape(30, 3))
+    zero = grain.ReadOptions(num_threads=0)
+    assert isinstance(pipe.iter_dataset(), InOrderIterDataset)
+    assert not isinstance(
+        pipe.map_dataset().to_iter_dataset(grain.ReadOptions()), InOrderIterDataset
+    )
+    for ds, as_list in (
+        (pipe.map_dataset(), inputs),
+        (numpy.batches(4, seed=1, num_epochs=1)._parent, lambda batch: batch.tolist()),
+    ):
+        ours_ds, grains_ds = ds.to_iter_dataset(zero), grain.MapDataset.to_iter_dataset(ds, zero)
+        assert isinstance(ours_ds, InOrderIterDataset)
+        assert not isinstance(grains_ds, InOrderIterDataset)
+        ours, grains = iter(ours_ds), iter(grains_ds)
+        for _ in range(len(ds)):
+            assert as_list(next(ours)) == as_list(next(grains))
+            assert ours.get_state() == grains.get_state()
+        for it in (ours, grains):
+            with pytest.raises(StopIteration):
+                next(it)
+            it.set_state({"next_index": 2})
+        assert [as_list(b) for b in ours] == [as_list(b) for b in grains]
+        for it in (ours_ds, grains_ds):  # a worker's strided share, as mp_prefetch slices it
+            it.set_slice(slice(1, None, 3))
+        assert [as_list(b) for b in ours_ds] == [as_list(b) for b in grains_ds]
+        with pytest.raises(IndexError, match="out of range"):
+            ours.set_state({"next_index": len(ds) + 1})
+        with pytest.raises(ValueError, match="'next_index': <an int from 0 to"):
+            ours.set_state({"next_index": "3"})
+
+
 @pytest.mark.slow
 def test_sequential_slices_in_grain_worker_processes_read_as_grains_source_dataset(paths):
     pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1, num_epochs=1)

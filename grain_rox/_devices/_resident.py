@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding
 from grain_rox._devices._iterator_state import check_step
 from grain_rox._devices._placement import data_shards
 from grain_rox._devices._resident_data import BLOCK, ResidentRows
-from grain_rox._sources._batch_dataset import dataset_source
+from grain_rox._sources._batch_dataset import InOrderIterDataset, dataset_source
 from grain_rox._sources._batches import BatchSource, batch_identity
 from grain_rox._sources._identity import (
     IdentifiedIterDataset,
@@ -62,8 +62,8 @@ def _source_map(ds: Any) -> Any:
     if isinstance(ds, IdentifiedMapDataset):
         return ds._parent
     if isinstance(ds, IdentifiedIterDataset):
-        inner = ds._parent  # Grain's PrefetchIterDataset over the MapDataset
-        if type(inner).__name__ == "PrefetchIterDataset":
+        inner = ds._parent  # Grain's PrefetchIterDataset over the MapDataset, or ours
+        if isinstance(inner, InOrderIterDataset) or type(inner).__name__ == "PrefetchIterDataset":
             return inner._parent
     return None
 

@@ -394,7 +394,12 @@ class TokenPipeline:
         worker_count: int = 0,
         worker_buffer_size: int = 2,
     ) -> grain.IterDataset:
-        """``map_dataset(...).to_iter_dataset()``, with Grain worker processes if asked."""
+        """``map_dataset(...).to_iter_dataset()``, with Grain worker processes if asked.
+
+        Local data is read in the calling thread, batch after batch (an
+        ``InOrderIterDataset``, without Grain's per-element bookkeeping); data in a bucket on
+        8 of Grain's read threads, which overlap the round trips. The state is Grain's either
+        way, ``{"next_index": i}``."""
         worker_count, worker_buffer_size = _worker_args(worker_count, worker_buffer_size)
         ds = self.map_dataset(rows=rows, first_step=first_step).to_iter_dataset(
             batch_read_options(remote=self.remote)
