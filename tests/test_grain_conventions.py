@@ -254,6 +254,11 @@ def test_reading_in_the_calling_thread_is_grains_iterator_without_its_bookkeepin
             ours.set_state({"next_index": len(ds) + 1})
         with pytest.raises(ValueError, match="'next_index': <an int from 0 to"):
             ours.set_state({"next_index": "3"})
+        with pytest.raises(ValueError, match="'next_index': <an int from 0 to"):
+            ours.set_state({"next_index": True})
+        ours.set_state({"next_index": np.int64(1)})  # as a checkpoint may hand it back
+        grains.set_state({"next_index": 1})
+        assert as_list(next(ours)) == as_list(next(grains))
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ import operator
 from typing import Any
 
 import grain
+import numpy as np
 
 
 class BatchDataset(grain.MapDataset):
@@ -154,7 +155,11 @@ class _InOrderIterator(grain.DatasetIterator):
             f"it takes {{'next_index': <an int from 0 to {self._length}>}}, as its get_state() "
             "gives (restore a state saved from the same dataset)"
         )
-        if isinstance(at, bool) or not isinstance(at, int):
+        try:  # a Python or numpy int (a checkpoint may hand back numpy scalars)
+            at = None if isinstance(at, (bool, np.bool_)) else operator.index(at)
+        except TypeError:
+            at = None
+        if at is None:
             raise ValueError(f"not a state of this dataset: {state!r}; {takes}")
         if not 0 <= at <= self._length:  # an IndexError, as Grain's own iterator raises
             raise IndexError(f"next_index {at} is out of range for {self._length} batches; {takes}")
