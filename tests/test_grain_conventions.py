@@ -259,6 +259,19 @@ def test_reading_in_the_calling_thread_is_grains_iterator_without_its_bookkeepin
         ours.set_state({"next_index": np.int64(1)})  # as a checkpoint may hand it back
         grains.set_state({"next_index": 1})
         assert as_list(next(ours)) == as_list(next(grains))
+        for it in (ours, grains):  # Grain's index hooks (mp_prefetch uses them)
+            assert grain.experimental.get_next_index(it) == 2
+            grain.experimental.set_next_index(it, 3)
+        assert as_list(next(ours)) == as_list(next(grains))
+        # any chain of Grain transformations may follow it
+        chain = lambda d: d.map(lambda x: x).filter(lambda x: True).batch(2)  # noqa: E731
+        got = iter(chain(ds.to_iter_dataset(zero)))
+        want = iter(chain(grain.MapDataset.to_iter_dataset(ds, zero)))
+        for _ in range(2):
+            a, b = next(got), next(want)
+            flat = lambda t: sorted(t.items()) if isinstance(t, dict) else [("", t)]  # noqa: E731
+            assert [(k, v.tolist()) for k, v in flat(a)] == [(k, v.tolist()) for k, v in flat(b)]
+            assert got.get_state() == want.get_state()
 
 
 @pytest.mark.slow

@@ -76,6 +76,9 @@ def test_feistel_is_the_network_its_doc_defines():
         want = [_feistel_by_definition(n, key, int(i)) for i in x]
         assert p(x).tolist() == want, n
         assert p.inverse(np.asarray(want)).tolist() == x.tolist(), n
+        assert p(x.reshape(1, -1)).tolist() == [want], n  # any shape
+        image = p(int(x[-1]))  # one index: a scalar
+        assert isinstance(image, np.int64) and image == want[-1], n
 
 
 def test_every_window_served_exactly_once_per_epoch(positional):

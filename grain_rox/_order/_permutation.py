@@ -202,7 +202,9 @@ class FeistelPermutation:
         x = np.asarray(indices, dtype=np.int64)
         if x.size and (x.min() < 0 or x.max() >= self.n):
             raise IndexError(f"indices must lie in [0, {self.n}), got [{x.min()}, {x.max()}]")
-        return self._walk(x.astype(np.uint64), self._forward).astype(np.int64)
+        flat = x.reshape(-1).astype(np.uint64)  # 1-d: _forward works in place
+        out = self._walk(flat, self._forward).astype(np.int64).reshape(x.shape)
+        return out[()] if out.ndim == 0 else out  # an index gives an int64 scalar
 
     def inverse(self, images: np.ndarray | int) -> np.ndarray:
         """The preimages of ``images``: ``p.inverse(p(i)) == i``."""

@@ -125,7 +125,9 @@ class InOrderIterDataset(grain.IterDataset):
 
 
 class _InOrderIterator(grain.DatasetIterator):
-    _MUTATES_ELEMENT_SPEC = False
+    # Grain's own iterator links its statistics to the MapDataset's (a private hook); this one
+    # has no parent statistics, so it reports its elements as its own (the class default):
+    # a chain of transformations after it asks it, not a parent, for the element spec.
 
     def __init__(self, batches: grain.MapDataset) -> None:
         super().__init__()
@@ -149,8 +151,14 @@ class _InOrderIterator(grain.DatasetIterator):
     def get_state(self) -> dict[str, Any]:
         return {"next_index": self._next_index}
 
+    def _get_next_index(self) -> int:  # grain.experimental.get_next_index
+        return self._next_index
+
+    def _set_next_index(self, index: int) -> None:  # grain.experimental.set_next_index
+        self.set_state({"next_index": index})
+
     def set_state(self, state: dict[str, Any]) -> None:
-        at = state.get("next_index") if isinstance(state, dict) else None
+        at: Any = state.get("next_index") if isinstance(state, dict) else None
         takes = (
             f"it takes {{'next_index': <an int from 0 to {self._length}>}}, as its get_state() "
             "gives (restore a state saved from the same dataset)"
