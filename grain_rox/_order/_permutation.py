@@ -152,8 +152,8 @@ class FeistelPermutation:
         self._keys = [np.uint64(derive_key(key, r)) for r in range(_ROUNDS)]
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
-        # In place, one scratch array: the same arithmetic as _backward run forwards, with
-        # (u + h) % a as a subtraction where it wraps (u, h < a), for ~1/3 less time a call.
+        # The rounds _backward undoes, computed in place with one scratch array, and
+        # (u + h) % a as a subtraction where it wraps (u, h < a): ~1/3 less time a call.
         a, b = self._a, self._b
         u = x // b  # u in Z_a, v in Z_b
         v = x - u * b

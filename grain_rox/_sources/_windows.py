@@ -21,7 +21,7 @@ import threading
 import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus
-from grain_rox._order._blocks import BlockOrder, _groups
+from grain_rox._order._blocks import BlockOrder, value_groups
 from grain_rox._order._lanes import LaneOrder
 from grain_rox._order._packed import PackedOrder
 from grain_rox._sources._process_local import ProcessLocal, process_local
@@ -130,7 +130,7 @@ class WindowReader(ProcessLocal):
         q = first_q[span_of_piece] + np.arange(heads[-1]) - heads[span_of_piece]
         epoch = rows.epoch[span_row[span_of_piece]]
         phys = np.empty_like(q)
-        for e, sel in _groups(epoch):
+        for e, sel in value_groups(epoch):
             phys[sel] = order.physical_chunks(e, q[sel])
         shard, chunk_start = order.chunk_location(phys)
         lo = span_offset[span_of_piece]
