@@ -195,7 +195,7 @@ class Schedule:
         mixture = self.mixtures[i]
         before = mixture.counts(a)
         sources = mixture.sources_from(a, b, before)
-        return i, sources, self._own_samples(i, sources, before)
+        return i, sources, self._own_samples(i, sources, before)[0]
 
     def step_rows(
         self, step: int, lo: int, hi: int
@@ -229,14 +229,17 @@ class Schedule:
                 groups.append((s, rows, int(samples[rows[0]])))
         return sources, samples, groups
 
-    def _own_samples(self, phase: int, sources: np.ndarray, before: Sequence[int]) -> np.ndarray:
+    def _own_samples(
+        self, phase: int, sources: np.ndarray, before: Sequence[int]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         """Each row's sample number in its source's own numbering, for rows of ``phase``
-        whose sources are ``sources``, the first coming after ``before`` samples per source."""
+        whose sources are ``sources``, the first coming after ``before`` samples per source;
+        and each source's rows, ascending."""
         own = np.empty(sources.size, dtype=np.int64)
-        for s in range(len(self.names)):
-            rows = np.flatnonzero(sources == s)
+        positions = [np.flatnonzero(sources == s) for s in range(len(self.names))]
+        for s, rows in enumerate(positions):
             own[rows] = self.source_starts[phase][s] + before[s] + np.arange(rows.size)
-        return own
+        return own, positions
 
     def _mix_span(self, phase: int, span: int) -> _Span:
         """The phase's samples ``[span * MIX_SPAN, ...)``: the mixture worked out once for
@@ -248,7 +251,7 @@ class Schedule:
             a = span * MIX_SPAN
             before = mixture.counts(a)
             sources = mixture.sources_from(a, a + MIX_SPAN, before)
-            own = self._own_samples(phase, sources, before)
+            own, positions = self._own_samples(phase, sources, before)
             sources.flags.writeable = own.flags.writeable = False  # shared by many batches
             count = len(self.names)
             counts = None
@@ -261,9 +264,7 @@ class Schedule:
                 own=own,
                 first_own=[self.source_starts[phase][s] + before[s] for s in range(count)],
                 counts=counts,
-                positions=[]
-                if counts is None
-                else [np.flatnonzero(sources == s) for s in range(count)],
+                positions=[] if counts is None else positions,
             )
             if len(self._spans) >= 8:
                 self._spans.clear()
