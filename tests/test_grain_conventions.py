@@ -6,6 +6,7 @@ Grain's worker processes start without the user parsing absl flags (issue #12 it
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -250,12 +251,23 @@ def test_reading_in_the_calling_thread_is_grains_iterator_without_its_bookkeepin
         for it in (ours_ds, grains_ds):  # a worker's strided share, as mp_prefetch slices it
             it.set_slice(slice(1, None, 3))
         assert [as_list(b) for b in ours_ds] == [as_list(b) for b in grains_ds]
+        # then in place, below the strided slice, as Grain does (on a worker's own copy: it
+        # slices the dataset itself)
+        ours_copy, grains_copy = copy.deepcopy(ours_ds), copy.deepcopy(grains_ds)
+        for it in (ours_copy, grains_copy):
+            it.set_slice(slice(1, None, 2), sequential_slice=True)
+        assert [as_list(b) for b in ours_copy] == [as_list(b) for b in grains_copy]
         with pytest.raises(IndexError, match="out of range"):
             ours.set_state({"next_index": len(ds) + 1})
         with pytest.raises(ValueError, match="'next_index': <an int from 0 to"):
             ours.set_state({"next_index": "3"})
         with pytest.raises(ValueError, match="'next_index': <an int from 0 to"):
             ours.set_state({"next_index": True})
+        for it in (ours, grains):  # no next_index: the KeyError Grain's iterator raises
+            with pytest.raises(KeyError):
+                it.set_state({})
+        with pytest.raises(ValueError, match=r"not a state of this dataset: \{\}; it takes"):
+            ours.set_state({})
         ours.set_state({"next_index": np.int64(1)})  # as a checkpoint may hand it back
         grains.set_state({"next_index": 1})
         assert as_list(next(ours)) == as_list(next(grains))

@@ -111,17 +111,35 @@ class InOrderIterDataset(grain.IterDataset):
         """Grain's hook for worker ``sl.start`` of ``sl.step`` under ``mp_prefetch``, as its
         own iterator dataset takes it: every ``sl.step``-th batch, or (``sequential_slice``)
         a contiguous share."""
-        batches = self.parents[0]
-        if sequential_slice:
-            batches.set_slice(sl, sequential_slice=True)
+        if sequential_slice:  # in place, down to the BatchDataset (below a strided slice too)
+            _slice_in_place(self.parents[0], sl)
         else:
-            self._parents = (batches.slice(sl),)
+            self._parents = (self.parents[0].slice(sl),)
 
     def __iter__(self) -> grain.DatasetIterator:
         return _InOrderIterator(self.parents[0])
 
     def __str__(self) -> str:
         return "InOrderIterDataset"
+
+
+def _slice_in_place(ds: grain.MapDataset, sl: slice) -> None:
+    # as Grain slices its own iterator dataset's parent sequentially: the first dataset on
+    # the way down that slices itself in place does it (here the BatchDataset)
+    if isinstance(ds, BatchDataset):
+        ds.set_slice(sl, sequential_slice=True)
+        return
+    if not ds.parents:
+        raise ValueError(f"cannot slice {ds} in place: it has no BatchDataset under it")
+    for parent in ds.parents:
+        _slice_in_place(parent, sl)
+
+
+class NotAStateError(ValueError, KeyError):
+    """A state :class:`InOrderIterDataset`'s iterator cannot restore: a ``ValueError`` that
+    is also the ``KeyError`` Grain's own iterator raises for a state without ``next_index``."""
+
+    __str__ = ValueError.__str__  # the message as written, not KeyError's quoted key
 
 
 class _InOrderIterator(grain.DatasetIterator):
@@ -168,7 +186,7 @@ class _InOrderIterator(grain.DatasetIterator):
         except TypeError:
             at = None
         if at is None:
-            raise ValueError(f"not a state of this dataset: {state!r}; {takes}")
+            raise NotAStateError(f"not a state of this dataset: {state!r}; {takes}")
         if not 0 <= at <= self._length:  # an IndexError, as Grain's own iterator raises
             raise IndexError(f"next_index {at} is out of range for {self._length} batches; {takes}")
         self._next_index = at
