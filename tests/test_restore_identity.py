@@ -185,6 +185,28 @@ def test_edited_states_are_refused(sources, edit, message):
         batch_iter(first).set_state(edit(state))
 
 
+def test_grains_index_hooks_and_numpy_positions_work_as_on_grains_iterator(sources):
+    """grain.experimental.get_next_index / set_next_index reach the position under the
+    identity (they raised NotImplementedError), after a Grain transformation too, as on
+    Grain's own iterator over the same batches; a numpy int position restores."""
+    _, first, _, _ = sources
+    ours_ds = first.batches(4, **CONFIG)
+    grains_ds = grain.MapDataset.source([ours_ds[i] for i in range(len(ours_ds))])
+    for chain in (lambda d: d, lambda d: d.batch(2)):
+        ours = iter(chain(ours_ds.to_iter_dataset(NO_THREADS)))
+        grains = iter(chain(grains_ds.to_iter_dataset(NO_THREADS)))
+        for it in (ours, grains):
+            next(it)
+        assert grain.experimental.get_next_index(ours) == grain.experimental.get_next_index(grains)
+        for it in (ours, grains):
+            grain.experimental.set_next_index(it, 3)
+        assert values(next(ours)) == values(next(grains))
+    state, expected = saved_state(first)
+    again = batch_iter(first)
+    again.set_state({**state, "state": {"next_index": np.int64(3)}})
+    assert [values(next(again)) for _ in range(4)] == expected
+
+
 def test_a_users_map_keeps_the_identity(sources):
     _, first, _, _ = sources
     ds = first.batches(4, **CONFIG).map(values).to_iter_dataset(NO_THREADS)

@@ -21,10 +21,12 @@ ValueError: cannot restore this demo state: its data or config changed (data: sa
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grain
+import numpy as np
 
 
 def identity_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
@@ -87,6 +89,12 @@ class _IdentifiedIterator(grain.DatasetIterator):
             _check_position(inner, self._length, what=self._what)
         self._parent.set_state(inner)
 
+    def _get_next_index(self) -> int:  # grain.experimental.get_next_index, as Grain's own
+        return grain.experimental.get_next_index(self._parent)
+
+    def _set_next_index(self, index: int) -> None:  # grain.experimental.set_next_index
+        grain.experimental.set_next_index(self._parent, index)
+
     def close(self) -> None:
         closer = getattr(self._parent, "close", None)
         if callable(closer):
@@ -99,7 +107,11 @@ class _IdentifiedIterator(grain.DatasetIterator):
 def _check_position(inner: Any, length: int, *, what: str) -> None:
     """A MapDataset iterator's position must be ``{"next_index": 0..length}``."""
     index = inner.get("next_index") if isinstance(inner, dict) else None
-    if not (isinstance(index, int) and not isinstance(index, bool) and 0 <= index <= length):
+    try:  # a Python or numpy int (a checkpoint may hand back numpy scalars), not a bool
+        index = None if isinstance(index, (bool, np.bool_)) else operator.index(index)
+    except TypeError:
+        index = None
+    if index is None or not 0 <= index <= length:
         raise ValueError(
             f"cannot restore this {what} state: its position {inner!r:.200} is not "
             f"{{'next_index': <an int from 0 to {length}>}}; pass the state "
