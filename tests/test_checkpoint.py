@@ -172,3 +172,47 @@ def test_a_batches_state_restores_on_another_process_count(tmp_path):
     (saved / "process_1-of-2.json").write_text(json.dumps({**state, "step": 1}))
     with device_iter() as again, pytest.raises(FileNotFoundError, match="no data state for"):
         handler.restore(saved, RoxCheckpointRestore(again))  # states differ: not elastic
+
+
+def test_grain_dataset_iterators_save_and_restore_through_our_handler(tmp_path):
+    """RoxCheckpointSave takes a Grain dataset iterator's dict state, as Grain's own handler
+    does (it raised a TypeError from Orbax's thread), for ``.batches()``, ``mix_datasets`` and
+    ``pack_documents``; the restore in a fresh iterator continues exactly, and over other data
+    it is refused."""
+    from grain_rox import NumpySource, mix_datasets, pack_documents
+
+    def make(offset: int) -> dict:
+        rows = NumpySource(np.arange(120, dtype=np.int32).reshape(40, 3) + offset)
+        more = NumpySource(np.arange(60, dtype=np.int32).reshape(20, 3) - offset)
+        docs = [np.arange(1 + offset, 8 + offset + k % 9, dtype=np.int32) for k in range(60)]
+        return {
+            "batches": lambda: rows.batches(4, seed=1).to_iter_dataset(),
+            "mix": lambda: mix_datasets(
+                {"a": grain.MapDataset.source(rows), "b": grain.MapDataset.source(more)},
+                weights={"a": 0.7, "b": 0.3},
+                seed=2,
+                length=30,
+            ).to_iter_dataset(),
+            "pack": lambda: pack_documents(docs, seq_len=16, batch_size=2, seed=3),
+        }
+
+    def flat(batch) -> list:
+        items = sorted(batch.items()) if isinstance(batch, dict) else [("", batch)]
+        return [(k, np.asarray(v).tolist()) for k, v in items]
+
+    ours, others = make(0), make(500)
+    for name, new_iter in ours.items():
+        it = iter(new_iter())
+        for _ in range(3):
+            next(it)
+        manager = ocp.CheckpointManager(str(tmp_path / name))
+        manager.save(3, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+        manager.wait_until_finished()
+        expected = [flat(next(it)) for _ in range(3)]
+        fresh = iter(new_iter())
+        manager.restore(3, args=ocp.args.Composite(data=RoxCheckpointRestore(fresh)))
+        assert [flat(next(fresh)) for _ in range(3)] == expected, name
+        with pytest.raises(ValueError, match="data or config changed"):
+            other = iter(others[name]())
+            manager.restore(3, args=ocp.args.Composite(data=RoxCheckpointRestore(other)))
+        manager.close()

@@ -36,6 +36,7 @@ import dataclasses
 import json
 from typing import Any
 
+import grain
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
@@ -70,6 +71,15 @@ def _shared_batches_state(directory: epath.Path) -> str | None:
     return text
 
 
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8") if isinstance(raw, bytes) else raw
+
+
+def _set_state(item: Any, text: str) -> None:
+    """Hand a saved state back: a Grain dataset iterator takes the dict, others the text."""
+    item.set_state(json.loads(text) if isinstance(item, grain.DatasetIterator) else text)
+
+
 class RoxCheckpointHandler(ocp.CheckpointHandler):
     """Orbax handler for data iterators; see the module doc (registered for the args below).
 
@@ -79,7 +89,9 @@ class RoxCheckpointHandler(ocp.CheckpointHandler):
 
     def save(self, directory: epath.Path, args: RoxCheckpointSave) -> None:
         raw = args.item.get_state()
-        state = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+        # JSON text or bytes (a MultiHostDataLoadIterator's, a DataLoader iterator's), or the
+        # dict a Grain dataset iterator gives (as Grain's own handler takes it)
+        state = raw if isinstance(raw, dict) else json.loads(_text(raw))
         directory = epath.Path(directory)
         if _is_global(state):
             if jax.process_index() == 0:
@@ -96,7 +108,7 @@ class RoxCheckpointHandler(ocp.CheckpointHandler):
         if not path.exists():
             elastic = _shared_batches_state(directory)
             if elastic is not None:
-                args.item.set_state(elastic)
+                _set_state(args.item, elastic)
                 return args.item
             found = sorted(p.name for p in directory.iterdir())
             raise FileNotFoundError(
@@ -105,7 +117,7 @@ class RoxCheckpointHandler(ocp.CheckpointHandler):
                 "number of processes — use a TokenPipeline or a sharded .batches() dataset "
                 "for elastic restores"
             )
-        args.item.set_state(path.read_text())
+        _set_state(args.item, path.read_text())
         return args.item
 
     def metadata(self, directory: epath.Path) -> None:
@@ -123,8 +135,10 @@ class IteratorArgs(ocp.args.CheckpointArgs):
     """Orbax args that hand a data iterator to :class:`RoxCheckpointHandler`.
 
     Args:
-      item: the iterator: a :class:`~grain_rox.MultiHostDataLoadIterator`, or any iterator
-        whose ``get_state()`` is JSON (text or bytes) and whose ``set_state`` takes it back.
+      item: the iterator: a :class:`~grain_rox.MultiHostDataLoadIterator`, a Grain dataset
+        iterator (its ``get_state()`` a JSON-able dict, as Grain's own handler saves it), or
+        any iterator whose ``get_state()`` is JSON (text or bytes) and whose ``set_state``
+        takes it back.
 
     >>> IteratorArgs(item=None).item is None
     True
