@@ -106,7 +106,7 @@ class _IdentifiedIterator(grain.DatasetIterator):
 
 def _check_position(inner: Any, length: int, *, what: str) -> None:
     """A MapDataset iterator's position must be ``{"next_index": 0..length}``."""
-    index = inner.get("next_index") if isinstance(inner, dict) else None
+    index: Any = inner.get("next_index") if isinstance(inner, dict) else None
     try:  # a Python or numpy int (a checkpoint may hand back numpy scalars), not a bool
         index = None if isinstance(index, (bool, np.bool_)) else operator.index(index)
     except TypeError:
