@@ -164,8 +164,9 @@ def test_sources_index_like_grain_sources_and_lists(paths, name):
 def test_a_batch_dataset_reads_and_names_its_source_as_grains_source_dataset_does(paths):
     """map_dataset() and .batches() read their source directly (grain_rox's BatchDataset,
     without Grain's per-read byte counters); as Grain's ``MapDataset.source`` they take
-    indices modulo their length, slice, and describe themselves by their source, so a mix or
-    a packing over them keeps the identity its checkpoints were saved with."""
+    indices modulo their length and slice; they describe themselves by their source (the
+    BatchDataset) or their identity (map_dataset()), so a mix or a packing over them keeps
+    the identity its checkpoints were saved with, and their position is Grain's."""
     from grain_rox._pipeline._mixing import describe_dataset
 
     pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1, num_epochs=1)
@@ -175,13 +176,16 @@ def test_a_batch_dataset_reads_and_names_its_source_as_grains_source_dataset_doe
     for index in (0, 2, n - 1, -1, n, n + 2):
         assert inputs(ours[index]) == inputs(grains[index]), index
     assert [inputs(b) for b in ours[1:3]] == [inputs(grains[1]), inputs(grains[2])]
-    assert describe_dataset(ours) == describe_dataset(grains)
+    batches = ours._parent  # the BatchDataset under the pipeline's identity
+    assert str(batches) == "BatchDataset(source=GlobalBatchSource)"
+    assert describe_dataset(batches) == describe_dataset(grains)
+    again = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1, num_epochs=1)
     other = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=2, num_epochs=1)
+    assert describe_dataset(again.map_dataset()) == describe_dataset(ours)
     assert describe_dataset(other.map_dataset()) != describe_dataset(ours)
-    assert str(ours) == "BatchDataset(source=GlobalBatchSource)"
     it = iter(ours.to_iter_dataset(grain.ReadOptions(num_threads=0)))
     next(it)
-    assert it.get_state() == {"next_index": 1}  # the state Grain's source dataset saves
+    assert it.get_state()["state"] == {"next_index": 1}  # the position Grain's dataset saves
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 7])
@@ -193,7 +197,11 @@ def test_each_worker_reads_the_share_grains_source_dataset_gives_it(paths, worke
     pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1, num_epochs=1)
     numpy = NumpySource(np.arange(90).reshape(30, 3))
     cases = [  # (ours, Grain's source dataset over the same source, batch -> comparable)
-        (pipe.map_dataset, lambda: grain.MapDataset.source(pipe.batch_source()), inputs),
+        (  # under the pipeline's identity
+            lambda: pipe.map_dataset()._parent,
+            lambda: grain.MapDataset.source(pipe.batch_source()),
+            inputs,
+        ),
         (
             lambda: numpy.batches(4, seed=1, num_epochs=1)._parent,  # under the identity
             lambda: grain.MapDataset.source(numpy.batches(4, seed=1, num_epochs=1)._parent.source),
@@ -228,12 +236,12 @@ def test_reading_in_the_calling_thread_is_grains_iterator_without_its_bookkeepin
     pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1, num_epochs=1)
     numpy = NumpySource(np.arange(90).reshape(30, 3))
     zero = grain.ReadOptions(num_threads=0)
-    assert isinstance(pipe.iter_dataset(), InOrderIterDataset)
+    assert isinstance(pipe.iter_dataset()._parent, InOrderIterDataset)  # under the identity
     assert not isinstance(
-        pipe.map_dataset().to_iter_dataset(grain.ReadOptions()), InOrderIterDataset
+        pipe.map_dataset().to_iter_dataset(grain.ReadOptions())._parent, InOrderIterDataset
     )
     for ds, as_list in (
-        (pipe.map_dataset(), inputs),
+        (pipe.map_dataset()._parent, inputs),
         (numpy.batches(4, seed=1, num_epochs=1)._parent, lambda batch: batch.tolist()),
     ):
         ours_ds, grains_ds = ds.to_iter_dataset(zero), grain.MapDataset.to_iter_dataset(ds, zero)

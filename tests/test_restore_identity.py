@@ -459,3 +459,49 @@ def test_a_source_without_its_own_repr_is_named_by_class_and_length():
     longer = iter(shuffled_batches(Rows(16), 4, seed=1).to_iter_dataset(NO_THREADS))
     with pytest.raises(ValueError, match=r"data: saved 'Rows\(len=12\)' -> now 'Rows\(len=16\)'"):
         longer.set_state(state)
+
+
+def test_a_token_pipelines_grain_datasets_carry_its_identity(tmp_path):
+    """TokenPipeline.iter_dataset() and map_dataset().to_iter_dataset() states are Grain's
+    position under the pipeline's identity: they restore exactly on the same pipeline (a
+    copy of the data elsewhere too) and are refused, naming the change, over other data,
+    another seed or another first_step (their position counts from it)."""
+    from grain_rox import write_rox
+
+    docs = [np.arange(1, 400 + 37 * k, dtype=np.uint16) % 600 + 1 for k in range(12)]
+    (tmp_path / "a").mkdir()
+    write_rox(docs, str(tmp_path / "a" / "c.rox"), separator=0)
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    write_rox(docs[::-1], str(tmp_path / "other.rox"), separator=0)
+
+    def pipe(path, **changes):
+        config = {"seq_len": 16, "global_batch_size": 4, "seed": 1, **changes}
+        return TokenPipeline(str(path), **config)
+
+    first = pipe(tmp_path / "a" / "c.rox")
+    for make in (
+        lambda p, **kw: p.iter_dataset(**kw),
+        lambda p, **kw: p.map_dataset(**kw).to_iter_dataset(NO_THREADS),
+    ):
+        it = iter(make(first))
+        for _ in range(3):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))  # as Grain's checkpointer writes it
+        assert state["state"] == {"next_index": 3} and state["identity"]["seed"] == 1
+        expected = [values(next(it)["inputs"]) for _ in range(2)]
+        for same in (first, pipe(tmp_path / "copy" / "c.rox")):
+            again = iter(make(same))
+            again.set_state(state)
+            assert [values(next(again)["inputs"]) for _ in range(2)] == expected
+        for other, change in (
+            (pipe(tmp_path / "other.rox"), r"data: saved \{'': '\w+'\} -> now \{'': '\w+'\}"),
+            (pipe(tmp_path / "a" / "c.rox", seed=2), r"seed: saved 1 -> now 2"),
+        ):
+            with pytest.raises(ValueError, match=r"TokenPipeline state: its data or config "):
+                iter(make(other)).set_state(state)
+            with pytest.raises(ValueError, match=change):
+                iter(make(other)).set_state(state)
+        with pytest.raises(ValueError, match=r"first_step: saved 0 -> now 5"):
+            iter(make(first, first_step=5)).set_state(state)
+        with pytest.raises(ValueError, match=r"not a TokenPipeline state: \{'next_index': 3\}"):
+            iter(make(first)).set_state(state["state"])  # a bare position names no data

@@ -326,6 +326,8 @@ class GrainFeed:
                     )
         position, step = decoded["grain"], decoded["step"]
         loader = isinstance(self.source, grain.DataLoader)
+        if decoded["version"] == 2 and isinstance(position, dict) and not loader:
+            position = self._identified(position)
         if position is None:
             if step > 0:
                 raise ValueError(
@@ -337,6 +339,19 @@ class GrainFeed:
             position = self._position_in(position, loader)
         check_step(step, self.length, limit=sys.maxsize, what="this Grain input")
         return position
+
+    def _identified(self, position: dict[str, Any]) -> Any:
+        """A grain_rox 0.1 Grain position (0.1 recorded no identities, and took any) in the
+        shape this input's iterators now save: each identity taken from a fresh iterator,
+        around the 0.1 position at its place (the order was checked above)."""
+        it = iter(self.source)
+        try:
+            fresh = it.get_state()
+        finally:
+            closer = getattr(it, "close", None)
+            if callable(closer):
+                closer()
+        return _with_identities(position, fresh)
 
     def _position_in(self, saved: Any, loader: bool) -> Any:
         """The Grain state a saved part holds: bytes for a ``grain.DataLoader``, else a dict."""
@@ -352,6 +367,22 @@ class GrainFeed:
                 "of input with the same data and config"
             )
         return saved["bytes"].encode("utf-8") if from_loader else saved
+
+
+def _with_identities(saved: Any, fresh: Any) -> Any:
+    """``saved`` (a Grain state without identities) with each ``{"identity", "state"}`` level
+    that ``fresh`` (a state of the same chain now) has around it, at the same place.
+
+    >>> _with_identities({"next_index": 3}, {"identity": {"seed": 1}, "state": {"next_index": 0}})
+    {'identity': {'seed': 1}, 'state': {'next_index': 3}}
+    """
+    if isinstance(fresh, dict) and isinstance(saved, dict):
+        if set(fresh) == {"identity", "state"} and set(saved) != {"identity", "state"}:
+            return {"identity": fresh["identity"], "state": _with_identities(saved, fresh["state"])}
+        return {k: _with_identities(v, fresh[k]) if k in fresh else v for k, v in saved.items()}
+    if isinstance(fresh, list) and isinstance(saved, list) and len(fresh) == len(saved):
+        return [_with_identities(s, f) for s, f in zip(saved, fresh, strict=True)]
+    return saved
 
 
 def _pipelines_under(node: Any, depth: int = 0) -> Iterator[TokenPipeline]:

@@ -32,6 +32,7 @@ from grain_rox._pipeline._batch_source import GlobalBatchSource, RowSpec
 from grain_rox._pipeline._plan import PipelinePlan, open_sources, resolve_plan, source_orders
 from grain_rox._sources._batch_dataset import BatchDataset
 from grain_rox._sources._grain_setup import batch_read_options
+from grain_rox._sources._identity import with_identity
 from grain_rox._sources._segments import unpack_windows
 from grain_rox._sources._tokens_layout import TOKENS, TokensLayout
 
@@ -383,8 +384,15 @@ class TokenPipeline:
 
     # ---- through Grain ----------------------------------------------------------------
     def map_dataset(self, *, rows: RowSpec = None, first_step: int = 0) -> grain.MapDataset:
-        """A ``grain.MapDataset`` whose element ``i`` is global batch ``first_step + i``."""
-        return BatchDataset(self.batch_source(rows=rows, first_step=first_step))
+        """A ``grain.MapDataset`` whose element ``i`` is global batch ``first_step + i``.
+
+        Its iterators' states are ``{"identity": ..., "state": {"next_index": i}}``: Grain's
+        position with this pipeline's identity (:meth:`describe` and ``first_step``; not the
+        rows, which any number of processes may split differently), so ``set_state`` refuses
+        a state saved over other data or another config, naming what changed."""
+        identity = {**self.describe(), "first_step": int(first_step)}
+        batches = BatchDataset(self.batch_source(rows=rows, first_step=first_step))
+        return with_identity(batches, identity, what="TokenPipeline")
 
     def iter_dataset(
         self,
@@ -399,7 +407,7 @@ class TokenPipeline:
         Local data is read in the calling thread, batch after batch (an
         ``InOrderIterDataset``, without Grain's per-element bookkeeping); data in a bucket on
         8 of Grain's read threads, which overlap the round trips. The state is Grain's either
-        way, ``{"next_index": i}``."""
+        way, ``{"next_index": i}``, under the pipeline's identity (see :meth:`map_dataset`)."""
         worker_count, worker_buffer_size = _worker_args(worker_count, worker_buffer_size)
         ds = self.map_dataset(rows=rows, first_step=first_step).to_iter_dataset(
             batch_read_options(remote=self.remote)
