@@ -6,8 +6,11 @@ priority ``w_i / (2m + 1)`` and the seats are handed out in order of decreasing 
 to the lower source index). The apportionment is house-monotone, so this is a sequence: sample
 ``n`` goes to the source whose count grows from ``n`` to ``n + 1`` seats. Properties:
 
-* after ``n`` samples, source ``i`` has served ``round(w_i * n)`` ± 1 samples, at every ``n``
-  (two sources: within 0.5); no randomness is involved, so proportions hold on every prefix;
+* after ``n`` samples, source ``i`` has served ``w_i * n`` within ``1/2 + w_i (k - 2) / 2``
+  samples, at every ``n``, ``k`` the sources of non-zero weight (two: within 0.5; three: 1).
+  Webster's rounding puts each count within 1/2 of ``w_i * s`` for some ``s``, and ``n - s`` is
+  the sum of the others' roundings, whence the bound; it is reached, e.g. weight 0.9 among
+  21 sources: 9; no randomness is involved, so proportions hold on every prefix;
 * the counts at any ``n`` are found directly (quota, then a few exact integer corrections),
   so reaching sample 10**12 costs what reaching sample 10 does;
 * weights are quantised to integers summing to 2**30 (a relative error below 1e-9).
