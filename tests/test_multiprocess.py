@@ -164,7 +164,8 @@ def expected(pipeline):
 
     first = batch(0)
     assert tuple(first) == MAXTEXT_FEATURES  # segmentation features are present
-    assert first["inputs_segmentation"].max() > 1  # documents do end inside windows
+    # documents do end inside windows (of the first batches: one batch may hold no EOS)
+    assert max(batch(k)["inputs_segmentation"].max() for k in range(8)) > 1
     return batch
 
 

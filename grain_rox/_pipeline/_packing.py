@@ -43,6 +43,27 @@ logger = logging.getLogger("grain_rox")
 _RENAME = {"_segment_ids": "_segmentation", "_positions": "_position"}
 
 
+class _FullBatch:
+    """Grain's ``batch_fn``: a batch's packed rows stacked, and a last, shorter batch (the
+    end of a finite stream) filled with rows of padding (every feature 0: segment 0), so
+    every packed row is served and every batch has the same shape (a dropped remainder lost
+    the last rows' documents, counted nowhere)."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+
+    def __call__(self, rows: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        short = self.batch_size - len(rows)
+        out = {}
+        for key in rows[0]:
+            stacked = np.stack([row[key] for row in rows])
+            if short > 0:
+                fill = np.zeros((short, *stacked.shape[1:]), dtype=stacked.dtype)
+                stacked = np.concatenate([stacked, fill])
+            out[key] = stacked
+        return out
+
+
 def _rename(record: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out = {}
     for key, value in record.items():
@@ -195,7 +216,8 @@ def pack_documents(
     logged to the ``"grain_rox"`` logger); or an ``"error"`` naming the document.
 
     Records are shuffled per epoch (``seed``), packed into ``num_packing_bins`` bins (default
-    ``batch_size``) by best- or first-fit, and batched. Output features: ``inputs``,
+    ``batch_size``) by best- or first-fit, and batched; a finite stream's last batch is filled
+    with rows of padding (segment 0), so every row is served and every batch has one shape. Output features: ``inputs``,
     ``targets``, ``inputs_segmentation``, ``inputs_position``, ``targets_segmentation``,
     ``targets_position`` (segment 0 = padding). ``shard=(index, count)`` gives a process its
     slice of the documents; the packed stream then depends on ``count``. The iterator's state
@@ -307,7 +329,7 @@ def pack_documents(
         seed=seed,
         shuffle_bins=shuffle,
     )
-    batched = packed.map(_rename).batch(batch_size, drop_remainder=True)
+    batched = packed.map(_rename).batch(batch_size, batch_fn=_FullBatch(batch_size))
     result = with_identity(WorkerShare(batched), identity, what="pack_documents")
     result.packing_stats = stats
     return result

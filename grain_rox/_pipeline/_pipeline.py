@@ -380,6 +380,9 @@ class TokenPipeline:
             **({"max_seq_len": plan.orders[0].max_seq_len} if self.order == "lanes" else {}),
             "dtype": self.dtype.name,
             "layout": self.layout,
+            # named only where padding is left out (a state saved before it was, on such data,
+            # is refused: its order read the padding)
+            **({"padding_left_out": plan.padding_left_out} if plan.padding_left_out else {}),
         }
 
     # ---- through Grain ----------------------------------------------------------------

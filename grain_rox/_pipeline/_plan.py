@@ -19,6 +19,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._order._blocks import DEFAULT_BLOCK_TOKENS, BlockOrder
 from grain_rox._order._curriculum import SAMPLE_LIMIT
@@ -114,6 +116,40 @@ def open_sources(
 SourceOrder = BlockOrder | LaneOrder | PackedOrder
 
 
+def served_tokens(corpus: RoxCorpus) -> list[int]:
+    """Each shard's tokens a pipeline reads: all of them but the padding at its end.
+
+    A write pads its last block with the pad id (roxxel's format has whole blocks). The
+    manifest counts each shard's padding; the run of pad ids at the shard's end, up to that
+    count, is left out (read once, a few tokens a shard): exactly the padding of a shard
+    written at once, and never a token that is not the pad id. (A shard without a manifest,
+    as roxxel writes them, records none: it is read whole. Padding an append to a single
+    file left mid-stream is read as written.)
+
+    >>> import tempfile, os, numpy as np
+    >>> from grain_rox import open_rox, write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "p.rox")
+    >>> _ = write_rox([np.arange(1, 6, dtype=np.uint16)], path, separator=0, block_size=16)
+    >>> corpus = open_rox(path)
+    >>> corpus.tokens(0, corpus.num_tokens).tolist(), served_tokens(corpus)
+    ([1, 2, 3, 4, 5, 0, 0, 0], [6])
+    """
+    counts = [sh.num_tokens for sh in corpus.shards]
+    pad = corpus.pad_id
+    padded = [
+        (s, min(sh.num_padding_tokens or 0, sh.num_tokens))
+        for s, sh in enumerate(corpus.shards)
+        if pad is not None and sh.num_padding_tokens
+    ]
+    if not padded:
+        return counts
+    tails = corpus.shard_spans_many([(s, [(counts[s] - n, counts[s])]) for s, n in padded])
+    for (s, n), (tail,) in zip(padded, tails, strict=True):
+        other = np.flatnonzero(tail != pad)
+        counts[s] -= n if other.size == 0 else n - 1 - int(other[-1])
+    return counts
+
+
 def source_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> list[SourceOrder]:
     """Each source's order (``pipeline.order``: blocks or lanes) under ``pipeline``'s
     schedule, seed, chunk, block and lane sizes; a source too small for them is an error
@@ -124,13 +160,15 @@ def source_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> 
     longest = pipeline.max_seq_len or max(p.seq_len for p in pipeline.phases)
     batch = math.lcm(*(p.batch_size for p in pipeline.phases))
     for s, (name, corpus) in enumerate(corpora.items()):
-        shard_tokens = [sh.num_tokens for sh in corpus.shards]
+        # grain_rox 0.1's lanes order read the padding too: kept, to continue its runs exactly
+        raw = pipeline.order == "lanes"
+        shard_tokens = [sh.num_tokens for sh in corpus.shards] if raw else served_tokens(corpus)
         chunk = pipeline.chunk_tokens or (
             packing_chunk_tokens(shard_tokens, longest)
             if pipeline.packing
-            else auto_chunk_tokens(corpus.num_tokens)
+            else auto_chunk_tokens(sum(shard_tokens))
         )
-        usable = sum((sh.num_tokens // chunk) * chunk for sh in corpus.shards)
+        usable = sum((t // chunk) * chunk for t in shard_tokens)
         seed = _source_seed(int(pipeline.seed), name)
         runs = schedule.source_runs(s)
         try:
@@ -213,7 +251,7 @@ class PipelinePlan:
     >>> pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, num_epochs=1)
     >>> plan = resolve_plan(pipe)
     >>> plan.num_batches, plan.eos_ids, plan.orders[0].name
-    (95, (0,), 'blocks')
+    (77, (0,), 'blocks')
     """
 
     corpora: dict[str, RoxCorpus]  # name -> its opened shards, in the pipeline's order
@@ -222,6 +260,8 @@ class PipelinePlan:
     num_batches: int | None  # global batches in all (None: endless)
     step_limit: int  # the first step the pipeline cannot start at (num_batches when finite)
     tokens: TokensLayout | None  # how a batch packs into one array (None: tokens not ints)
+    # each source's block padding its order leaves out (see served_tokens); none: not named
+    padding_left_out: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def has_segments(self) -> bool:
@@ -266,4 +306,11 @@ def resolve_plan(
         num_batches=total,
         step_limit=schedule.step_limit if total is None else total,
         tokens=tokens,
+        padding_left_out={}
+        if pipeline.order == "lanes"
+        else {
+            name: left_out
+            for name, corpus in corpora.items()
+            if (left_out := corpus.num_tokens - sum(served_tokens(corpus)))
+        },
     )
