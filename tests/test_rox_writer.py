@@ -303,3 +303,31 @@ def test_text_is_encoded_in_batches_ahead_yet_lands_in_item_order(tmp_path, monk
     assert calls == [2, 2, 1]  # runs of text, cut at 7 characters and at each token array
     with pytest.raises(ValueError, match="item 2 holds token id 300"):
         write_rox(["ab", "c", [300]], tmp_path / "b.rox", tokenizer=tok)
+
+
+def test_a_token_array_holding_the_separator_is_counted_and_logged(tmp_path, caplog):
+    """Readers see a document end at every separator, also one inside an item's array: the
+    manifest counts those documents (it said 2 where RoxDocumentSource read 3), and the
+    first such item is logged once, naming it and the fix."""
+    import logging
+
+    from grain_rox import RoxDocumentSource, open_rox
+
+    path = str(tmp_path / "eos.rox")
+    items = [
+        np.array([5, 0, 6], np.uint16),
+        np.array([7], np.uint16),
+        np.array([8, 0, 9], np.uint16),
+    ]
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        written = write_rox(items, path, separator=0)
+    corpus = open_rox(path)
+    assert corpus.tokens(0, 10).tolist() == [5, 0, 6, 0, 7, 0, 8, 0, 9, 0]
+    assert written.num_documents == corpus.num_documents == 5
+    assert len(RoxDocumentSource(path, seq_len=8)) == 5
+    logged = [r.getMessage() for r in caplog.records if "separator (EOS) id" in r.getMessage()]
+    assert logged == [
+        "item 0 holds the separator (EOS) id 0 1 time(s): readers see a document end at each, "
+        "and the manifest counts them as documents. Drop it from the arrays, or pass "
+        "separator=None if they carry their own"
+    ]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -53,6 +54,8 @@ from grain_rox._text._shard_files import IfExists, ShardSetWriter, is_set_member
 from grain_rox._text._tokenize_ahead import tokenize_in_order
 from grain_rox._text._tokenizers import Tokenizer, get_tokenizer
 from grain_rox._text._write_manifest import build_manifest, check_append_compatible
+
+logger = logging.getLogger("grain_rox")
 
 _FLUSH_BYTES = 4 << 20  # encoded tokens gathered before whole blocks are written
 
@@ -352,11 +355,27 @@ def _encode_and_write(
     written = _Written()
     # A document counts in the shard its first token lands in; shards have a fixed capacity.
     cap_tokens = None if shards.capacity is None else shards.capacity * per_block
+    warned = False
     for index, item in enumerate(items):
         arr = encode(item, index)
         shard = 0 if cap_tokens is None else written.num_tokens // cap_tokens
-        written.documents_per_file[shard] += 1
-        written.num_documents += 1
+        # a token array holding the separator: readers see a document end there, so the
+        # manifest counts it as one (and the first such item is logged)
+        inside = 0
+        if sep_arr is not None and not isinstance(item, (str, bytes, bytearray, memoryview)):
+            inside = int(np.count_nonzero(arr == sep_arr[0]))
+            if inside and not warned:
+                warned = True
+                logger.warning(
+                    "item %d holds the separator (EOS) id %s %d time(s): readers see a "
+                    "document end at each, and the manifest counts them as documents. Drop it "
+                    "from the arrays, or pass separator=None if they carry their own",
+                    index,
+                    sep_arr[0],
+                    inside,
+                )
+        written.documents_per_file[shard] += 1 + inside
+        written.num_documents += 1 + inside
         pending.append(arr)
         pending_tokens += arr.size
         written.num_tokens += arr.size
