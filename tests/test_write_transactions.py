@@ -378,6 +378,16 @@ def test_same_size_in_place_change_fails_the_fingerprint_copies_do_not(tmp_path,
         "re-create the shard set (or restore the shard from a copy); a checkpoint made on the "
         "data as written cannot continue on these bytes"
     )
+    # The Grain sources check when they are made (they read the edited token silently)
+    from grain_rox import RoxBlockSource, RoxDocumentSource, RoxTokenSource
+
+    for make in (
+        lambda: RoxTokenSource(path, seq_len=4),
+        lambda: RoxBlockSource(path),
+        lambda: RoxDocumentSource(path, seq_len=4),
+    ):
+        with pytest.raises(RoxFormatError, match="its content changed after it was written"):
+            make()
 
 
 BAD_WRITES = {
@@ -732,3 +742,24 @@ def test_processes_hashing_one_file_version_wait_for_the_first(tmp_path, monkeyp
         _hash_cache._write_entry(entry, remembered)
     out, _ = child.communicate(timeout=60)
     assert out == remembered + "\n"
+
+
+def test_a_killed_first_write_is_named_where_no_shard_is_found(tmp_path, capsys):
+    """A write killed before its first rename leaves only temporaries: opening the set (or its
+    directory) and ``inspect`` say so, naming them and the fix, not only "no .rox shard"."""
+    names = [".set_0000.rox.999999999.0badcafe.tmp", ".set.manifest.json.999999999.0badcafe.tmp"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"\0" * 64)
+    note = (
+        f"a killed write left 2 temporary files beside it ({names[1]}, {names[0]}), none of "
+        "them a shard: run the write again (it removes them) or delete them"
+    )
+    for spec in (str(tmp_path / "set.rox"), str(tmp_path)):
+        with pytest.raises(FileNotFoundError) as info:
+            open_rox(spec)
+        assert str(info.value).startswith("no .rox shard found for ")
+        assert note in str(info.value)
+    assert cli_main(["inspect", str(tmp_path / "set.rox")]) != 0
+    assert note in capsys.readouterr().err
+    _write(str(tmp_path / "set.rox"), 1, 2)  # the next write removes them
+    assert not any(name in os.listdir(tmp_path) for name in names)

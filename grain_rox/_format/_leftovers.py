@@ -58,6 +58,40 @@ def leftover_temps(manifest_path: str) -> list[str]:
     ]
 
 
+_ANY_TEMP = re.compile(rf"\.(?:.+\.rox|.+{re.escape(MANIFEST_SUFFIX)})\.(\d+)\.[0-9a-f]+\.tmp")
+
+
+def killed_write_note(searched: str, directory: bool) -> str:
+    """For an error that found no shard at ``searched`` (a set's path, or a directory): a
+    note naming the temporaries a killed write left there, or "" when there are none.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(os.path.join(d, ".t_0000.rox.1.ab12.tmp"), "wb")
+    >>> killed_write_note(os.path.join(d, "t.rox"), directory=False)[:52]
+    '; a killed write left 1 temporary file beside it (.t'
+    """
+    found: list[str] = []
+    if directory:
+        with contextlib.suppress(FileNotFoundError):
+            matches = [(e.name, _ANY_TEMP.fullmatch(e.name)) for e in os.scandir(searched)]
+            found = [
+                os.path.join(searched, name)
+                for name, m in sorted(matches, key=lambda t: t[0])
+                if m and not _alive(int(m.group(1)))  # not a write running now
+            ]
+    else:
+        found = leftover_temps(manifest_path_for(searched))
+    if not found:
+        return ""
+    files = "file" if len(found) == 1 else "files"
+    shown = ", ".join(os.path.basename(p) for p in found[:3]) + (", ..." if len(found) > 3 else "")
+    return (
+        f"; a killed write left {len(found)} temporary {files} beside it ({shown}), none of "
+        "them a shard: run the write again (it removes them) or delete them"
+    )
+
+
 def leftovers_of(paths: list[str]) -> list[str]:
     """The killed writers' temporaries beside the sets that shard ``paths`` belong to."""
     found: list[str] = []

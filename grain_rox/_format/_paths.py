@@ -28,6 +28,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from grain_rox._format._leftovers import killed_write_note
 from grain_rox._format._object_store import is_url
 from grain_rox._format._remote_set import resolve_url
 
@@ -68,13 +69,17 @@ def _resolve_set_name(s: str, prefix: str) -> list[str]:
 def _resolve_entry(s: str, roxxel_names: bool) -> tuple[list[str], str]:
     """Resolve one entry; returns (files, what was searched when nothing matched)."""
     if os.path.isdir(s):
-        return sorted(glob.glob(os.path.join(s, "*.rox"))), f"the directory {s!r} (no *.rox in it)"
+        found = sorted(glob.glob(os.path.join(s, "*.rox")))
+        return found, f"the directory {s!r} (no *.rox in it{killed_write_note(s, True)})"
     if os.path.exists(s):
         return [s], ""
     prefix = s[: -len(".rox")] if s.endswith(".rox") else s
     if not roxxel_names:
         found = _resolve_set_name(s, prefix)
-        searched = f"{s!r} (not a file or directory; no {prefix + '_NNNN.rox'!r} shards)"
+        searched = (
+            f"{s!r} (not a file or directory; no {prefix + '_NNNN.rox'!r} shards"
+            f"{killed_write_note(s, False)})"
+        )
         return found, "" if found else searched
     for suffix in ("_*.rox", "*.rox"):
         found = sorted(glob.glob(prefix + suffix))  # unescaped, as roxxel does

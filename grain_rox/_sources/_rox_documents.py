@@ -97,6 +97,9 @@ class RoxDocumentSource:
         if eos_id is not None:
             eos_id = int_arg(eos_id, "eos_id", where="RoxDocumentSource", minimum=0)
         self.corpus = open_rox(paths)
+        # a shard changed in place since it was written is refused now, not read: its
+        # manifest's sha256 is compared where its size or mtime changed (once per version)
+        _ = self.corpus.fingerprint
         eos = eos_id if eos_id is not None else self.corpus.eos_id
         if eos is None:
             raise ValueError(

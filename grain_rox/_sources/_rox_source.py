@@ -66,6 +66,9 @@ class RoxTokenSource:
         if eos_id is not None:
             eos_id = int_arg(eos_id, "eos_id", where="RoxTokenSource", minimum=0)
         self.corpus = open_rox(paths)
+        # a shard changed in place since it was written is refused now, not read: its
+        # manifest's sha256 is compared where its size or mtime changed (once per version)
+        _ = self.corpus.fingerprint
         self.seq_len = seq_len
         self.eos_id = eos_id if eos_id is not None else self.corpus.eos_id
         self.dtype = np.dtype(dtype)
@@ -139,6 +142,9 @@ class RoxBlockSource:
     def __init__(self, paths: PathSpec | RoxCorpus) -> None:
         make_grain_workers_usable()
         self.corpus = open_rox(paths)
+        # a shard changed in place since it was written is refused now, not read: its
+        # manifest's sha256 is compared where its size or mtime changed (once per version)
+        _ = self.corpus.fingerprint
 
     @property
     def paths(self) -> tuple[str, ...]:
