@@ -464,3 +464,25 @@ def test_a_users_own_flags_still_parse_and_fail_as_absl_says(paths, tmp_path):
         tmp_path, code, "--user_steps=7", "--grain_enable_multiprocess_worker_profiling"
     )
     assert out.split() == ["unparsed", "7", "True"]
+
+
+def test_sources_and_nodes_name_themselves_as_grain_shows_and_compares_them(paths, tmp_path):
+    """A source's repr tells apart what reads differently (RoxDocumentSource's output dtype;
+    HFStreamingSource's files and config, where it showed an object address), the in-order
+    iterator has a name in Grain's summaries, and an endless map_dataset()[-1] says there is
+    no last batch (index % len read a batch past the schedule's end and said so)."""
+    from grain_rox import HFStreamingSource
+
+    docs = [RoxDocumentSource(paths["a"], seq_len=8, dtype=d) for d in (np.int32, np.int64)]
+    assert repr(docs[0]) != repr(docs[1]) and repr(docs[1]).endswith("dtype=int64)")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"x": [i, i + 1]}) + "\n" for i in range(6)))
+    stream = [HFStreamingSource(str(rows), seed=s) for s in (0, 0, 1)]
+    assert repr(stream[0]) == repr(stream[1]) != repr(stream[2])
+    assert repr(stream[0]).startswith("HFStreamingSource(identity=")
+    pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=1)
+    it = iter(pipe.iter_dataset())
+    next(it)
+    assert str(it._parent) == "InOrderIterator(next_index=1)"  # under the pipeline's identity
+    with pytest.raises(IndexError, match="an endless pipeline has no last batch to count from"):
+        pipe.map_dataset()[-1]

@@ -30,6 +30,7 @@ arrays. Its state is the one Grain's iterator keeps, ``{"next_index": i}``.
 from __future__ import annotations
 
 import operator
+import sys
 from typing import Any
 
 import grain
@@ -58,8 +59,11 @@ class BatchDataset(grain.MapDataset):
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return self.slice(index)
+        i = operator.index(index)
+        if i < 0 and len(self) == sys.maxsize:  # endless: no last element to count back from
+            return self.source[i]  # the source says so (index % len would read far ahead)
         with self._stats.record_self_time():
-            read = self.source[self._first + operator.index(index) % len(self)]
+            read = self.source[self._first + i % len(self)]
             return self._stats.record_output_spec(read)
 
     def to_iter_dataset(
@@ -168,6 +172,9 @@ class _InOrderIterator(grain.DatasetIterator):
 
     def get_state(self) -> dict[str, Any]:
         return {"next_index": self._next_index}
+
+    def __str__(self) -> str:  # as Grain's execution summaries name the node
+        return f"InOrderIterator(next_index={self._next_index})"
 
     def _get_next_index(self) -> int:  # grain.experimental.get_next_index
         return self._next_index

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from grain_rox._format._digest import facts_digest
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._hf_stream_windows import StreamDataset
 from grain_rox._text._hf_checks import (
@@ -145,6 +146,10 @@ class HFStreamingSource:
         if features is not None:  # numbers keep the files' dtypes, as in HFEagerSource
             self.dtypes = arrow_dtypes(features.arrow_schema)
         return kept_columns(list(ds.column_names or []), self.include_keys, self.exclude_keys)
+
+    def __repr__(self) -> str:
+        """Content-identifying, as Grain compares sources: its files' digests and config."""
+        return f"HFStreamingSource(identity={facts_digest(self.identity())})"
 
     def identity(self) -> dict[str, Any]:
         """What an iterator state belongs to: the files' content and the config (JSON)."""

@@ -206,7 +206,8 @@ class RoxDocumentSource:
     def __repr__(self) -> str:
         return (
             f"RoxDocumentSource(data={self.corpus.fingerprint}, seq_len={self.seq_len}, "
-            f"eos_id={self.eos_id}, long_documents={self.long_documents})"
+            f"eos_id={self.eos_id}, long_documents={self.long_documents}, "
+            f"dtype={self.dtype.name})"
         )
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
