@@ -154,7 +154,7 @@ class MultiHostDataLoadIterator:
     ...     batch = next(it)
     ...     state = it.get_state()
     >>> batch["inputs"].shape, type(batch["inputs"]).__name__, len(it)
-    ((8, 32), 'ArrayImpl', 79)
+    ((8, 32), 'ArrayImpl', 77)
     >>> json.loads(state)["step"]
     1
     """

@@ -114,11 +114,11 @@ class TokenPipeline:
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import write_rox
     >>> path = os.path.join(tempfile.mkdtemp(), "p.rox")
-    >>> _ = write_rox([np.arange(5000, dtype=np.uint16)], path, separator=0)
+    >>> _ = write_rox([np.arange(1, 5001, dtype=np.uint16)], path, separator=0)
     >>> pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, seed=1, num_epochs=1)
     >>> batch = pipe.map_dataset()[0]
     >>> batch["inputs"].shape, batch["inputs"].dtype.name, pipe.num_batches
-    ((4, 16), 'int32', 95)
+    ((4, 16), 'int32', 77)
     >>> bool((batch["targets"][:, :-1] == batch["inputs"][:, 1:]).all())
     True
     """
@@ -223,7 +223,7 @@ class TokenPipeline:
         >>> _ = write_rox([np.arange(5000, dtype=np.uint16)], path)
         >>> pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, num_epochs=1)
         >>> pipe.plan is pipe.plan, pipe.plan.num_batches
-        (True, 95)
+        (True, 77)
         """
         return resolve_plan(self)
 
@@ -254,12 +254,12 @@ class TokenPipeline:
         >>> path = os.path.join(tempfile.mkdtemp(), "s.rox")
         >>> _ = write_rox([np.arange(5000, dtype=np.uint16)], path)
         >>> pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, num_epochs=1)
-        >>> pipe.check_step(np.int64(95))
-        95
-        >>> pipe.check_step(96)
+        >>> pipe.check_step(np.int64(77))
+        77
+        >>> pipe.check_step(78)
         Traceback (most recent call last):
         ...
-        ValueError: TokenPipeline: first_step=96 is past the end of this pipeline (95 batches: steps 0 to 94, and 95 means done); pass a step <= 95, or the state saved with this pipeline
+        ValueError: TokenPipeline: first_step=78 is past the end of this pipeline (77 batches: steps 0 to 76, and 77 means done); pass a step <= 77, or the state saved with this pipeline
         """
         return self.plan.check_step(step, argument)
 

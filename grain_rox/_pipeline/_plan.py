@@ -247,7 +247,7 @@ class PipelinePlan:
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import TokenPipeline, write_rox
     >>> path = os.path.join(tempfile.mkdtemp(), "plan.rox")
-    >>> _ = write_rox([np.arange(5000, dtype=np.uint16)], path, separator=0)
+    >>> _ = write_rox([np.arange(1, 5001, dtype=np.uint16)], path, separator=0)
     >>> pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, num_epochs=1)
     >>> plan = resolve_plan(pipe)
     >>> plan.num_batches, plan.eos_ids, plan.orders[0].name
