@@ -461,7 +461,8 @@ def _inspect(args: argparse.Namespace) -> int:
         f"documents   {'unknown' if info['documents'] is None else format(info['documents'], ',')}"
     )
     print(f"eos id      {info['eos_id']}")
-    print(f"tokenizer   {tok['name'] if tok else 'unknown (no manifest)'}")
+    untokenized = "none (written as token ids)" if info["manifests"] else "unknown (no manifest)"
+    print(f"tokenizer   {tok['name'] if tok else untokenized}")
     print(f"manifest    {', '.join(info['manifests']) or 'none'}")
     print(f"fingerprint {info['fingerprint']}")
     for tmp in info["leftover_temporaries"]:

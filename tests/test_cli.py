@@ -607,3 +607,30 @@ def test_convert_runner_refuses_what_beam_cannot_do_and_unknown_options_stay_err
     assert main(argv) == 2
     assert "select the input files instead" in capsys.readouterr().err
     assert not os.path.exists(out)
+
+
+def test_inspect_names_the_tokenizer_a_manifest_records_or_none(tmp_path, capsys):
+    """A set written from token ids has a manifest with no tokenizer: inspect says so (it said
+    "unknown (no manifest)" beside the manifest's path); without a manifest it is unknown."""
+    out = str(tmp_path / "ids.rox")
+    write_rox([np.arange(1, 50, dtype=np.uint16)], out, separator=0)
+    assert main(["inspect", out]) == 0
+    assert "tokenizer   none (written as token ids)\n" in capsys.readouterr().out
+    os.remove(tmp_path / "ids.manifest.json")
+    assert main(["inspect", out]) == 0
+    assert "tokenizer   unknown (no manifest)\n" in capsys.readouterr().out
+
+
+def test_verify_blames_a_broken_manifest_not_the_shards_it_covers(tmp_path, capsys):
+    """A manifest that cannot be read leaves its set's shards unchecked: verify says that of
+    each (it called each one a damaged shard) and fails."""
+    out = str(tmp_path / "m.rox")
+    kw = {"separator": 0, "block_size": 64, "max_shard_bytes": 512}
+    write_rox([np.arange(1, 600, dtype=np.uint16)], out, **kw)
+    (tmp_path / "m.manifest.json").write_text("{not json")
+    assert main(["verify", str(tmp_path)]) == 1
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("FAIL")]
+    assert len(lines) == len(list(tmp_path.glob("m_*.rox"))) > 1
+    manifest = str(tmp_path / "m.manifest.json")
+    for line in lines:
+        assert f": not checked: the set's {manifest} is unusable: the manifest is not valid" in line

@@ -394,6 +394,34 @@ def test_manifest_dtype_disagrees_with_footer(written):
     )
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(num_documents=-3), "num_documents is -3, not a count"),
+        (lambda d: d.update(block_size="4096"), "block_size is '4096', not a count"),
+        (lambda d: d.update(eos_id="0"), "eos_id is '0', not a token id"),
+        (lambda d: d["shards"]["train.rox"].update(num_tokens=-1), "num_tokens is -1, not a"),
+        (
+            lambda d: d["shards"]["train.rox"].update(num_padding_tokens=1.5),
+            "padding_tokens is 1.5",
+        ),
+        (lambda d: d["shards"].update({"train.rox": 7}), "the record of 'train.rox' is 7, not a"),
+    ],
+)
+def test_a_manifest_with_impossible_counts_is_refused_not_believed(written, edit, message):
+    """Counts are whole numbers >= 0 and ids are numbers: a hand edit like num_documents: -3
+    passed open and verify; it is now the invalid-manifest error, naming the field."""
+    path, manifest_path = written
+    data = json.loads(Path(manifest_path).read_text())
+    edit(data)
+    Path(manifest_path).write_text(json.dumps(data))
+    with pytest.raises(
+        RoxFormatError, match="the manifest is not valid grain_rox manifest JSON"
+    ) as e:
+        open_rox(path)
+    assert message in e.value.problem and e.value.path == manifest_path
+
+
 MANIFEST_HEAD = '"format": "grain_rox.manifest", "version": 1'
 
 

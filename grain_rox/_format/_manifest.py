@@ -289,8 +289,20 @@ class Manifest:
                     "the manifest was edited or damaged: re-create the shard set, or delete "
                     "this manifest to read the shards without its extras",
                 )
+        dtype = data["dtype"]
+        _check_counts(data, ("block_size",), ("num_documents",), "")
+        for name, rec in data["shards"].items():
+            if not isinstance(rec, dict):
+                raise ValueError(f"the record of {name!r} is {rec!r}, not a JSON object")
+            _check_counts(rec, _RECORD_COUNTS, _RECORD_OPTIONAL_COUNTS, f"{name!r}: ")
+        for key in ("eos_id", "pad_id"):
+            token = data.get(key)
+            if token is not None and (
+                isinstance(token, bool) or not isinstance(token, (int, float))
+            ):
+                raise ValueError(f"{key} is {token!r}, not a token id")
         return cls(
-            dtype=data["dtype"],
+            dtype=dtype,
             block_size=int(data["block_size"]),
             shards={name: ShardRecord(**rec) for name, rec in data["shards"].items()},
             eos_id=data.get("eos_id"),
@@ -315,6 +327,25 @@ class Manifest:
                 f"the manifest is not valid grain_rox manifest JSON ({type(e).__name__}: {e})",
                 "delete it (the shards read without it) or re-create the shard set",
             ) from None
+
+
+_RECORD_COUNTS = ("file_size", "num_blocks", "raw_size", "num_tokens")
+_RECORD_OPTIONAL_COUNTS = ("num_padding_tokens", "num_documents", "mtime_ns")
+
+
+def _check_counts(
+    data: dict[str, Any], required: tuple[str, ...], optional: tuple[str, ...], where: str
+) -> None:
+    """The counts a manifest records are whole numbers >= 0 (an edited or damaged manifest
+    is refused, not believed: ``num_documents: -3`` passed ``verify``)."""
+    for key in required + optional:
+        if key not in data:
+            continue  # a missing field is the KeyError/TypeError of reading it
+        value = data[key]
+        if value is None and key in optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{where}{key} is {value!r}, not a count (a whole number >= 0)")
 
 
 def load_manifest(path: str) -> Manifest | None:

@@ -164,7 +164,10 @@ def verify_rox(
                 )
             )
         except RoxFormatError as e:
-            reports.append(ShardReport(path, f"{e.problem}. Fix: {e.fix}.", set=name))
+            problem = f"{e.problem}. Fix: {e.fix}."
+            if e.path != path:  # the set's manifest (or another of its files), not this shard
+                problem = f"not checked: the set's {e.path} is unusable: {problem}"
+            reports.append(ShardReport(path, problem, set=name))
         except OSError as e:
             reports.append(ShardReport(path, f"cannot read: {e}", set=name))
         _log_report(reports[-1])
@@ -212,6 +215,8 @@ def _log_report(report: ShardReport) -> None:
             report.dtype,
             report.checksum,
         )
+    elif (report.problem or "").startswith("not checked: "):
+        logger.warning("shard %s %s", report.path, report.problem)
     else:
         logger.warning("damaged shard %s: %s", report.path, report.problem)
 
