@@ -437,11 +437,19 @@ def test_an_output_dtype_that_would_change_token_ids_is_refused(make_rox):
             match=rf"dtype={np.dtype(dtype).name} would change token ids of .*gpt2ish\.rox, stored as uint16",
         ):
             pipe.map_dataset()
-    wide = TokenPipeline(path, seq_len=8, global_batch_size=2, dtype=np.uint16, eos_id=70000)
-    with pytest.raises(
-        ValueError, match=r"dtype=uint16 cannot hold the EOS id 70000; pass dtype=np\.int64"
-    ):
+    wide = TokenPipeline(path, seq_len=8, global_batch_size=2, dtype=np.int64, eos_id=70000)
+    never = r"eos_id=70000 can never occur in .*gpt2ish\.rox, stored as uint16 \(ids 0 to 65535\)"
+    with pytest.raises(ValueError, match=never):  # it was accepted: no document ever ended
         _ = wide.num_batches
+    for source in (RoxTokenSource, RoxDocumentSource):
+        with pytest.raises(ValueError, match=never):
+            source(path, seq_len=8, eos_id=70000)
+    other = make_rox("u32", [np.array([5, 7], np.uint32)] * 300, separator=2**31)
+    narrow = TokenPipeline(other, seq_len=8, global_batch_size=2)  # int32: no room for 2**31
+    with pytest.raises(
+        ValueError, match=r"dtype=int32 cannot hold the EOS id 2147483648; pass dtype=np\.int64"
+    ):
+        _ = narrow.num_batches
     for source in (RoxTokenSource, RoxDocumentSource):  # the same rule for the plain sources
         with pytest.raises(
             ValueError,
