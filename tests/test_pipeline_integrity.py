@@ -492,6 +492,11 @@ def test_the_padding_of_a_writes_last_block_is_not_served(tmp_path):
         assert 0 < served <= real
     lanes = TokenPipeline(path, seq_len=16, global_batch_size=4, seed=0, order="lanes")
     assert "padding_left_out" not in lanes.describe()
+    # a grain.DataLoader compares the source's repr: the padding left out is part of it
+    pipe = TokenPipeline(path, seq_len=16, global_batch_size=4, seed=0, chunk_tokens=64)
+    before = TokenPipeline(path, seq_len=16, global_batch_size=4, seed=0, chunk_tokens=64)
+    before.plan.padding_left_out.clear()  # as the repr was while the padding was read
+    assert repr(pipe.batch_source()) != repr(before.batch_source())
     pipe = TokenPipeline(path, seq_len=16, global_batch_size=8, seed=0, chunk_tokens=64)
     with MultiHostDataLoadIterator(pipe) as it:
         next(it)
@@ -501,10 +506,11 @@ def test_the_padding_of_a_writes_last_block_is_not_served(tmp_path):
         it.set_state(json.dumps(state))
 
 
-def test_padding_left_out_is_only_the_pad_run_at_a_shards_end(tmp_path):
+def test_an_append_records_the_padding_it_leaves_mid_stream(tmp_path):
     """An append to a single file leaves the first write's padding mid-stream (read as
-    written) and the manifest sums both writes' padding: only the run of pad ids at the end
-    is left out, never a token that is not the pad id."""
+    written): the manifest records where (padding_spans), so exactly the last write's padding
+    is left out, the last document's EOS kept, and real tokens equal to the pad id too (they
+    were dropped when only the sum of both writes' padding was known)."""
     from grain_rox import open_rox, write_rox
     from grain_rox._pipeline._plan import served_tokens
 
@@ -515,8 +521,32 @@ def test_padding_left_out_is_only_the_pad_run_at_a_shards_end(tmp_path):
     corpus = open_rox(path)
     written = [1, 2, 3, 7, 7, 7, 7, 7, 4, 5, 6, 8, 9, 7, 7, 7]
     assert corpus.tokens(0, corpus.num_tokens).tolist() == written
-    assert corpus.shards[0].num_padding_tokens == 6  # 4 + 2: the manifest sums them
-    assert served_tokens(corpus) == [13]  # up to 9: the last write's EOS and padding out
+    manifest = json.loads((tmp_path / "a.manifest.json").read_text())["shards"]["a.rox"]
+    assert (manifest["num_padding_tokens"], manifest["padding_spans"]) == (6, [[4, 4]])
+    assert corpus.trailing_padding() == [(2, 7)]
+    assert served_tokens(corpus) == [14]  # through 9 and its EOS
+    raw = str(tmp_path / "z.rox")  # no separator: the pad is 0, and so are real tokens
+    write_rox([np.array([1, 2, 3], np.uint16)], raw, block_size=16)
+    tail = np.array([4, 5, 6, 7, 8, 0, 0, 0], np.uint16)  # fills its block: no padding
+    write_rox([tail], raw, block_size=16, if_exists="append")
+    assert served_tokens(open_rox(raw)) == [16]  # the real zeros are served
+
+
+def test_padding_is_found_per_set_and_for_a_nan_pad(tmp_path):
+    """One source of two sets with other pad ids leaves out each set's padding (the shared
+    pad id was None: all of it was served); a float set padded with NaN too (NaN != NaN)."""
+    from grain_rox import open_rox, write_rox
+    from grain_rox._pipeline._plan import served_tokens
+
+    doc = np.arange(1, 5000, dtype=np.uint16)
+    write_rox([doc], str(tmp_path / "a.rox"), separator=0)
+    write_rox([doc], str(tmp_path / "b.rox"), separator=999)
+    both = open_rox([str(tmp_path / "a.rox"), str(tmp_path / "b.rox")])
+    assert both.pad_id is None and [p for _, p in both.trailing_padding()] == [0, 999]
+    assert served_tokens(both) == [5000, 5000]
+    floats = str(tmp_path / "f.rox")
+    write_rox([np.linspace(0.5, 9.5, 4000, dtype=np.float32)], floats, separator=float("nan"))
+    assert served_tokens(open_rox(floats)) == [4001]
 
 
 def test_pack_documents_serves_the_last_rows_in_a_batch_filled_with_padding():

@@ -104,7 +104,11 @@ class ShardRecord:
       sha256: the hex sha256 of the whole file, or None when not known (a shard written by
         another tool).
       num_tokens: the tokens in its raw region, padding included.
-      num_padding_tokens: how many of those pad the last block.
+      num_padding_tokens: how many of those are padding: the last block's, and (after
+        appends to a single file) earlier writes' last blocks, now mid-stream.
+      padding_spans: ``[token offset, count]`` of each padding an append left mid-stream (None:
+        none, or a manifest from before they were recorded); the rest of
+        ``num_padding_tokens`` ends the shard.
       num_documents: the documents written to it, or None when not recorded.
       mtime_ns: its modification time when written, or None (older manifests).
       object_tag: for a set published to a bucket, the content hash the store keeps for the
@@ -124,16 +128,23 @@ class ShardRecord:
     num_documents: int | None = None
     mtime_ns: int | None = None
     object_tag: str | None = None
+    padding_spans: list[list[int]] | None = None
 
     def facts(self) -> tuple[int, int, int]:
         return (self.file_size, self.num_blocks, self.raw_size)
 
+    @property
+    def trailing_padding(self) -> int:
+        """The padding that ends the shard (its last write's)."""
+        return self.num_padding_tokens - sum(n for _, n in self.padding_spans or ())
+
     def to_data(self) -> dict[str, Any]:
-        """The record as manifest JSON: ``object_tag`` only when set (a local set's manifest
-        reads as before, in older grain_rox too)."""
+        """The record as manifest JSON: ``object_tag`` and ``padding_spans`` only when set (a
+        local set's manifest reads as before, in older grain_rox too)."""
         data = dataclasses.asdict(self)
-        if data["object_tag"] is None:
-            del data["object_tag"]
+        for key in ("object_tag", "padding_spans"):
+            if data[key] is None:
+                del data[key]
         return data
 
     def check_checksum(self, path: str) -> bool:
@@ -295,6 +306,10 @@ class Manifest:
             if not isinstance(rec, dict):
                 raise ValueError(f"the record of {name!r} is {rec!r}, not a JSON object")
             _check_counts(rec, _RECORD_COUNTS, _RECORD_OPTIONAL_COUNTS, f"{name!r}: ")
+            _check_padding_spans(rec, f"{name!r}: ")
+            mtime = rec.get("mtime_ns")  # any int: a file may date from before 1970
+            if mtime is not None and (isinstance(mtime, bool) or not isinstance(mtime, int)):
+                raise ValueError(f"{name!r}: mtime_ns is {mtime!r}, not an int")
         for key in ("eos_id", "pad_id"):
             token = data.get(key)
             if token is not None and (
@@ -330,7 +345,7 @@ class Manifest:
 
 
 _RECORD_COUNTS = ("file_size", "num_blocks", "raw_size", "num_tokens")
-_RECORD_OPTIONAL_COUNTS = ("num_padding_tokens", "num_documents", "mtime_ns")
+_RECORD_OPTIONAL_COUNTS = ("num_padding_tokens", "num_documents")
 
 
 def _check_counts(
@@ -346,6 +361,26 @@ def _check_counts(
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{where}{key} is {value!r}, not a count (a whole number >= 0)")
+
+
+def _check_padding_spans(rec: dict[str, Any], where: str) -> None:
+    """``padding_spans``, when recorded: ``[offset, count]`` pairs of counts, inside the
+    shard's tokens and its recorded padding."""
+    spans = rec.get("padding_spans")
+    if spans is None:
+        return
+    pairs = isinstance(spans, list) and all(
+        isinstance(p, list)
+        and len(p) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in p)
+        for p in spans
+    )
+    tokens, padding = rec.get("num_tokens", 0), rec.get("num_padding_tokens", 0)
+    if not pairs or any(a + n > tokens for a, n in spans) or sum(n for _, n in spans) > padding:
+        raise ValueError(
+            f"{where}padding_spans is {spans!r:.200}, not [offset, count] pairs of the shard's "
+            "padding"
+        )
 
 
 def load_manifest(path: str) -> Manifest | None:

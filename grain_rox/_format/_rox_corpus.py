@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from grain_rox._format._leftovers import leftovers_of
-from grain_rox._format._manifest import Manifest, ShardRecord
+from grain_rox._format._manifest import Manifest, ShardRecord, manifest_path_for
 from grain_rox._format._mapped_shard import FileIdentity, MappedShard
 from grain_rox._format._object_store import ObjectInfo, is_url
 from grain_rox._format._paths import PathSpec, resolve_shard_paths
@@ -201,6 +201,27 @@ class RoxCorpus:
         """Documents written, when every shard's manifest records it; else None."""
         counts = [r.num_documents if r else None for r in self._records]
         return None if any(c is None for c in counts) else sum(c for c in counts if c)
+
+    def trailing_padding(self) -> list[tuple[int, Any]]:
+        """Each shard's ``(tokens of padding at its end, the pad id)`` as its own manifest
+        records them (its last write's padding; ``(0, None)`` where no manifest says).
+
+        >>> import tempfile, os, numpy as np
+        >>> from grain_rox import write_rox
+        >>> path = os.path.join(tempfile.mkdtemp(), "t.rox")
+        >>> _ = write_rox([np.arange(1, 6, dtype=np.uint16)], path, separator=0, block_size=16)
+        >>> open_rox(path).trailing_padding()
+        [(2, 0)]
+        """
+        out: list[tuple[int, Any]] = []
+        for header, record in zip(self._headers, self._records, strict=True):
+            manifest = self._manifests.get(manifest_path_for(header.path))
+            pad = None if manifest is None else manifest.pad_id
+            if record is None or pad is None:
+                out.append((0, None))
+            else:
+                out.append((min(record.trailing_padding, header.num_tokens), pad))
+        return out
 
     @property
     def manifest_paths(self) -> tuple[str, ...]:

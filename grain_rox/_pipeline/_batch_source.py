@@ -139,6 +139,9 @@ class GlobalBatchSource:
                 ],
                 p.dtype.name,
                 self.first_step,
+                # block padding left out changes the order: named where there is any (the
+                # repr of data without padding, and of the lanes order, is as before)
+                *([p.plan.padding_left_out] if p.plan.padding_left_out else []),
             ]
         )
         shown = ",".join(f"{n}:{f}" if n else f for n, f in data.items())

@@ -119,12 +119,13 @@ SourceOrder = BlockOrder | LaneOrder | PackedOrder
 def served_tokens(corpus: RoxCorpus) -> list[int]:
     """Each shard's tokens a pipeline reads: all of them but the padding at its end.
 
-    A write pads its last block with the pad id (roxxel's format has whole blocks). The
-    manifest counts each shard's padding; the run of pad ids at the shard's end, up to that
-    count, is left out (read once, a few tokens a shard): exactly the padding of a shard
-    written at once, and never a token that is not the pad id. (A shard without a manifest,
-    as roxxel writes them, records none: it is read whole. Padding an append to a single
-    file left mid-stream is read as written.)
+    A write pads its last block with the pad id (roxxel's format has whole blocks); each
+    shard's manifest records how much ends the shard (:meth:`RoxCorpus.trailing_padding`).
+    That padding is left out, as far as the run of pad ids at the shard's end reaches (read
+    once, a few tokens a shard): exactly a write's padding, and never a token that is not the
+    pad id, even where a manifest from before appends were recorded mis-counts. (A shard
+    without a manifest, as roxxel writes them, records none: it is read whole. Padding an
+    append to a single file left mid-stream is read as written.)
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import open_rox, write_rox
@@ -135,14 +136,15 @@ def served_tokens(corpus: RoxCorpus) -> list[int]:
     ([1, 2, 3, 4, 5, 0, 0, 0], [6])
     """
     counts = [sh.num_tokens for sh in corpus.shards]
-    pad = corpus.pad_id
-    padded = [
-        (s, min(sh.num_padding_tokens or 0, sh.num_tokens))
-        for s, sh in enumerate(corpus.shards)
-        if pad is not None and sh.num_padding_tokens
-    ]
+    padded = [(s, n, pad) for s, (n, pad) in enumerate(corpus.trailing_padding()) if n]
     if not padded:
         return counts
+    tails = corpus.shard_spans_many([(s, [(counts[s] - n, counts[s])]) for s, n, _ in padded])
+    for (s, n, pad), (tail,) in zip(padded, tails, strict=True):
+        is_pad = np.isnan(tail) if isinstance(pad, float) and math.isnan(pad) else tail == pad
+        other = np.flatnonzero(~is_pad)
+        counts[s] -= n if other.size == 0 else n - 1 - int(other[-1])
+    return counts
     tails = corpus.shard_spans_many([(s, [(counts[s] - n, counts[s])]) for s, n in padded])
     for (s, n), (tail,) in zip(padded, tails, strict=True):
         other = np.flatnonzero(tail != pad)

@@ -57,6 +57,7 @@ def build_manifest(
         name = os.path.basename(f.final_path)
         docs: int | None = docs_in.get(k, 0)
         padding = num_pad if k == last else 0
+        spans: list[list[int]] | None = None
         if f.copied_from is not None:  # a copy-on-write append: add the old file's counts
             prev = shards.get(name)
             docs = (
@@ -65,6 +66,11 @@ def build_manifest(
                 else prev.num_documents + (docs or 0)
             )
             padding += prev.num_padding_tokens if prev is not None else 0
+            if prev is not None:  # the old file's trailing padding is now mid-stream
+                tail = prev.trailing_padding
+                spans = list(prev.padding_spans or [])
+                spans += [[prev.num_tokens - tail, tail]] if tail else []
+                spans = spans or None
         shards[name] = ShardRecord(
             file_size=shard.file_size,
             num_blocks=f.num_blocks,
@@ -74,6 +80,7 @@ def build_manifest(
             num_padding_tokens=padding,
             num_documents=docs,
             mtime_ns=shard.mtime_ns,
+            padding_spans=spans,
         )
     shards = {n: shards[n] for n in sorted(shards, key=shard_number)}
     total_docs: int | None = None
