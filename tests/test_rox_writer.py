@@ -329,6 +329,30 @@ def test_a_token_array_holding_the_separator_is_counted_and_logged(tmp_path, cap
     logged = [r.getMessage() for r in caplog.records if "separator (EOS) id" in r.getMessage()]
     assert logged == [
         "item 0 holds the separator (EOS) id 0 1 time(s): readers see a document end at each, "
-        "and the manifest counts them as documents. Drop it from the arrays, or pass "
+        "and the manifest counts them as documents. Drop it from the items, or pass "
         "separator=None if they carry their own"
     ]
+
+
+def test_separators_inside_items_count_where_their_documents_start(tmp_path):
+    """Raw text holding its separator byte counts those documents too (readers see them), and
+    each counts in the shard where it starts, not where its item began."""
+    from grain_rox import RoxDocumentSource
+
+    lines = str(tmp_path / "lines.rox")
+    write_rox(["one\ntwo", "three"], lines, separator=b"\n")
+    assert open_rox(lines).num_documents == len(RoxDocumentSource(lines, seq_len=8)) == 3
+    spread = str(tmp_path / "spread.rox")
+    doc = np.tile(np.array([1, 2, 3, 4, 5, 6, 7, 0], np.uint16), 5)[:-1]  # 4 EOS inside
+    write_rox([doc, np.array([9], np.uint16)], spread, separator=0, block_size=16,
+              max_shard_bytes=80)  # fmt: skip
+    records = json.loads((tmp_path / "spread.manifest.json").read_text())["shards"]
+    with open_rox(spread) as corpus:
+        tokens = corpus.tokens(0, corpus.num_tokens)
+        per_shard = [s.num_tokens for s in corpus.shards]
+    starts = np.r_[0, np.flatnonzero(tokens == 0)[:-1] + 1]  # each document's first token
+    starts = starts[starts < 42]  # documents, not the padding after the last
+    expected = np.bincount(np.searchsorted(np.cumsum(per_shard), starts, side="right"),
+                           minlength=len(per_shard))  # fmt: skip
+    assert [r["num_documents"] for r in records.values()] == expected.tolist()
+    assert sum(expected) == 6

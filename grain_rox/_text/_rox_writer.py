@@ -359,22 +359,30 @@ def _encode_and_write(
     for index, item in enumerate(items):
         arr = encode(item, index)
         shard = 0 if cap_tokens is None else written.num_tokens // cap_tokens
-        # a token array holding the separator: readers see a document end there, so the
-        # manifest counts it as one (and the first such item is logged)
+        # an item holding the separator: readers see a document end there, so the manifest
+        # counts one, in the shard where the next starts (and the first such item is logged).
+        # Text through a tokenizer never holds its EOS id.
         inside = 0
-        if sep_arr is not None and not isinstance(item, (str, bytes, bytearray, memoryview)):
-            inside = int(np.count_nonzero(arr == sep_arr[0]))
+        if sep_arr is not None and not (isinstance(item, str) and encode.tokenizer is not None):
+            ends = np.flatnonzero(arr == sep_arr[0])
+            inside = int(ends.size)
+            if inside and cap_tokens is not None:
+                starts = (written.num_tokens + ends + 1) // cap_tokens
+                for later, n in zip(*np.unique(starts, return_counts=True), strict=True):
+                    written.documents_per_file[int(later)] += int(n)
+            elif inside:
+                written.documents_per_file[shard] += inside
             if inside and not warned:
                 warned = True
                 logger.warning(
                     "item %d holds the separator (EOS) id %s %d time(s): readers see a "
                     "document end at each, and the manifest counts them as documents. Drop it "
-                    "from the arrays, or pass separator=None if they carry their own",
+                    "from the items, or pass separator=None if they carry their own",
                     index,
                     sep_arr[0],
                     inside,
                 )
-        written.documents_per_file[shard] += 1 + inside
+        written.documents_per_file[shard] += 1
         written.num_documents += 1 + inside
         pending.append(arr)
         pending_tokens += arr.size
