@@ -173,6 +173,19 @@ def test_a_batches_state_restores_on_another_process_count(tmp_path):
     with device_iter() as again, pytest.raises(FileNotFoundError, match="no data state for"):
         handler.restore(saved, RoxCheckpointRestore(again))  # states differ: not elastic
 
+    # the Grain dataset iterator's own state (saved as it is) restores the same way
+    def dataset_iter():
+        return iter(source.batches(8, seed=2, num_epochs=1).to_iter_dataset())
+
+    it = dataset_iter()
+    next(it), next(it)
+    grain_state = it.get_state()
+    expected = [np.asarray(next(it)).tolist() for _ in range(2)]
+    for i in range(2):
+        (saved / f"process_{i}-of-2.json").write_text(json.dumps(grain_state))
+    again = handler.restore(saved, RoxCheckpointRestore(dataset_iter()))
+    assert [np.asarray(next(again)).tolist() for _ in range(2)] == expected
+
 
 def test_grain_dataset_iterators_save_and_restore_through_our_handler(tmp_path):
     """RoxCheckpointSave takes a Grain dataset iterator's dict state, as Grain's own handler

@@ -64,7 +64,10 @@ def _shared_batches_state(directory: epath.Path) -> str | None:
     if len(texts) != 1:
         return None
     text = texts.pop()
-    grain_state = json.loads(text).get("grain")
+    state = json.loads(text)
+    # a MultiHostDataLoadIterator's state holds Grain's under "grain"; a Grain dataset
+    # iterator's (saved as it is) is Grain's own
+    grain_state = state.get("grain", state) if isinstance(state, dict) else None
     identity = grain_state.get("identity") if isinstance(grain_state, dict) else None
     if not (isinstance(identity, dict) and {"data", "batch_size", "seed"} <= set(identity)):
         return None
