@@ -668,3 +668,14 @@ def test_shard_replaced_at_the_same_size_after_open_is_refused_in_copies_too(tmp
     with pytest.raises(RoxFormatError, match=r"s_0002\.rox: the shard was modified or replaced"):
         fresh.tokens(0, fresh.num_tokens)
     assert open_rox(path).tokens(0, 8).tolist() == [2] * 8
+
+
+@pytest.mark.parametrize(
+    "spec", [3, [3], None, {"a.rox"}], ids=["int", "list-of-int", "none", "set"]
+)
+def test_shard_paths_of_another_type_are_a_type_error_naming_them(spec):
+    """A path, or a list of paths (an ordered one: a set has no order): anything else says
+    what it got and what is taken (open_rox(3) was "'int' object is not iterable")."""
+    with pytest.raises(TypeError, match=r"shard paths must be a path \(str or os.PathLike") as e:
+        open_rox(spec)
+    assert f"got {spec!r} ({type(spec).__name__})" in str(e.value)

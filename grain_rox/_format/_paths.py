@@ -132,6 +132,12 @@ def resolve_shard_paths(
         else:
             entries = [s]
     else:
+        kinds = (str, os.PathLike)
+        if not isinstance(spec, Sequence) or not all(isinstance(p, kinds) for p in spec):
+            raise TypeError(
+                f"shard paths must be a path (str or os.PathLike: a file, glob, directory or set "
+                f"name) or a list of them, got {spec!r:.200} ({type(spec).__name__})"
+            )
         entries = [os.fspath(p) for p in spec]
         if not entries:
             raise FileNotFoundError("the list of .rox shards is empty")
