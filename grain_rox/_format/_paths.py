@@ -25,7 +25,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from grain_rox._format._leftovers import killed_write_note
@@ -133,12 +133,14 @@ def resolve_shard_paths(
             entries = [s]
     else:
         kinds = (str, os.PathLike)
-        if not isinstance(spec, Sequence) or not all(isinstance(p, kinds) for p in spec):
+        unordered = isinstance(spec, (set, frozenset, dict))  # a corpus's order is its shards'
+        items = list(spec) if isinstance(spec, Iterable) and not unordered else None
+        if items is None or not all(isinstance(p, kinds) for p in items):
             raise TypeError(
                 f"shard paths must be a path (str or os.PathLike: a file, glob, directory or set "
                 f"name) or a list of them, got {spec!r:.200} ({type(spec).__name__})"
             )
-        entries = [os.fspath(p) for p in spec]
+        entries = [os.fspath(p) for p in items]
         if not entries:
             raise FileNotFoundError("the list of .rox shards is empty")
     paths: list[str] = []
