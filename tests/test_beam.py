@@ -302,3 +302,22 @@ def test_a_beam_conversion_to_a_bucket_url_is_refused_naming_the_fix(tmp_path):
 
     with pytest.raises(ValueError, match=r"not to gs://b/p\.rox: its commit renames files"):
         run_convert(None, "gs://b/p.rox", builtin="prose", limit=3)
+
+
+def test_token_arrays_holding_the_eos_count_their_documents_as_the_local_writer(tmp_path):
+    """A token-array document holding the EOS id is two documents to readers: the Beam
+    manifest counts them per shard where they start, as write_rox does (it counted items)."""
+    docs = [np.array([104, 256, 105, 256, 107], np.int64), np.array([106], np.int64)]
+    kw = {"tokenizer": "bytes", "block_size": 8, "max_shard_bytes": 64}
+    with beam.Pipeline() as p:
+        keyed = p | beam.Create([((0, i), a) for i, a in enumerate(docs)])
+        _ = keyed | WriteRox(str(tmp_path / "beam" / "b.rox"), **kw)
+    write_rox(docs, str(tmp_path / "local" / "b.rox"), **kw)
+    assert shard_files(tmp_path / "beam") == shard_files(tmp_path / "local")
+    records = [
+        json.loads((tmp_path / d / "b.manifest.json").read_text())["shards"]
+        for d in ("beam", "local")
+    ]
+    counts = [{n: r["num_documents"] for n, r in rec.items()} for rec in records]
+    assert counts[0] == counts[1] and sum(counts[0].values()) == 4
+    assert open_rox(str(tmp_path / "beam" / "b.rox")).num_documents == 4

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.pvalue import AsList, AsSingleton
 
 from grain_rox._beam._commit import (
@@ -78,19 +79,25 @@ class _PartOffsetsFn(beam.DoFn):
 
 
 class _PlaceFn(beam.DoFn):
-    """A document's bytes and offset -> its pieces ``(shard, (start, bytes, documents))``."""
+    """A document's bytes and offset -> its pieces ``(shard, (start, bytes, documents))``:
+    the documents that start in each piece, its own and (as :func:`~grain_rox.write_rox`
+    counts them) each after a separator inside a token-array item."""
 
-    def __init__(self, itemsize: int) -> None:
-        self.itemsize = itemsize
+    def __init__(self, dtype: str, eos: Any) -> None:
+        self.dtype, self.eos = np.dtype(dtype), eos
 
     def process(self, element: Any, plan: ShardPlan) -> Iterator[Any]:
         key, joined = element
         (data,), (offset,) = joined["tokens"], joined["offset"]
         start = plan.part_start[key[0]] + offset
-        size = self.itemsize
+        size = self.dtype.itemsize
+        tokens = np.frombuffer(data, self.dtype)
+        inner = np.flatnonzero(tokens[:-1] == self.eos) + 1  # the last token is its own EOS
         for p in plan.pieces(start, len(data) // size):
             chunk = data[p.offset * size : (p.offset + p.stop - p.start) * size]
-            yield p.shard, (p.start, chunk, int(p.offset == 0))
+            lo, hi = p.offset, p.offset + p.stop - p.start
+            starts = int(p.offset == 0) + int(np.count_nonzero((inner >= lo) & (inner < hi)))
+            yield p.shard, (p.start, chunk, starts)
 
 
 class _WriteShardFn(beam.DoFn):
@@ -133,7 +140,7 @@ class _CommitFn(beam.DoFn):
         yield CommitResult(
             manifest_path(w.path, w.max_shard_bytes),
             tuple(os.path.join(directory, name) for name in m.shards),
-            plan.num_documents,
+            m.num_documents if m.num_documents is not None else plan.num_documents,
             plan.num_tokens,
             plan.num_padding_tokens,
             m.dtype,
@@ -218,6 +225,7 @@ class WriteRox(beam.PTransform):
         self.tokens_per_block = layout.tokens_per_block
         self.blocks_per_shard = writer.capacity
         self.itemsize = layout.dtype.itemsize
+        self.layout_dtype, self.eos = layout.dtype.str, layout.separator
 
     def expand(self, docs: Any) -> Any:
         if os.path.dirname(self.path):
@@ -242,7 +250,7 @@ class WriteRox(beam.PTransform):
         written = (
             {"tokens": tokens, "offset": offsets.offsets}
             | "Join" >> beam.CoGroupByKey()
-            | "Place" >> beam.ParDo(_PlaceFn(size), AsSingleton(plan))
+            | "Place" >> beam.ParDo(_PlaceFn(self.layout_dtype, self.eos), AsSingleton(plan))
             | "By shard" >> beam.GroupByKey()
             | "Write shards"
             >> beam.ParDo(
