@@ -521,8 +521,10 @@ def test_an_append_records_the_padding_it_leaves_mid_stream(tmp_path):
     corpus = open_rox(path)
     written = [1, 2, 3, 7, 7, 7, 7, 7, 4, 5, 6, 8, 9, 7, 7, 7]
     assert corpus.tokens(0, corpus.num_tokens).tolist() == written
-    manifest = json.loads((tmp_path / "a.manifest.json").read_text())["shards"]["a.rox"]
+    data = json.loads((tmp_path / "a.manifest.json").read_text())
+    manifest = data["shards"]["a.rox"]
     assert (manifest["num_padding_tokens"], manifest["padding_spans"]) == (6, [[4, 4]])
+    assert data["version"] == 3  # an older grain_rox says "upgrade", not "invalid"
     assert corpus.trailing_padding() == [(2, 7)]
     assert served_tokens(corpus) == [14]  # through 9 and its EOS
     raw = str(tmp_path / "z.rox")  # no separator: the pad is 0, and so are real tokens
@@ -530,6 +532,20 @@ def test_an_append_records_the_padding_it_leaves_mid_stream(tmp_path):
     tail = np.array([4, 5, 6, 7, 8, 0, 0, 0], np.uint16)  # fills its block: no padding
     write_rox([tail], raw, block_size=16, if_exists="append")
     assert served_tokens(open_rox(raw)) == [16]  # the real zeros are served
+    plain = json.loads((tmp_path / "z.manifest.json").read_text())
+    assert plain["version"] == 3 and plain["shards"]["z.rox"]["padding_spans"] == [[3, 5]]
+    one = str(tmp_path / "one.rox")
+    write_rox([np.array([1, 2, 3], np.uint16)], one, **kw)
+    assert json.loads((tmp_path / "one.manifest.json").read_text())["version"] == 2
+    # a manifest from before spans, where an earlier append summed both writes' padding:
+    # the next append records the padding it can locate (the run of pad ids), no more
+    data["version"], manifest["num_padding_tokens"] = 2, 6
+    del manifest["padding_spans"]
+    (tmp_path / "a.manifest.json").write_text(json.dumps(data))
+    write_rox([np.array([10], np.uint16)], path, **kw, if_exists="append")
+    again = json.loads((tmp_path / "a.manifest.json").read_text())["shards"]["a.rox"]
+    assert again["padding_spans"] == [[13, 3]]  # 9's EOS and 2 pads: all pad ids (7)
+    assert served_tokens(open_rox(path)) == [18]  # through 10 and its EOS
 
 
 def test_padding_is_found_per_set_and_for_a_nan_pad(tmp_path):

@@ -679,3 +679,13 @@ def test_shard_paths_of_another_type_are_a_type_error_naming_them(spec):
     with pytest.raises(TypeError, match=r"shard paths must be a path \(str or os.PathLike") as e:
         open_rox(spec)
     assert f"got {spec!r} ({type(spec).__name__})" in str(e.value)
+
+
+def test_a_record_with_null_padding_has_none_at_its_end(written):
+    """A hand-made manifest may say "num_padding_tokens": null (allowed: unknown); the
+    padding left out at the shard's end is then none, not a TypeError."""
+    path, manifest_path = written
+    data = json.loads(Path(manifest_path).read_text())
+    data["shards"]["train.rox"]["num_padding_tokens"] = None
+    Path(manifest_path).write_text(json.dumps(data))
+    assert open_rox(path).trailing_padding() == [(0, data["pad_id"])]

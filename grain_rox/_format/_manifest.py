@@ -30,7 +30,10 @@ from grain_rox._format._rox_format import RoxFormatError, ShardHeader
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_FORMAT = "grain_rox.manifest"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3  # the newest version this grain_rox reads
+# Manifests are written as version 2, or 3 where a record holds padding_spans (an older
+# grain_rox then says "upgrade" instead of refusing a field it does not know).
+_WRITTEN_VERSION, _SPANS_VERSION = 2, 3
 _SHARD_NUMBER = re.compile(r"_\d{4,}$")
 
 
@@ -136,7 +139,7 @@ class ShardRecord:
     @property
     def trailing_padding(self) -> int:
         """The padding that ends the shard (its last write's)."""
-        return self.num_padding_tokens - sum(n for _, n in self.padding_spans or ())
+        return (self.num_padding_tokens or 0) - sum(n for _, n in self.padding_spans or ())
 
     def to_data(self) -> dict[str, Any]:
         """The record as manifest JSON: ``object_tag`` and ``padding_spans`` only when set (a
@@ -211,7 +214,7 @@ class Manifest:
     num_documents: int | None = None
     write_id: str | None = None
     pending: Manifest | None = None
-    version: int = MANIFEST_VERSION
+    version: int = _WRITTEN_VERSION
     # Set on the previous-set side of an overwrite's pending manifest when the set it replaces
     # was refused (a mix, an invalid manifest): the reason, so a kill before the renames
     # refuses again rather than opening those files.
@@ -242,10 +245,14 @@ class Manifest:
             header.raw_size,
         )
 
+    def _has_spans(self) -> bool:
+        mine = any(r.padding_spans for r in self.shards.values())
+        return mine or (self.pending is not None and self.pending._has_spans())
+
     def _data(self) -> dict[str, Any]:
         return {
             "format": MANIFEST_FORMAT,
-            "version": self.version,
+            "version": max(self.version, _SPANS_VERSION) if self._has_spans() else self.version,
             "write_id": self.write_id,
             "dtype": self.dtype,
             "block_size": self.block_size,

@@ -145,11 +145,6 @@ def served_tokens(corpus: RoxCorpus) -> list[int]:
         other = np.flatnonzero(~is_pad)
         counts[s] -= n if other.size == 0 else n - 1 - int(other[-1])
     return counts
-    tails = corpus.shard_spans_many([(s, [(counts[s] - n, counts[s])]) for s, n in padded])
-    for (s, n), (tail,) in zip(padded, tails, strict=True):
-        other = np.flatnonzero(tail != pad)
-        counts[s] -= n if other.size == 0 else n - 1 - int(other[-1])
-    return counts
 
 
 def source_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> list[SourceOrder]:

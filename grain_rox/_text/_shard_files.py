@@ -81,6 +81,7 @@ class ShardFile:
         self.hash = hashlib.sha256()
         self.raw_size = 0
         self.copied_from: ShardHeader | None = None  # the old shard of a copy-on-write append
+        self.copied_tail = b""  # its raw region's last block (where its padding lies)
         self.new_block_bytes = 0
         self.num_new_blocks = 0
 
@@ -91,6 +92,7 @@ class ShardFile:
     def copy_from(self, path: str) -> None:
         """Copy an existing shard's raw region and remember its index (append, copy-on-write)."""
         header = read_header(path)
+        keep = max(header.first_block_bytes, 4096)
         with open(path, "rb", buffering=0) as src:
             left = header.raw_size
             while left:
@@ -100,6 +102,7 @@ class ShardFile:
                         path, "the shard ended early while copying", "re-create it"
                     )
                 self._write(chunk)
+                self.copied_tail = (self.copied_tail + chunk[-keep:])[-keep:]
                 left -= len(chunk)
         self.raw_size = header.raw_size
         self.copied_from = header

@@ -3,13 +3,26 @@ new set's record (its kept shards plus this write's, with their checksums and co
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from grain_rox._format._manifest import Manifest, ShardRecord, new_write_id
 from grain_rox._format._shard_set import shard_number
 from grain_rox._text._item_encoding import TokenLayout
 from grain_rox._text._shard_files import FinishedShard, ShardFile
+
+
+def _pad_run(tail: bytes, layout: TokenLayout, most: int) -> int:
+    """Pad ids at the end of ``tail`` (an old shard's last raw bytes), at most ``most``."""
+    tokens = np.frombuffer(tail[len(tail) % layout.dtype.itemsize :], dtype=layout.dtype)
+    tokens = tokens[max(0, tokens.size - most) :]
+    pad = layout.pad
+    is_pad = np.isnan(tokens) if isinstance(pad, float) and math.isnan(pad) else tokens == pad
+    other = np.flatnonzero(~is_pad)
+    return int(tokens.size if other.size == 0 else tokens.size - 1 - other[-1])
 
 
 def check_append_compatible(old: Manifest, mpath: str, layout: TokenLayout) -> None:
@@ -65,11 +78,14 @@ def build_manifest(
                 if prev is None or prev.num_documents is None
                 else prev.num_documents + (docs or 0)
             )
-            padding += prev.num_padding_tokens if prev is not None else 0
             if prev is not None:  # the old file's trailing padding is now mid-stream
-                tail = prev.trailing_padding
                 spans = list(prev.padding_spans or [])
-                spans += [[prev.num_tokens - tail, tail]] if tail else []
+                run = _pad_run(f.copied_tail, layout, prev.trailing_padding)
+                spans += [[prev.num_tokens - run, run]] if run else []
+                # the padding that can be located: a manifest from before spans were recorded
+                # may have summed earlier appends' padding, whose places are unknown (read as
+                # written, as before)
+                padding += sum(n for _, n in spans)
                 spans = spans or None
         shards[name] = ShardRecord(
             file_size=shard.file_size,
