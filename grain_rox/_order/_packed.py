@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from grain_rox._order._bin_packing import PACKINGS, PackedChunk, min_rows, pack_chunk, rows_used
-from grain_rox._order._blocks import PLAN_GROUP
+from grain_rox._order._blocks import PLAN_GROUP, value_groups
 from grain_rox._order._chunks import ChunkStream, Rows, Run, Segment, schedule_runs
 from grain_rox._order._permutation import FeistelPermutation, derive_key
 
@@ -224,8 +224,7 @@ class PackedOrder(ChunkStream):
         offset = np.empty(n, dtype=np.int64)
         seq_len = np.empty(n, dtype=np.int64)
         grid = np.empty(n, dtype=np.int64)
-        for k in np.unique(seg).tolist():
-            sel = np.flatnonzero(seg == k)
+        for k, sel in value_groups(seg):
             if k < 0 or samples[sel].max() >= self._segments[k].stop:
                 raise IndexError(f"samples {samples[sel]} lie outside the schedule's samples")
             segment = self._segments[k]
@@ -260,17 +259,15 @@ class PackedOrder(ChunkStream):
         permuted = np.empty(n, dtype=np.int64)
         per_group = np.empty(n, dtype=np.int64)
         blocks = epoch * self.num_blocks + block  # a block's rows have one grid seq_len
-        for key in np.unique(blocks).tolist():
-            sel = blocks == key
+        for key, sel in value_groups(blocks):
             e, b = divmod(key, self.num_blocks)
-            g = int(grid[np.argmax(sel)])
+            g = int(grid[sel][0])
             permuted[sel] = self.row_permutation(e, b, g)(slot[sel])
             per_group[sel] = self.rows_per_group(g)
         position = self.groups_before(block) + permuted // per_group  # in the epoch stream
         row = permuted % per_group
         phys = np.empty(n, dtype=np.int64)
-        for e in np.unique(epoch).tolist():
-            sel = epoch == e
+        for e, sel in value_groups(epoch):
             phys[sel] = self.physical_chunks(e, position[sel])
         # every packed chunk read, its arrays strung together: one vectorised pass for all rows
         keys, u = np.unique(phys * (self.max_seq_len + 1) + grid, return_inverse=True)

@@ -289,8 +289,7 @@ class WindowReader(ProcessLocal):
         size = self.order.group
         out = np.empty(samples.size, dtype=np.int64)
         groups = samples // size
-        for j in np.unique(groups).tolist():
-            sel = groups == j
+        for j, sel in value_groups(groups):
             content = self._plan(j).content
             assert content is not None
             out[sel] = content[samples[sel] - j * size]
