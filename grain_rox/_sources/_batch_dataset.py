@@ -127,6 +127,23 @@ class InOrderIterDataset(grain.IterDataset):
         return "InOrderIterDataset"
 
 
+def next_index_of(state: Any) -> int | None:
+    """The ``next_index`` of a Grain ``MapDataset`` iterator's state as an int (a Python or
+    numpy int: a checkpoint may hand back numpy scalars), or None when it has none or it is
+    not an int (a bool is not).
+
+    >>> next_index_of({"next_index": np.int64(3)}), next_index_of({"next_index": True})
+    (3, None)
+    """
+    at: Any = state.get("next_index") if isinstance(state, dict) else None
+    if isinstance(at, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(at)
+    except TypeError:
+        return None
+
+
 def _slice_in_place(ds: grain.MapDataset, sl: slice) -> None:
     # as Grain slices its own iterator dataset's parent sequentially: the first dataset on
     # the way down that slices itself in place does it (here the BatchDataset)
@@ -183,15 +200,11 @@ class _InOrderIterator(grain.DatasetIterator):
         self.set_state({"next_index": index})
 
     def set_state(self, state: dict[str, Any]) -> None:
-        at: Any = state.get("next_index") if isinstance(state, dict) else None
+        at = next_index_of(state)
         takes = (
             f"it takes {{'next_index': <an int from 0 to {self._length}>}}, as its get_state() "
             "gives (restore a state saved from the same dataset)"
         )
-        try:  # a Python or numpy int (a checkpoint may hand back numpy scalars)
-            at = None if isinstance(at, (bool, np.bool_)) else operator.index(at)
-        except TypeError:
-            at = None
         if at is None:
             raise NotAStateError(f"not a state of this dataset: {state!r}; {takes}")
         if not 0 <= at <= self._length:  # an IndexError, as Grain's own iterator raises

@@ -21,12 +21,12 @@ ValueError: cannot restore this demo state: its data or config changed (data: sa
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grain
-import numpy as np
+
+from grain_rox._sources._batch_dataset import next_index_of
 
 
 def identity_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
@@ -106,11 +106,7 @@ class _IdentifiedIterator(grain.DatasetIterator):
 
 def _check_position(inner: Any, length: int, *, what: str) -> None:
     """A MapDataset iterator's position must be ``{"next_index": 0..length}``."""
-    index: Any = inner.get("next_index") if isinstance(inner, dict) else None
-    try:  # a Python or numpy int (a checkpoint may hand back numpy scalars), not a bool
-        index = None if isinstance(index, (bool, np.bool_)) else operator.index(index)
-    except TypeError:
-        index = None
+    index = next_index_of(inner)
     if index is None or not 0 <= index <= length:
         raise ValueError(
             f"cannot restore this {what} state: its position {inner!r:.200} is not "
