@@ -18,12 +18,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
 import stat
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from grain_rox._format._atomic import atomic_write_bytes
 from grain_rox._format._rox_format import RoxFormatError, ShardHeader
@@ -353,6 +356,17 @@ class Manifest:
 
 _RECORD_COUNTS = ("file_size", "num_blocks", "raw_size", "num_tokens")
 _RECORD_OPTIONAL_COUNTS = ("num_padding_tokens", "num_documents")
+
+
+def pad_run(tokens: np.ndarray, pad: Any) -> int:
+    """How many tokens at the end of ``tokens`` are the pad id ``pad`` (a NaN pad too).
+
+    >>> pad_run(np.array([5, 0, 7, 0, 0]), 0), pad_run(np.array([1.0, np.nan]), float("nan"))
+    (2, 1)
+    """
+    is_pad = np.isnan(tokens) if isinstance(pad, float) and math.isnan(pad) else tokens == pad
+    other = np.flatnonzero(~is_pad)
+    return int(tokens.size if other.size == 0 else tokens.size - 1 - other[-1])
 
 
 def _check_counts(

@@ -19,8 +19,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from grain_rox._format._manifest import pad_run
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._order._blocks import DEFAULT_BLOCK_TOKENS, BlockOrder
 from grain_rox._order._curriculum import SAMPLE_LIMIT
@@ -140,17 +139,19 @@ def served_tokens(corpus: RoxCorpus) -> list[int]:
     if not padded:
         return counts
     tails = corpus.shard_spans_many([(s, [(counts[s] - n, counts[s])]) for s, n, _ in padded])
-    for (s, n, pad), (tail,) in zip(padded, tails, strict=True):
-        is_pad = np.isnan(tail) if isinstance(pad, float) and math.isnan(pad) else tail == pad
-        other = np.flatnonzero(~is_pad)
-        counts[s] -= n if other.size == 0 else n - 1 - int(other[-1])
+    for (s, _, pad), (tail,) in zip(padded, tails, strict=True):
+        counts[s] -= pad_run(tail, pad)
     return counts
 
 
-def source_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> list[SourceOrder]:
+def source_orders(
+    pipeline: TokenPipeline,
+    corpora: Mapping[str, RoxCorpus],
+    served: Mapping[str, list[int]] | None = None,
+) -> list[SourceOrder]:
     """Each source's order (``pipeline.order``: blocks or lanes) under ``pipeline``'s
     schedule, seed, chunk, block and lane sizes; a source too small for them is an error
-    naming it."""
+    naming it. ``served``: each source's :func:`served_tokens`, when already read."""
     orders: list[SourceOrder] = []
     schedule = pipeline.schedule
     assert pipeline.phases is not None
@@ -159,7 +160,11 @@ def source_orders(pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus]) -> 
     for s, (name, corpus) in enumerate(corpora.items()):
         # grain_rox 0.1's lanes order read the padding too: kept, to continue its runs exactly
         raw = pipeline.order == "lanes"
-        shard_tokens = [sh.num_tokens for sh in corpus.shards] if raw else served_tokens(corpus)
+        shard_tokens = (
+            [sh.num_tokens for sh in corpus.shards]
+            if raw
+            else (served[name] if served is not None else served_tokens(corpus))
+        )
         chunk = pipeline.chunk_tokens or (
             packing_chunk_tokens(shard_tokens, longest)
             if pipeline.packing
@@ -275,7 +280,11 @@ def resolve_plan(
 ) -> PipelinePlan:
     """``pipeline`` resolved against its data (``corpora``: its sources already opened)."""
     corpora = dict(pipeline.open() if corpora is None else corpora)
-    orders = tuple(source_orders(pipeline, corpora))
+    # each source's tokens but its trailing padding, read once (a few tokens a padded shard;
+    # a round trip for a bucket); grain_rox 0.1's lanes order reads the padding too
+    lanes = pipeline.order == "lanes"
+    served = {} if lanes else {name: served_tokens(c) for name, c in corpora.items()}
+    orders = tuple(source_orders(pipeline, corpora, served=None if lanes else served))
     eos_ids = tuple(
         (pipeline.eos_id if pipeline.eos_id is not None else c.eos_id)
         if pipeline.segmentation
@@ -303,11 +312,9 @@ def resolve_plan(
         num_batches=total,
         step_limit=schedule.step_limit if total is None else total,
         tokens=tokens,
-        padding_left_out={}
-        if pipeline.order == "lanes"
-        else {
+        padding_left_out={
             name: left_out
-            for name, corpus in corpora.items()
-            if (left_out := corpus.num_tokens - sum(served_tokens(corpus)))
+            for name, tokens in served.items()
+            if (left_out := corpora[name].num_tokens - sum(tokens))
         },
     )

@@ -3,13 +3,12 @@ new set's record (its kept shards plus this write's, with their checksums and co
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from grain_rox._format._manifest import Manifest, ShardRecord, new_write_id
+from grain_rox._format._manifest import Manifest, ShardRecord, new_write_id, pad_run
 from grain_rox._format._shard_set import shard_number
 from grain_rox._text._item_encoding import TokenLayout
 from grain_rox._text._shard_files import FinishedShard, ShardFile
@@ -18,11 +17,7 @@ from grain_rox._text._shard_files import FinishedShard, ShardFile
 def _pad_run(tail: bytes, layout: TokenLayout, most: int) -> int:
     """Pad ids at the end of ``tail`` (an old shard's last raw bytes), at most ``most``."""
     tokens = np.frombuffer(tail[len(tail) % layout.dtype.itemsize :], dtype=layout.dtype)
-    tokens = tokens[max(0, tokens.size - most) :]
-    pad = layout.pad
-    is_pad = np.isnan(tokens) if isinstance(pad, float) and math.isnan(pad) else tokens == pad
-    other = np.flatnonzero(~is_pad)
-    return int(tokens.size if other.size == 0 else tokens.size - 1 - other[-1])
+    return pad_run(tokens[max(0, tokens.size - most) :], layout.pad)
 
 
 def check_append_compatible(old: Manifest, mpath: str, layout: TokenLayout) -> None:
