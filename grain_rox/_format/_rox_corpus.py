@@ -514,6 +514,16 @@ class RoxCorpus:
         self._lock = threading.Lock()
 
 
+def open_unchanged(paths: PathSpec | RoxCorpus) -> RoxCorpus:
+    """:func:`open_rox`, and a shard changed in place since it was written refused now, not
+    read: the corpus's fingerprint compares the manifest's sha256 where a shard's size or
+    mtime changed (once per file version). What a data source reads from; ``open_rox`` itself
+    stays O(1) and checks on ``fingerprint`` and ``verify``."""
+    corpus = open_rox(paths)
+    _ = corpus.fingerprint
+    return corpus
+
+
 def open_rox(
     paths: PathSpec | RoxCorpus,
     *,

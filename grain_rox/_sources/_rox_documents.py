@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from grain_rox._format._paths import PathSpec
-from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._format._rox_corpus import RoxCorpus, open_unchanged
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._output_dtype import check_output_dtype
@@ -96,10 +96,7 @@ class RoxDocumentSource:
         check_long_documents(long_documents, "RoxDocumentSource")
         if eos_id is not None:
             eos_id = int_arg(eos_id, "eos_id", where="RoxDocumentSource", minimum=0)
-        self.corpus = open_rox(paths)
-        # a shard changed in place since it was written is refused now, not read: its
-        # manifest's sha256 is compared where its size or mtime changed (once per version)
-        _ = self.corpus.fingerprint
+        self.corpus = open_unchanged(paths)
         eos = eos_id if eos_id is not None else self.corpus.eos_id
         if eos is None:
             raise ValueError(

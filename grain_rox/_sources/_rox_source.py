@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from grain_rox._format._paths import PathSpec
-from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._format._rox_corpus import RoxCorpus, open_unchanged
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._output_dtype import check_output_dtype
@@ -65,10 +65,7 @@ class RoxTokenSource:
         seq_len = int_arg(seq_len, "seq_len", where="RoxTokenSource")
         if eos_id is not None:
             eos_id = int_arg(eos_id, "eos_id", where="RoxTokenSource", minimum=0)
-        self.corpus = open_rox(paths)
-        # a shard changed in place since it was written is refused now, not read: its
-        # manifest's sha256 is compared where its size or mtime changed (once per version)
-        _ = self.corpus.fingerprint
+        self.corpus = open_unchanged(paths)
         self.seq_len = seq_len
         self.eos_id = eos_id if eos_id is not None else self.corpus.eos_id
         self.dtype = np.dtype(dtype)
@@ -141,10 +138,7 @@ class RoxBlockSource:
 
     def __init__(self, paths: PathSpec | RoxCorpus) -> None:
         make_grain_workers_usable()
-        self.corpus = open_rox(paths)
-        # a shard changed in place since it was written is refused now, not read: its
-        # manifest's sha256 is compared where its size or mtime changed (once per version)
-        _ = self.corpus.fingerprint
+        self.corpus = open_unchanged(paths)
 
     @property
     def paths(self) -> tuple[str, ...]:
