@@ -58,7 +58,8 @@ def leftover_temps(manifest_path: str) -> list[str]:
     ]
 
 
-_ANY_TEMP = re.compile(rf"\.(?:.+\.rox|.+{re.escape(MANIFEST_SUFFIX)})\.(\d+)\.[0-9a-f]+\.tmp")
+# any set's temporary: the file it stands for (a shard, or a manifest), then .<pid>.<hex>.tmp
+_ANY_TEMP = re.compile(rf"\.(?:(.+\.rox)|(.+){re.escape(MANIFEST_SUFFIX)})\.\d+\.[0-9a-f]+\.tmp")
 
 
 def killed_write_note(searched: str, directory: bool) -> str:
@@ -71,17 +72,13 @@ def killed_write_note(searched: str, directory: bool) -> str:
     >>> killed_write_note(os.path.join(d, "t.rox"), directory=False)[:52]
     '; a killed write left 1 temporary file beside it (.t'
     """
-    found: list[str] = []
-    if directory:
+    sets = [manifest_path_for(searched)]
+    if directory:  # the sets a temporary there belongs to
         with contextlib.suppress(FileNotFoundError):
-            matches = [(e.name, _ANY_TEMP.fullmatch(e.name)) for e in os.scandir(searched)]
-            found = [
-                os.path.join(searched, name)
-                for name, m in sorted(matches, key=lambda t: t[0])
-                if m and not _alive(int(m.group(1)))  # not a write running now
-            ]
-    else:
-        found = leftover_temps(manifest_path_for(searched))
+            names = [_ANY_TEMP.fullmatch(e.name) for e in os.scandir(searched)]
+            stands_for = {m.group(1) or f"{m.group(2)}.rox" for m in names if m}
+            sets = sorted({manifest_path_for(os.path.join(searched, f)) for f in stands_for})
+    found = sorted({t for mpath in sets for t in leftover_temps(mpath)})
     if not found:
         return ""
     files = "file" if len(found) == 1 else "files"
