@@ -18,8 +18,8 @@ def check_output_dtype(
     stored dtype (``stored``: how errors name each source -> its dtype; ``uint16`` ids above
     32767 wrap in ``int16``, ``float16`` rounds ids above 2048), or one that cannot hold an
     EOS id, or an EOS id that no token of its source can be (``eos_ids``, when one a source,
-    in the order of ``stored``). Unsigned to signed ints of 4 bytes or more (``uint32`` -> the default ``int32``)
-    are allowed: no vocabulary reaches 2**31.
+    in the order of ``stored``). Unsigned to signed ints of 4 bytes or more (``uint32`` -> the
+    default ``int32``) are allowed: no vocabulary reaches 2**31.
 
     >>> check_output_dtype(np.dtype("int32"), {}, [2**31], where="TokenPipeline")
     Traceback (most recent call last):

@@ -366,12 +366,11 @@ def _encode_and_write(
         if sep_arr is not None and not (isinstance(item, str) and encode.tokenizer is not None):
             ends = np.flatnonzero(arr == sep_arr[0])
             inside = int(ends.size)
-            if inside and cap_tokens is not None:
-                starts = (written.num_tokens + ends + 1) // cap_tokens
-                for later, n in zip(*np.unique(starts, return_counts=True), strict=True):
-                    written.documents_per_file[int(later)] += int(n)
-            elif inside:
-                written.documents_per_file[shard] += inside
+            if inside:  # the shard each of those documents starts in
+                starts = written.num_tokens + ends + 1
+                written.documents_per_file.update(
+                    [shard] * inside if cap_tokens is None else (starts // cap_tokens).tolist()
+                )
             if inside and not warned:
                 warned = True
                 logger.warning(
