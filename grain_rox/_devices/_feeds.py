@@ -256,9 +256,7 @@ class GrainFeed:
             try:
                 it.set_state(position)
             except BaseException:
-                closer = getattr(it, "close", None)
-                if callable(closer):
-                    closer()
+                _close(it)
                 raise
         return it
 
@@ -348,9 +346,7 @@ class GrainFeed:
         try:
             fresh = it.get_state()
         finally:
-            closer = getattr(it, "close", None)
-            if callable(closer):
-                closer()
+            _close(it)
         return _with_identities(position, fresh)
 
     def _position_in(self, saved: Any, loader: bool) -> Any:
@@ -367,6 +363,13 @@ class GrainFeed:
                 "of input with the same data and config"
             )
         return saved["bytes"].encode("utf-8") if from_loader else saved
+
+
+def _close(it: Any) -> None:
+    """Close a Grain iterator that has ``close`` (worker processes, threads); others have none."""
+    closer = getattr(it, "close", None)
+    if callable(closer):
+        closer()
 
 
 def _with_identities(saved: Any, fresh: Any) -> Any:

@@ -318,7 +318,7 @@ class Manifest:
             _check_counts(rec, _RECORD_COUNTS, _RECORD_OPTIONAL_COUNTS, f"{name!r}: ")
             _check_padding_spans(rec, f"{name!r}: ")
             mtime = rec.get("mtime_ns")  # any int: a file may date from before 1970
-            if mtime is not None and (isinstance(mtime, bool) or not isinstance(mtime, int)):
+            if mtime is not None and not _is_int(mtime):
                 raise ValueError(f"{name!r}: mtime_ns is {mtime!r}, not an int")
         for key in ("eos_id", "pad_id"):
             token = data.get(key)
@@ -369,6 +369,11 @@ def pad_run(tokens: np.ndarray, pad: Any) -> int:
     return int(tokens.size if other.size == 0 else tokens.size - 1 - other[-1])
 
 
+def _is_int(value: Any) -> bool:
+    """A JSON integer (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_counts(
     data: dict[str, Any], required: tuple[str, ...], optional: tuple[str, ...], where: str
 ) -> None:
@@ -380,7 +385,7 @@ def _check_counts(
         value = data[key]
         if value is None and key in optional:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not _is_int(value) or value < 0:
             raise ValueError(f"{where}{key} is {value!r}, not a count (a whole number >= 0)")
 
 
@@ -391,10 +396,7 @@ def _check_padding_spans(rec: dict[str, Any], where: str) -> None:
     if spans is None:
         return
     pairs = isinstance(spans, list) and all(
-        isinstance(p, list)
-        and len(p) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in p)
-        for p in spans
+        isinstance(p, list) and len(p) == 2 and all(_is_int(v) and v >= 0 for v in p) for p in spans
     )
     tokens, padding = rec.get("num_tokens", 0), rec.get("num_padding_tokens", 0)
     if not pairs or any(a + n > tokens for a, n in spans) or sum(n for _, n in spans) > padding:
