@@ -60,6 +60,14 @@ CONVERT_BAD_INPUTS = [
         "(encoding_errors='replace') to read it with U+FFFD replacement characters",
     ),
     (
+        "surrogate.jsonl",
+        b'{"text": "a"}\n{"text": "x\\ud800y"}\n',
+        [],
+        "{p}:2: the text holds a lone surrogate '\\ud800' at character 1 (a JSON escape that is "
+        "no character, so no tokenizer can take it); pass --encoding-errors replace "
+        "(encoding_errors='replace') to read it as U+FFFD",
+    ),
+    (
         "blob.dat",
         b"\x7fELF\x02\x01\x01\x00\x00\x00",
         ["--on-binary", "error"],
@@ -238,6 +246,20 @@ def test_encoding_errors_replace_reads_with_replacement_characters(tmp_path):
     out = str(tmp_path / "o.rox")
     assert main(["convert", str(path), "-o", out, "--encoding-errors", "replace"]) == 0
     assert tokens_of(out) == [99, 97, 102, 0xEF, 0xBF, 0xBD, 256]
+
+
+def test_a_lone_surrogate_in_json_reads_as_u_fffd_with_encoding_errors_replace(tmp_path):
+    """JSON can escape a lone surrogate (no character, no UTF-8): an error by default (above),
+    U+FFFD when asked, in a list of records as in JSON Lines."""
+    lines, listed = tmp_path / "s.jsonl", tmp_path / "s.json"
+    lines.write_text('{"text": "x\\udc80y"}\n')
+    listed.write_text('[{"text": "x\\udc80y"}]')
+    for path in (lines, listed):
+        out = str(tmp_path / f"{path.suffix[1:]}.rox")
+        assert main(["convert", str(path), "-o", out, "--encoding-errors", "replace"]) == 0
+        assert tokens_of(out) == [120, 0xEF, 0xBF, 0xBD, 121, 256]
+    with pytest.raises(ValueError, match=r"s\.json\[0\]: the text holds a lone surrogate"):
+        list(read_files([str(listed)], text_column="text"))
 
 
 def test_a_json_list_of_records_is_read_record_by_record(tmp_path):

@@ -4,8 +4,8 @@ Inputs are read exactly or refused loudly: compressed files (``.gz``, ``.bz2``, 
 ``.zst``) are decompressed on the fly; binary files (a NUL byte or mostly control bytes in
 their first 8 KiB), empty files and special files (FIFOs, sockets) are skipped and counted
 in :class:`ReadStats` (or, with ``on_binary="error"``, binary files stop the run); text that
-is not UTF-8 is an error naming the file and the byte offset unless
-``encoding_errors="replace"``; a record whose text is null is an error naming it unless
+is not UTF-8 (or a JSON text escaping a lone surrogate) is an error naming the file and the
+byte offset (the record) unless ``encoding_errors="replace"``; a record whose text is null is an error naming it unless
 ``on_null="skip"`` (then skipped and counted).
 
 The per-format readers and :class:`ReadStats` live in :mod:`grain_rox._text._document_readers`;
@@ -159,7 +159,8 @@ def read_files(
 
     Compressed files are read through; binary files are skipped (``on_binary="error"``: an
     error), as are empty and special files, each logged and counted in ``stats``; text that
-    is not UTF-8 is an error unless ``encoding_errors="replace"``; a null text is an error
+    is not UTF-8 (or a JSON text escaping a lone surrogate) is an error unless
+    ``encoding_errors="replace"``; a null text is an error
     naming its record unless ``on_null="skip"`` (then counted in ``stats``). ``on_bytes`` is
     told the bytes of the files on disk as they are read (text and JSONL files chunk by chunk,
     the others when done): the calls add up to :func:`input_bytes` of ``files``. Each file is

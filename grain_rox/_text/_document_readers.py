@@ -114,6 +114,23 @@ def _text_of(record: object, column: str, where: str) -> str | None:
     return value
 
 
+def _as_text(value: str, where: str, errors: str) -> str:
+    """``value`` if it is text UTF-8 can hold; a lone surrogate (a JSON escape such as
+    ``\\ud800`` that no character is) is an error, or with ``errors="replace"`` U+FFFD, as for
+    a file that is not UTF-8."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        if errors == "replace":
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        raise ValueError(
+            f"{where}: the text holds a lone surrogate {value[e.start]!r} at character "
+            f"{e.start} (a JSON escape that is no character, so no tokenizer can take it); "
+            "pass --encoding-errors replace (encoding_errors='replace') to read it as U+FFFD"
+        ) from None
+    return value
+
+
 def _not_jsonl(path: str, errors: str) -> str | None:
     """What ``path`` holds if it is one JSON document that is not a list, else ``None``."""
     try:
@@ -143,7 +160,7 @@ def jsonl_documents(
             if value is None:
                 stats.null_text(f"{path}[{i}]")
             else:
-                yield value
+                yield _as_text(value, f"{path}[{i}]", errors)
         return
     records_seen = 0
     for lineno, (offset, raw) in enumerate(lines(chain(first, chunks)), 1):
@@ -168,7 +185,7 @@ def jsonl_documents(
         if value is None:
             stats.null_text(where)
         else:
-            yield value
+            yield _as_text(value, where, errors)
 
 
 def parquet_documents(path: str, column: str, stats: ReadStats) -> Iterator[str]:
