@@ -34,6 +34,7 @@ import numpy as np
 
 from grain_rox._order._chunks import DEFAULT_CHUNK_TOKENS, ChunkStream, Rows, Run, schedule_runs
 from grain_rox._order._permutation import FeistelPermutation, derive_key
+from grain_rox._order._value_groups import value_groups
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "LaneOrder", "Rows", "Run", "auto_lanes"]
 
@@ -126,13 +127,11 @@ class LaneOrder(ChunkStream):
         epoch = np.empty_like(samples)
         offset = np.empty_like(samples)
         seq_len = np.empty_like(samples)
-        rounds = samples // self.lanes
-        for j in np.unique(rounds).tolist():
-            sel = np.flatnonzero(rounds == j)
+        for j, sel in value_groups(samples // self.lanes):
             info = self._rounds.locate(j)
             slots = samples[sel] - j * self.lanes
             lanes = self.round_permutation(info.epoch, j)(slots)
-            cursor = np.full(sel.size, info.pure_tokens, dtype=np.int64)
+            cursor = np.full(slots.size, info.pure_tokens, dtype=np.int64)
             for r, pieces in info.mixed_rounds:  # rounds of this epoch that straddle runs
                 their_slots = self.round_permutation(info.epoch, r).inverse(lanes)
                 cursor += _piece_seq_len(pieces, their_slots)

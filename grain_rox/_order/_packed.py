@@ -37,9 +37,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from grain_rox._order._bin_packing import PACKINGS, PackedChunk, min_rows, pack_chunk, rows_used
-from grain_rox._order._blocks import PLAN_GROUP, value_groups
+from grain_rox._order._blocks import PLAN_GROUP
 from grain_rox._order._chunks import ChunkStream, Rows, Run, Segment, schedule_runs
 from grain_rox._order._permutation import FeistelPermutation, derive_key
+from grain_rox._order._value_groups import value_groups
 
 _PURPOSE_PACKED_ROWS = 5
 SAMPLE_CHUNKS = 8  # chunks packed to measure how many rows a chunk needs

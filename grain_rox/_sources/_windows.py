@@ -21,9 +21,10 @@ import threading
 import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus
-from grain_rox._order._blocks import BlockOrder, value_groups
+from grain_rox._order._blocks import BlockOrder
 from grain_rox._order._lanes import LaneOrder
 from grain_rox._order._packed import PackedOrder
+from grain_rox._order._value_groups import value_groups
 from grain_rox._sources._process_local import ProcessLocal, process_local
 from grain_rox._sources._segments import Joins
 
