@@ -275,7 +275,14 @@ class Schedule:
         return {**self.__dict__, "_spans": {}}
 
     def describe(self) -> list[dict[str, Any]]:
-        return [p.describe() for p in self.phases]
+        """Each phase's config; and its groups of sources (:meth:`Mixture.groups`) where its
+        order is not the flat apportionment (named only there: a state saved before mixing
+        grouped sources is refused where, and only where, the order changed)."""
+        described = []
+        for p, mixture in zip(self.phases, self.mixtures, strict=True):
+            groups = mixture.groups(self.names)
+            described.append({**p.describe(), **({"mixing": groups} if groups else {})})
+        return described
 
 
 def history_problems(saved: list[dict[str, Any]], now: list[dict[str, Any]], step: int) -> str:
@@ -303,6 +310,10 @@ def history_problems(saved: list[dict[str, Any]], now: list[dict[str, Any]], ste
             for k in ("batch_size", "seq_len", "weights")
             if old[k] != new[k]
         ]
+        if old.get("mixing") != new.get("mixing"):
+            diff.append(
+                f"mixing {_mixing_text(old.get('mixing'))} -> {_mixing_text(new.get('mixing'))}"
+            )
         if diff:
             return f"phase {i}, which ran from step {start}, changed ({', '.join(diff)})"
         old_steps, new_steps = old["steps"], new["steps"]
@@ -316,3 +327,12 @@ def history_problems(saved: list[dict[str, Any]], now: list[dict[str, Any]], ste
             return f"phase {i} already ran {done} steps but now has only {new_steps}"
         return ""  # it continues, or is cut short here: later phases may differ
     return ""
+
+
+def _mixing_text(groups: Any) -> str:
+    if groups is None:
+        return "by one apportionment of all sources"
+    return (
+        f"by groups {groups!r} (grain_rox groups the sources where one apportionment would "
+        "let a count stray more than 1 from round(w * n))"
+    )

@@ -1,5 +1,5 @@
 """Grain side of exact mixing: :func:`mix_datasets` serves sample ``n`` from the source that
-the Sainte-Laguë apportionment (:mod:`grain_rox._order._mixture`) gives it.
+the exact mixture (:mod:`grain_rox._order._mixture`) gives it.
 
 :func:`mix_datasets` puts the identity of its inputs (:func:`describe_dataset`) and of its
 weights, phases, seed and length into its iterators' states, so a state saved over another
@@ -154,9 +154,11 @@ def mix_datasets(
 ) -> grain.MapDataset:
     """Mix Grain ``MapDataset``s with exact proportions, as a random-access ``MapDataset``.
 
-    Element ``i`` comes from the source that the Sainte-Laguë sequence (see the module doc)
-    assigns to sample ``i``; each source is shuffled with a new permutation every epoch and
-    repeats, so the mixture never ends early (``length`` defaults to the largest source's
+    Element ``i`` comes from the source that the exact mixture assigns to sample ``i``
+    (after ``n`` elements a source of weight share ``w`` has given ``round(w * n) ± 1``, at
+    every ``n``: Sainte-Laguë apportionment, of groups of sources where that needs them; see
+    :mod:`grain_rox._order._mixture`); each source is shuffled with a new permutation every
+    epoch and repeats, so the mixture never ends early (``length`` defaults to the largest source's
     length divided by its weight share). An endless source (``len == sys.maxsize``, Grain's
     convention, e.g. ``ds.repeat()`` or an endless :class:`~grain_rox.TokenPipeline`'s
     ``map_dataset()``) is read in its own order, and makes the default length endless too.
@@ -261,6 +263,9 @@ def mix_datasets(
     identity["phases"] = [
         [n, dict(zip(names, w, strict=True))] for n, w in zip(counts, shares, strict=True)
     ]
+    grouped = [m.groups(names) for m in mixtures]
+    if any(grouped):  # named only where sources are grouped (as TokenPipeline's phases)
+        identity["mixing"] = grouped
     identity["seed"] = seed
     identity["length"] = int(sum(n for n in counts if n is not None))
     return with_identity(mixed, identity, what="mix_datasets")
