@@ -409,6 +409,30 @@ def test_mix_datasets_for_users_own_grain_pipelines():
     assert [int(next(again)) for _ in range(5)] == values[30:35]
 
 
+@pytest.mark.parametrize("weights", [[0.5, 0.3, 0.2], [0.9] + [0.005] * 20])
+def test_mix_datasets_selection_in_order_and_out_of_order_agree(weights):
+    """Read in order, the selection works out 1,024 elements at a time; out of order, one by
+    one: both give every element's (source, own index) as the counts do, across spans and a
+    phase change, and a pickled selection starts without its cache."""
+    import pickle
+
+    from grain_rox._pipeline._mixing import _PhasedSelection
+
+    mixtures = [Mixture.from_weights(weights), Mixture.from_weights(weights[::-1])]
+    selection = _PhasedSelection(mixtures, [2500, 3000])
+    in_order = [selection[i] for i in range(5500)]
+    shuffled = np.random.default_rng(0).permutation(5500).tolist()
+    fresh = pickle.loads(pickle.dumps(selection))
+    assert all(not p._spans for p in fresh.phases)
+    out_of_order = {i: fresh[i] for i in shuffled}
+    assert in_order == [out_of_order[i] for i in range(5500)]
+    served = np.zeros(len(weights), np.int64)
+    for n, (source, own) in enumerate(in_order):
+        assert own == served[source], n  # each source's samples in its own order, none skipped
+        served[source] += 1
+    assert served.tolist() == np.add(mixtures[0].counts(2500), mixtures[1].counts(3000)).tolist()
+
+
 def test_mix_datasets_phases_change_weights_and_continue_every_source():
     import grain
 
