@@ -97,6 +97,21 @@ def test_random_weightings_keep_the_contract():
         )
 
 
+def test_numpy_integer_sample_numbers_are_exact():
+    """n * weight overflowed int64 for a NumPy n >= 2**33 (a hang: the fill loop then ran
+    about n times); NumPy integers are taken as Python ints."""
+    m = Mixture.from_weights([0.5, 0.3, 0.2])
+    n = 2**40 + 3
+    assert m.counts(np.int64(n)) == m.counts(n)
+    before = m.counts(np.int64(n))
+    np.testing.assert_array_equal(
+        m.sources_from(np.int64(n), np.int64(n + 64), tuple(np.int64(b) for b in before)),
+        m.sources(n, n + 64),
+    )
+    with pytest.raises(TypeError):
+        m.counts(3.0)
+
+
 def test_a_mixture_whose_bound_misses_the_contract_says_so(monkeypatch, caplog):
     """No weighting met misses 3/2, so the warning is shown against a stricter contract."""
     import grain_rox._order._mixture as mixture_module

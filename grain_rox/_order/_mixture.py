@@ -17,8 +17,8 @@ two-way apportionment (within 1/2 of the share of the group's count). A source's
 then within ``1/2 * w_i * sum(1 / w_g)`` of ``w_i * n``, over the groups ``g`` on its path
 (itself included). The tree is chosen to keep that below 3/2, and each mixture works its own
 bound out exactly (:attr:`Mixture.max_error`), logging a warning were it ever not below 3/2:
-none was over 10**5 random and adversarial weightings of 5 to 60 sources (the largest, 1.42).
-Further properties:
+none was over 10**5 random and adversarial weightings of 5 to 60 sources (the largest, 1.42),
+nor in a search up to 700 sources (1.44). Further properties:
 
 * no randomness is involved, so proportions hold on every prefix;
 * the counts at any ``n`` are found directly (quota, then a few exact integer corrections, per
@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import operator
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
@@ -184,11 +185,11 @@ def _halves(items: list[tuple[int, int]]) -> list[tuple[list, list]]:
     :data:`_EVERY_CUT`: those near a third, a half and two thirds of the weight, and one item
     either side)."""
     if len(items) <= _EVERY_CUT:
-        cuts = set(range(2, len(items) - 1))
+        cuts = set(range(2, len(items)))
     else:
         cumulative = np.cumsum([w for w, _ in items])
         marks = np.searchsorted(cumulative, cumulative[-1] * np.array([1, 1.5, 2]) / 3)
-        cuts = {int(c) + d for c in marks for d in (-1, 0, 1)} & set(range(2, len(items) - 1))
+        cuts = {int(c) + d for c in marks for d in (-1, 0, 1)} & set(range(2, len(items)))
     return [
         (items[:1], items[1:]),
         _balanced(items),
@@ -312,6 +313,7 @@ class Mixture:
 
     def counts(self, n: int) -> tuple[int, ...]:
         """How many of the first ``n`` samples each source serves."""
+        n = operator.index(n)  # a Python int: n * weight overflows int64 from n = 2**33 on
         if n < 0:
             raise ValueError(f"n={n} must be >= 0")
         c = [0] * len(self.weights)
@@ -324,9 +326,10 @@ class Mixture:
 
     def sources_from(self, start: int, stop: int, before: Sequence[int]) -> np.ndarray:
         """:meth:`sources` when ``before = counts(start)`` is already known."""
+        start, stop = operator.index(start), operator.index(stop)
         if stop <= start:
             return np.empty(0, dtype=np.int64)
-        return self._fill(self.grouping, before, start, stop)
+        return self._fill(self.grouping, [operator.index(b) for b in before], start, stop)
 
     def _fill(self, group: _Group, before: Sequence[int], m0: int, m1: int) -> np.ndarray:
         """The sources of the group's samples ``[m0, m1)``, its parts' counts at ``m0``
