@@ -229,7 +229,7 @@ def _errors(group: _Group, inherited: Fraction, out: dict[int, Fraction]) -> Non
     """Each source's bound on ``|count - w n|`` (exact): a part of weight share ``p`` in a
     group of ``k`` parts is within ``1/2 + p (k - 2) / 2`` of ``p`` times the group's count,
     which is itself within ``inherited`` of its own share."""
-    total, k = sum(group.weights), len(group.parts)
+    total, k = group.total, len(group.parts)
     for part, w in zip(group.parts, group.weights, strict=True):
         share = Fraction(w, total)
         error = Fraction(1, 2) + share * (k - 2) / 2 + share * inherited

@@ -194,9 +194,9 @@ def mix_datasets(
     (after ``n`` elements a source of weight share ``w`` has given ``round(w * n) ± 1``, at
     every ``n``: Sainte-Laguë apportionment, of groups of sources where that needs them; see
     :mod:`grain_rox._order._mixture`); each source is shuffled with a new permutation every
-    epoch and repeats, so the mixture never ends early (``length`` defaults to the largest source's
-    length divided by its weight share). An endless source (``len == sys.maxsize``, Grain's
-    convention, e.g. ``ds.repeat()`` or an endless :class:`~grain_rox.TokenPipeline`'s
+    epoch and repeats, so the mixture never ends early (``length`` defaults to the largest
+    source's length divided by its weight share). An endless source (``len == sys.maxsize``,
+    Grain's convention, e.g. ``ds.repeat()`` or an endless :class:`~grain_rox.TokenPipeline`'s
     ``map_dataset()``) is read in its own order, and makes the default length endless too.
 
     A curriculum: ``phases=[(num_samples, weights), ..., (None, weights)]`` instead of
