@@ -310,7 +310,6 @@ class Manifest:
                     "the manifest was edited or damaged: re-create the shard set, or delete "
                     "this manifest to read the shards without its extras",
                 )
-        dtype = data["dtype"]
         _check_counts(data, ("block_size",), ("num_documents",), "")
         for name, rec in data["shards"].items():
             if not isinstance(rec, dict):
@@ -327,7 +326,7 @@ class Manifest:
             ):
                 raise ValueError(f"{key} is {token!r}, not a token id")
         return cls(
-            dtype=dtype,
+            dtype=data["dtype"],
             block_size=int(data["block_size"]),
             shards={name: ShardRecord(**rec) for name, rec in data["shards"].items()},
             eos_id=data.get("eos_id"),

@@ -219,8 +219,9 @@ def pack_documents(
     ``batch_size``) by best- or first-fit, and batched; a finite stream's last batch is filled
     with rows of padding (segment 0), so every row is served and every batch has one shape.
     Output features: ``inputs``, ``targets``, ``inputs_segmentation``, ``inputs_position``,
-    ``targets_segmentation``, ``targets_position`` (segment 0 = padding). ``shard=(index, count)`` gives a process its
-    slice of the documents; the packed stream then depends on ``count``. The iterator's state
+    ``targets_segmentation``, ``targets_position`` (segment 0 = padding).
+    ``shard=(index, count)`` gives a process its slice of the documents; the packed stream
+    then depends on ``count``. The iterator's state
     names the input data and this config; a state from others is refused.
 
     ``.mp_prefetch(...)`` on the result (or on a ``.map``/``.batch`` of it) yields the same

@@ -284,7 +284,7 @@ def resolve_plan(
     # a round trip for a bucket); grain_rox 0.1's lanes order reads the padding too
     lanes = pipeline.order == "lanes"
     served = {} if lanes else {name: served_tokens(c) for name, c in corpora.items()}
-    orders = tuple(source_orders(pipeline, corpora, served=None if lanes else served))
+    orders = tuple(source_orders(pipeline, corpora, served=served))
     eos_ids = tuple(
         (pipeline.eos_id if pipeline.eos_id is not None else c.eos_id)
         if pipeline.segmentation
