@@ -20,7 +20,13 @@ import json
 import logging
 from collections.abc import Iterator
 
-from grain_rox._text._text_files import byte_chunks, chain, decode, lines
+from grain_rox._text._text_files import (
+    byte_chunks,
+    chain,
+    decode,
+    lines,
+    without_lone_surrogates,
+)
 
 logger = logging.getLogger("grain_rox")
 
@@ -122,7 +128,7 @@ def _as_text(value: str, where: str, errors: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
         if errors == "replace":
-            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            return without_lone_surrogates(value)
         raise ValueError(
             f"{where}: the text holds a lone surrogate {value[e.start]!r} at character "
             f"{e.start} (a JSON escape that is no character, so no tokenizer can take it); "

@@ -96,6 +96,16 @@ def binary_reason(head: bytes) -> str | None:
     return None
 
 
+def without_lone_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate (a code point UTF-8 cannot hold, e.g. from a JSON
+    escape ``\\ud800``) replaced by U+FFFD, as tiktoken does.
+
+    >>> without_lone_surrogates("a\\ud800b")
+    'a\ufffdb'
+    """
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def decode(data: bytes, path: str, errors: str, *, base: int = 0, line: int = 0) -> str:
     try:
         return data.decode("utf-8", errors=errors)

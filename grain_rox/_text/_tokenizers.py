@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from grain_rox._text._hf_tokenizer import HFTokenizer
+from grain_rox._text._text_files import without_lone_surrogates
 from grain_rox._text._tiktoken import TIKTOKEN_NAMES, TiktokenTokenizer
 from grain_rox._text._tokenizer_base import check_text, identity_record
 
@@ -133,9 +134,7 @@ class ByteTokenizer:
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:
-            data = (
-                text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
-            )
+            data = without_lone_surrogates(text).encode("utf-8")
         return np.frombuffer(data, dtype=np.uint8).astype(np.int64)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
