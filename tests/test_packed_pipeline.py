@@ -252,6 +252,69 @@ def test_a_batch_is_a_pure_function_of_the_step_even_at_step_a_billion(random_co
     assert a["inputs_segmentation"].max() >= 1
 
 
+def test_a_pack_store_too_small_for_its_chunks_serves_the_same_batches(random_corpus, monkeypatch):
+    """Packed chunks are kept in flat buffers of about PACK_CACHE_BYTES; when they would
+    outgrow it they are rebuilt with only the chunks in use. Rebuilt every few batches (a
+    store of 5 KB), keeping chunks each time, the batches are those of a store that never
+    fills."""
+    from grain_rox._order import _pack_store, _packed
+
+    def batches() -> list[dict[str, np.ndarray]]:
+        pipe = TokenPipeline(random_corpus, seq_len=64, global_batch_size=8, seed=2, **PACKED)
+        ds = pipe.map_dataset()
+        return [ds[k] for k in [*range(40), 10**6, 5, 10**9]]
+
+    roomy = batches()
+    kept: list[int] = []
+    rebuild = _pack_store.PackStore._rebuild
+
+    def counted(self, keep):
+        kept.append(len(keep))
+        return rebuild(self, keep)
+
+    monkeypatch.setattr(_pack_store.PackStore, "_rebuild", counted)
+    monkeypatch.setattr(_packed, "PACK_CACHE_BYTES", 5_000)
+    for a, b in zip(roomy, batches(), strict=True):
+        for key in a:
+            assert np.array_equal(a[key], b[key]), key
+    assert len(kept) >= 3 and sum(kept) > 0, kept
+
+
+def test_pack_store_packs_each_chunk_once_and_rebuilds_with_the_chunks_in_use():
+    from grain_rox._order._pack_store import PackStore
+
+    ends = {k: np.array([3 + k, 10, 12]) for k in range(6)}
+    packed = {k: pack_chunk(ends[k], 16, seq_len=7, rows=3) for k in ends}
+    calls: list[int] = []
+
+    def pack(key: int):
+        calls.append(key)
+        return packed[key]
+
+    def pieces(store: PackStore, keys: list[int]) -> list[list[list[int]]]:
+        base, firsts, spans = store.rows(keys, pack)
+        return [
+            spans[:, firsts[b + r] : firsts[b + r + 1]].tolist()
+            for b in base.tolist()
+            for r in range(3)
+        ]
+
+    def want(keys: list[int]) -> list[list[list[int]]]:
+        return [
+            packed[k].spans[:, packed[k].first[r] : packed[k].first[r + 1]].tolist()
+            for k in keys
+            for r in range(3)
+        ]
+
+    store = PackStore(max_bytes=8 * 60)  # room for about two of these chunks
+    assert pieces(store, [0, 1, 0, 1]) == want([0, 1, 0, 1])
+    assert calls == [0, 1]  # once each, however many rows read them
+    assert pieces(store, [1, 2, 3]) == want([1, 2, 3])  # rebuilt: 1 kept, 2 and 3 added
+    assert calls == [0, 1, 2, 3]
+    assert pieces(store, [4, 0]) == want([4, 0])
+    assert store.nbytes <= 8 * 60 or set(store._extent) == {4, 0}
+
+
 def test_state_restores_the_next_batches_exactly_even_at_a_billion(random_corpus):
     pipe = TokenPipeline(random_corpus, seq_len=64, global_batch_size=8, **PACKED)
     with MultiHostDataLoadIterator(pipe) as it:

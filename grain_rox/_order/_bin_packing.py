@@ -61,11 +61,26 @@ class PackedChunk:
 
     rows: int
     first: np.ndarray  # (rows + 1,) int64
-    start: np.ndarray  # (pieces,) int64 offset in the chunk
-    length: np.ndarray  # (pieces,) int64
-    at: np.ndarray  # (pieces,) int64 offset of each piece in its row
+    # (3, pieces) int64: each piece's offset in the chunk, length, and offset in its row (one
+    # array, so that a reader strings many chunks' pieces together in one concatenation)
+    spans: np.ndarray
     content: np.ndarray  # (rows,) int64 tokens of each row
     split: int  # pieces cut further because no row held them whole
+
+    @property
+    def start(self) -> np.ndarray:
+        """(pieces,) offset of each piece in the chunk."""
+        return self.spans[0]
+
+    @property
+    def length(self) -> np.ndarray:
+        """(pieces,) tokens of each piece."""
+        return self.spans[1]
+
+    @property
+    def at(self) -> np.ndarray:
+        """(pieces,) offset of each piece in its row."""
+        return self.spans[2]
 
     def row(self, r: int) -> list[tuple[int, int]]:
         """Row ``r``'s pieces as (offset, length) pairs."""
@@ -74,7 +89,7 @@ class PackedChunk:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.first, self.start, self.length, self.at, self.content))
+        return sum(a.nbytes for a in (self.first, self.spans, self.content))
 
 
 def document_pieces(
@@ -167,12 +182,11 @@ def pack_chunk(
     row, start, length = row[order], start[order], length[order]
     first = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=rows))])
     ends = np.cumsum(length)
+    at = ends - length - np.concatenate([[0], ends])[first[:-1]][row]
     return PackedChunk(
         rows=rows,
         first=first.astype(np.int64),
-        start=start,
-        length=length,
-        at=(ends - length - np.concatenate([[0], ends])[first[:-1]][row]).astype(np.int64),
+        spans=np.stack([start, length, at]).astype(np.int64),
         content=np.bincount(row, weights=length, minlength=rows).astype(np.int64),
         split=split,
     )

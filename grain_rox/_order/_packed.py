@@ -29,9 +29,7 @@ O(log #segments) plus one permutation evaluation and the packing of the chunks i
 
 from __future__ import annotations
 
-import collections
 import math
-import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -39,13 +37,16 @@ import numpy as np
 from grain_rox._order._bin_packing import PACKINGS, PackedChunk, min_rows, pack_chunk, rows_used
 from grain_rox._order._blocks import PLAN_GROUP
 from grain_rox._order._chunks import ChunkStream, Rows, Run, Segment, schedule_runs
+from grain_rox._order._pack_store import PackStore
 from grain_rox._order._permutation import FeistelPermutation, derive_key
 from grain_rox._order._value_groups import value_groups
 
 _PURPOSE_PACKED_ROWS = 5
 SAMPLE_CHUNKS = 8  # chunks packed to measure how many rows a chunk needs
 DEFAULT_PACKED_BLOCK_TOKENS = 1 << 27
-PACK_CACHE_BYTES = 64 << 20  # packed chunks a process keeps (LRU)
+# a block's row permutation is evaluated this many consecutive slots at a time, and kept
+_PERMUTED_WINDOW = 1024
+PACK_CACHE_BYTES = 64 << 20  # packed chunks a process keeps (then only the ones in use)
 _CONT, _REST = 0, 1  # a Segment's kind: whole rows from global row ``slot`` of ``epoch`` on;
 # or the rest of one block's grid at ``grid``, cut at ``seq_len``, from grid row ``slot``,
 # token ``cursor``
@@ -110,16 +111,13 @@ class PackedOrder(ChunkStream):
         self._start_process_local()
 
     def _start_process_local(self) -> None:
-        self._lock = threading.Lock()
-        self._packed: collections.OrderedDict[tuple[int, int], PackedChunk] = (
-            collections.OrderedDict()
-        )
-        self._packed_bytes = 0
+        self._store = PackStore(PACK_CACHE_BYTES)
         self._permutations: dict[tuple[int, int, int], FeistelPermutation] = {}
+        self._permuted: dict[tuple[int, int, int, int], np.ndarray] = {}
 
     def __getstate__(self) -> dict[str, object]:
         state = super().__getstate__()
-        for key in ("_lock", "_packed", "_packed_bytes", "_permutations"):
+        for key in ("_store", "_permutations", "_permuted"):
             state.pop(key, None)
         return state
 
@@ -175,6 +173,27 @@ class PackedOrder(ChunkStream):
             self._permutations[(epoch, block, grid)] = permutation
         return permutation
 
+    def permuted_rows(self, epoch: int, block: int, grid: int, slots: np.ndarray) -> np.ndarray:
+        """``row_permutation(epoch, block, grid)(slots)``: for consecutive slots (a plan's
+        rows of one block, nearly always) read from the permutation of the
+        ``_PERMUTED_WINDOW`` slots around them, evaluated once and kept (the last few)."""
+        lo, hi = int(slots[0]), int(slots[-1]) + 1
+        if hi - lo != slots.size or (slots.size > 1 and not (np.diff(slots) == 1).all()):
+            return self.row_permutation(epoch, block, grid)(slots)
+        w = _PERMUTED_WINDOW
+        parts = []
+        for k in range(lo // w, (hi - 1) // w + 1):
+            window = self._permuted.get((epoch, block, grid, k))
+            if window is None:
+                permutation = self.row_permutation(epoch, block, grid)
+                window = permutation(np.arange(k * w, min((k + 1) * w, permutation.n)))
+                if len(self._permuted) >= 8:
+                    self._permuted.clear()
+                self._permuted[(epoch, block, grid, k)] = window
+            parts.append(window)
+        first = (lo // w) * w
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts))[lo - first : hi - first]
+
     # ---- what the pipeline asks -----------------------------------------------------------
     @property
     def windows_per_epoch(self) -> int:
@@ -189,30 +208,22 @@ class PackedOrder(ChunkStream):
         """What a checkpoint names of this order besides the schedule and seed."""
         return {"block_tokens": self.block_tokens, "packing": self.packing}
 
-    def packed(self, chunk: int, seq_len: int) -> PackedChunk:
-        """Physical ``chunk`` packed at ``seq_len`` (cached per process, LRU)."""
-        key = (chunk, seq_len)
-        with self._lock:
-            hit = self._packed.get(key)
-            if hit is not None:
-                self._packed.move_to_end(key)
-                return hit
+    def _pack(self, key: int) -> PackedChunk:
+        """The chunk of ``key`` (``physical chunk * (max_seq_len + 1) + seq_len``) packed."""
+        chunk, seq_len = divmod(key, self.max_seq_len + 1)
         shard, start = self.chunk_location(np.asarray([chunk]))
-        ends = self.documents(int(shard[0]), int(start[0]))
-        packed = pack_chunk(
-            ends,
+        return pack_chunk(
+            self.documents(int(shard[0]), int(start[0])),
             self.chunk_tokens,
             seq_len=seq_len,
             rows=self.rows_per_group(seq_len),
             packing=self.packing,
         )
-        with self._lock:
-            if key not in self._packed:
-                self._packed[key] = packed
-                self._packed_bytes += packed.nbytes
-                while self._packed_bytes > PACK_CACHE_BYTES and len(self._packed) > 1:
-                    self._packed_bytes -= self._packed.popitem(last=False)[1].nbytes
-        return packed
+
+    @property
+    def _packed_bytes(self) -> int:
+        """Bytes of the packed chunks this process holds."""
+        return self._store.nbytes
 
     def locate(self, samples: np.ndarray) -> Rows:
         """Epoch, spans, seq_len and content of each sample (any order, in the schedule)."""
@@ -263,7 +274,7 @@ class PackedOrder(ChunkStream):
         for key, sel in value_groups(blocks):
             e, b = divmod(key, self.num_blocks)
             g = int(grid[sel][0])
-            permuted[sel] = self.row_permutation(e, b, g)(slot[sel])
+            permuted[sel] = self.permuted_rows(e, b, g, slot[sel])
             per_group[sel] = self.rows_per_group(g)
         position = self.groups_before(block) + permuted // per_group  # in the epoch stream
         row = permuted % per_group
@@ -271,21 +282,16 @@ class PackedOrder(ChunkStream):
         for e, sel in value_groups(epoch):
             phys[sel] = self.physical_chunks(e, position[sel])
         # every packed chunk read, its arrays strung together: one vectorised pass for all rows
-        keys, u = np.unique(phys * (self.max_seq_len + 1) + grid, return_inverse=True)
-        packed = [self.packed(*divmod(k, self.max_seq_len + 1)) for k in keys.tolist()]
-        piece_base = np.cumsum([0] + [p.start.size for p in packed])
-        row_base = np.cumsum([0] + [p.rows + 1 for p in packed])
-        firsts = np.concatenate([p.first for p in packed])
-        lo = firsts[row_base[u] + row] + piece_base[u]
-        hi = firsts[row_base[u] + row + 1] + piece_base[u]
-        counts = hi - lo
+        # every chunk read (packed when first read), its pieces looked up for all rows at once
+        base, firsts, spans = self._store.rows((phys * (self.max_seq_len + 1) + grid).tolist(),
+                                               self._pack)  # fmt: skip
+        lo = firsts[base + row]
+        counts = firsts[base + row + 1] - lo
         span_row = np.repeat(np.arange(n), counts)
         piece = (
             lo[span_row] + np.arange(span_row.size) - np.repeat(np.cumsum(counts) - counts, counts)
         )
-        start = np.concatenate([p.start for p in packed])[piece]
-        length = np.concatenate([p.length for p in packed])[piece]
-        at = np.concatenate([p.at for p in packed])[piece]
+        start, length, at = spans[:, piece]
         o = offset[span_row]
         a = np.maximum(at, o)
         z = np.minimum(at + length, o + seq_len[span_row] + 1)
@@ -294,12 +300,9 @@ class PackedOrder(ChunkStream):
         stream = position[span_row] * self.chunk_tokens + start[keep] + a - at[keep]
         content = np.bincount(span_row, weights=z - a, minlength=n).astype(np.int64)
         first = np.zeros(n, dtype=np.int64)
-        heads = (
-            np.flatnonzero(np.r_[True, span_row[1:] != span_row[:-1]])
-            if span_row.size
-            else span_row
-        )
-        first[span_row[heads]] = stream[heads]
+        head = np.ones(span_row.size, dtype=bool)  # each row's first span (rows are sorted)
+        np.not_equal(span_row[1:], span_row[:-1], out=head[1:])
+        first[span_row[head]] = stream[head]
         return Rows(epoch, first, seq_len, (span_row, stream, z - a, a - o), content=content)
 
 
