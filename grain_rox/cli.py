@@ -65,6 +65,24 @@ def _count(n: int, noun: str) -> str:
 logger = logging.getLogger("grain_rox")
 
 
+def positive_int(text: str) -> int:
+    """A count argument: an integer of at least 1.
+
+    >>> positive_int("3")
+    3
+    >>> positive_int("0")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: '0' is not a count of at least 1
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of at least 1")
+    return n
+
+
 def parse_size(text: str) -> int:
     """Parse a byte size such as ``4096``, ``64MiB`` or ``1G``.
 
@@ -146,10 +164,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="split into shards of at most this size, e.g. 64MiB",
     )
     conv.add_argument("--if-exists", choices=("error", "append", "overwrite"), default="error")
-    conv.add_argument("--limit", type=int, default=None, help="convert at most N documents")
+    conv.add_argument(
+        "--limit", type=positive_int, default=None, help="convert at most N documents"
+    )
     conv.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=None,
         help="chunks tokenized at once (default 1: the tokenizer itself uses all cores)",
     )
@@ -169,7 +189,9 @@ def _build_parser() -> argparse.ArgumentParser:
     exp.add_argument("path", nargs="+", help="shard file, directory, glob or base path")
     exp.add_argument("-o", "--output", required=True, help="the .array_record file to write")
     exp.add_argument("--eos-id", type=int, default=None, help="default: the manifest's EOS id")
-    exp.add_argument("--group-size", type=int, default=1, help="records per ArrayRecord chunk")
+    exp.add_argument(
+        "--group-size", type=positive_int, default=1, help="records per ArrayRecord chunk"
+    )
     exp.add_argument("--compression", choices=("zstd", "uncompressed"), default="zstd")
     exp.add_argument("--overwrite", action="store_true", help="replace an existing output")
     exp.add_argument("--no-progress", action="store_true", help="never show a progress bar")
@@ -234,6 +256,15 @@ def _convert(args: argparse.Namespace) -> int:
     token_docs = bool(files) and (
         args.fmt == "array_record" or all(detect_format(f) == "array_record" for f in files)
     )
+    if args.record_dtype is not None and not token_docs:
+        read = f"the built-in corpus {args.builtin!r} is text" if args.builtin else (
+            f"{', '.join(args.inputs)} {'is' if len(args.inputs) == 1 else 'are'} read as text "
+            f"(format {args.fmt})"
+        )  # fmt: skip
+        raise ValueError(
+            f"--record-dtype {args.record_dtype} applies to ArrayRecord token documents only, "
+            f"and {read}; drop --record-dtype, or pass ArrayRecord files"
+        )
     label = f"built-in '{args.builtin}'" if args.builtin else ", ".join(args.inputs)[:60]
     desc = f"converting {label} ({tok.name})"
     show = not args.no_progress

@@ -103,15 +103,38 @@ def test_convert_builtin_corpus_is_deterministic(tmp_path):
         (["convert", "docs.jsonl", "-o", "x.rox", "--tokenizer", "gpt9"], "gpt9"),
         (["inspect", "nothing.rox"], "no .rox shard found for 'nothing.rox'"),
         (["verify", "empty*.rox"], "no .rox shard matches the glob 'empty*.rox'"),
+        (
+            ["convert", "a.txt", "-o", "x.rox", "--tokenizer", "bad.json"],
+            "bad.json is not a Hugging Face tokenizer.json (Exception: expected",
+        ),
+        (
+            ["convert", "a.txt", "-o", "x.rox", "--record-dtype", "uint16"],
+            "--record-dtype uint16 applies to ArrayRecord token documents only, and a.txt is read",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "docs.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
+    (tmp_path / "a.txt").write_text("some text\n")
+    (tmp_path / "bad.json").write_text('{"a" 1}')
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"grain-rox {argv[0]}: error:") and message in err
     assert not (tmp_path / "x.rox").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--limit", "0"), ("--limit", "-1"), ("--workers", "0"), ("--limit", "x")]
+)
+def test_a_count_flag_below_1_is_refused_before_anything_is_read(tmp_path, capsys, flag, value):
+    (tmp_path / "a.txt").write_text("some text\n")
+    out = tmp_path / "x.rox"
+    with pytest.raises(SystemExit) as exit_:
+        main(["convert", str(tmp_path / "a.txt"), "-o", str(out), flag, value])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: '{value}' is not a count of at least 1" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_convert_refuses_to_overwrite_without_if_exists(tmp_path, capsys):

@@ -102,7 +102,15 @@ class HFTokenizer:
             raise ImportError(
                 f"HFTokenizer({str(self.path)!r}) needs the tokenizers package; fix: {INSTALL_FIX}"
             ) from None
-        tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        try:
+            tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as e:  # tokenizers raises a bare Exception; bytes may not be UTF-8
+            raise ValueError(
+                f"{self.path} is not a Hugging Face tokenizer.json ({type(e).__name__}: {e}); "
+                "pass the tokenizer.json saved by tokenizers or transformers "
+                "(tokenizer.save(path) / save_pretrained), or a named tokenizer such as "
+                "cl100k_base"
+            ) from e
         if hasattr(tok, "encode_special_tokens"):
             tok.encode_special_tokens = True  # literal "</s>" in text stays text
         return tok
