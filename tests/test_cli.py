@@ -287,6 +287,31 @@ def test_verify_reports_every_damaged_shard_and_exits_1(tmp_path, capsys):
     assert "FAIL " + str(shard2) + ": the last 8 bytes are" in out_text
     assert "1 of 3 shards OK; 2 damaged" in out_text
     assert main(["verify", str(tmp_path), "--no-checksums"]) == 1
+    # without checksums, the flipped shard's mtime is the one sign of its change (set here:
+    # a write right after the conversion may share its coarse timestamp)
+    os.utime(shard1, ns=(shard1.stat().st_atime_ns, shard1.stat().st_mtime_ns + 10**9))
+    assert main(["verify", str(tmp_path), "--no-checksums"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    flipped = next(line for line in lines if line.startswith(f"OK   {shard1}: "))
+    assert flipped.endswith("checksum none; WARN: modified since it was written (its mtime is "
+                            "not the manifest's), so only its checksum can tell whether its "
+                            "tokens changed; reading it hashes it and refuses a mismatch. Fix: "
+                            "run grain-rox verify without --no-checksums")  # fmt: skip
+    untouched = next(line for line in lines if line.startswith(f"OK   {tmp_path / 'v_0000'}"))
+    assert untouched.endswith("checksum none")
+
+
+def test_verify_refuses_a_manifest_whose_token_count_is_not_the_shards(tmp_path, capsys):
+    out = tmp_path / "v.rox"
+    assert main(["convert", "--builtin", "prose", "--limit", "3", "-o", str(out)]) == 0
+    manifest = tmp_path / "v.manifest.json"
+    data = json.loads(manifest.read_text())
+    data["shards"]["v.rox"]["num_tokens"] -= 1
+    manifest.write_text(json.dumps(data))
+    assert main(["verify", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert f"FAIL {out}: the manifest {manifest} records " in text
+    assert "tokens but the shard holds" in text and "edited or belongs to other data" in text
 
 
 def test_console_script_runs_quietly_when_not_a_terminal(tmp_path):

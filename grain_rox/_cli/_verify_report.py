@@ -43,7 +43,8 @@ def verify_lines(reports: list[ShardReport]) -> list[str]:
             lines.append(f"set {name}: {_count(len(group), 'shard')}, {', '.join(kinds) or '?'}")
         for r in group:
             if r.ok:
-                lines.append(f"OK   {r.path}: {r.num_blocks} blocks, checksum {r.checksum}")
+                note = f"; WARN: {cli_wording(r.note, 'verify')}" if r.note else ""
+                lines.append(f"OK   {r.path}: {r.num_blocks} blocks, checksum {r.checksum}{note}")
             else:
                 lines.append(f"FAIL {r.path}: {cli_wording(r.problem or '', 'verify')}")
     lines += [f"WARN {r.path}: {r.note}" for r in leftovers]

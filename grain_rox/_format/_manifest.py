@@ -179,6 +179,15 @@ class ShardRecord:
                 "re-create the shard set with grain-rox, or delete the stale manifest to read "
                 "the shards without its extras",
             )
+        if self.num_tokens != header.num_tokens:  # its raw bytes / its dtype's size
+            raise RoxFormatError(
+                header.path,
+                f"the manifest {manifest_path} records {self.num_tokens:,} tokens but the "
+                f"shard holds {header.num_tokens:,} ({header.raw_size:,} raw bytes of "
+                f"{header.dtype}): the manifest was edited or belongs to other data",
+                "re-create the shard set with grain-rox, or delete the stale manifest to read "
+                "the shards without its extras",
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,7 +50,9 @@ class ShardReport:
       checksum: ``"ok"`` when its sha256 matched the manifest's, ``"none"`` when not checked
         (no manifest entry, or ``checksums=False``); a mismatch is a ``problem``.
       kind: ``"shard"``, or ``"leftover"``: a killed writer's hidden temporary file (harmless).
-      note: what a ``"leftover"`` report says and how to remove it.
+      note: what a ``"leftover"`` report says and how to remove it; for a sound shard not
+        hashed (``checksums=False``) whose mtime is not the manifest's, that only its checksum
+        can tell whether it changed.
       set: the set the file belongs to: its path without ``.rox`` and a ``_NNNN`` shard number
         (``data/code_0003.rox`` -> ``data/code``).
       dtype: its token dtype (None when it could not be read).
@@ -146,12 +148,19 @@ def verify_rox(
                 remote_manifest(ref.store, mpath) if ref is not None else current_manifest(mpath)
             )
             record = manifest.check_shard(header, mpath) if manifest else None
+            note = None
             if record is not None and checksums and record.sha256 is not None:
                 if ref is not None:
                     check_object_checksum(ref, record, count)
                 else:
                     _check_sha256(path, record, count)
                 checksum = "ok"
+            elif record is not None and ref is None and _touched(path, record):
+                note = (
+                    "modified since it was written (its mtime is not the manifest's), so only "
+                    "its checksum can tell whether its tokens changed; reading it hashes it "
+                    "and refuses a mismatch. Fix: run grain-rox verify without --no-checksums"
+                )
             reports.append(
                 ShardReport(
                     path,
@@ -159,6 +168,7 @@ def verify_rox(
                     header.num_blocks,
                     header.num_tokens,
                     checksum,
+                    note=note,
                     set=name,
                     dtype=str(header.dtype),
                 )
@@ -204,8 +214,11 @@ def verify_rox(
 
 
 def _log_report(report: ShardReport) -> None:
-    """One shard's outcome: damage at WARNING, a sound shard at DEBUG."""
-    if report.ok:
+    """One shard's outcome: damage at WARNING, a sound shard at DEBUG (its note, if any, is
+    in the report: ``grain-rox verify`` prints it)."""
+    if report.ok and report.note:
+        logger.debug("shard %s is sound as far as checked; %s", report.path, report.note)
+    elif report.ok:
         logger.debug(
             "shard %s is sound: %d block%s, %d tokens (%s), checksum %s",
             report.path,
@@ -253,6 +266,11 @@ def _size(path: str, storage_options: dict[str, Any] | None = None) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def _touched(path: str, record: ShardRecord) -> bool:
+    """Whether a local shard's mtime differs from the one its manifest recorded."""
+    return record.mtime_ns is not None and os.stat(path).st_mtime_ns != record.mtime_ns
 
 
 def _check_sha256(path: str, record: ShardRecord, on_bytes: Callable[[int], None]) -> None:
