@@ -19,8 +19,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from grain_rox._format._manifest import pad_run
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._format._served import served_tokens
 from grain_rox._order._blocks import DEFAULT_BLOCK_TOKENS, BlockOrder
 from grain_rox._order._curriculum import SAMPLE_LIMIT
 from grain_rox._order._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
@@ -113,35 +113,6 @@ def open_sources(
 
 
 SourceOrder = BlockOrder | LaneOrder | PackedOrder
-
-
-def served_tokens(corpus: RoxCorpus) -> list[int]:
-    """Each shard's tokens a pipeline reads: all of them but the padding at its end.
-
-    A write pads its last block with the pad id (roxxel's format has whole blocks); each
-    shard's manifest records how much ends the shard (:meth:`RoxCorpus.trailing_padding`).
-    That padding is left out, as far as the run of pad ids at the shard's end reaches (read
-    once, a few tokens a shard): exactly a write's padding, and never a token that is not the
-    pad id, even where a manifest from before appends were recorded mis-counts. (A shard
-    without a manifest, as roxxel writes them, records none: it is read whole. Padding an
-    append to a single file left mid-stream is read as written.)
-
-    >>> import tempfile, os, numpy as np
-    >>> from grain_rox import open_rox, write_rox
-    >>> path = os.path.join(tempfile.mkdtemp(), "p.rox")
-    >>> _ = write_rox([np.arange(1, 6, dtype=np.uint16)], path, separator=0, block_size=16)
-    >>> corpus = open_rox(path)
-    >>> corpus.tokens(0, corpus.num_tokens).tolist(), served_tokens(corpus)
-    ([1, 2, 3, 4, 5, 0, 0, 0], [6])
-    """
-    counts = [sh.num_tokens for sh in corpus.shards]
-    padded = [(s, n, pad) for s, (n, pad) in enumerate(corpus.trailing_padding()) if n]
-    if not padded:
-        return counts
-    tails = corpus.shard_spans_many([(s, [(counts[s] - n, counts[s])]) for s, n, _ in padded])
-    for (s, _, pad), (tail,) in zip(padded, tails, strict=True):
-        counts[s] -= pad_run(tail, pad)
-    return counts
 
 
 def source_orders(

@@ -1,7 +1,8 @@
 """RoxDocumentSource: a `.rox` corpus as a Grain source of whole documents, for packing.
 
 A document is the tokens up to and including each EOS, found with one vectorised scan per
-shard (cached; O(#documents) index memory). A document longer than ``seq_len + 1`` tokens is,
+shard (cached; O(#documents) index memory); the block padding each write ends with is not
+served, and text after the last EOS of a write is a document of its own. A document longer than ``seq_len + 1`` tokens is,
 by ``long_documents=``, split into pieces of ``seq_len + 1`` that overlap by one token (every
 next-token pair kept), truncated (the dropped tokens are counted and logged) or refused; the
 same choice, with the same words, applies to any source :func:`~grain_rox.pack_documents`
@@ -19,6 +20,7 @@ import numpy as np
 
 from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_unchanged
+from grain_rox._format._served import ServedSpan, served_spans
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._output_dtype import check_output_dtype
@@ -109,9 +111,23 @@ class RoxDocumentSource:
         self.dtype = np.dtype(dtype)
         stored = {self.corpus.paths[0]: self.corpus.dtype}
         check_output_dtype(self.dtype, stored, [self.eos_id], where="RoxDocumentSource")
+        self._spans = served_spans(self.corpus)
+        # a Grain DataLoader compares reprs on restore: documents that the padding left out
+        # (mid-stream, after appends) or a last document without its EOS change which record i
+        # is, so they are named (and other data keeps its old repr)
+        self._changes = ""
+        left_out = self.corpus.num_tokens - sum(span.stop - span.start for span in self._spans)
+        if left_out and len(self._spans) > 1:
+            self._changes += f", padding_left_out={left_out}"
+        tails = sum(span.known_end and not self._ends_with_eos(span) for span in self._spans)
+        if tails:
+            self._changes += f", unterminated_documents={tails}"
         self._lock = threading.Lock()
         self._index: tuple[np.ndarray, np.ndarray] | None = None
         self._dropped: tuple[int, int] | None = None
+
+    def _ends_with_eos(self, span: ServedSpan) -> bool:
+        return int(self.corpus.tokens(span.stop - 1, span.stop)[0]) == self.eos_id
 
     @property
     def tokens_dropped(self) -> int:
@@ -163,8 +179,7 @@ class RoxDocumentSource:
             for at, chunk in self.corpus.iter_shard(s)
         ]
         eos = np.concatenate(ends) if ends else np.empty(0, np.int64)
-        starts = np.concatenate([[0], eos[:-1] + 1]).astype(np.int64)
-        lengths = eos - starts + 1  # the document and its EOS
+        starts, lengths = self._documents(eos)
         keep = lengths > 1  # a lone EOS (padding runs) is no document
         starts, lengths = starts[keep], lengths[keep]
         window = self.seq_len + 1
@@ -197,6 +212,37 @@ class RoxDocumentSource:
         piece_len = np.minimum(window, starts[doc] + lengths[doc] - piece_start)
         return piece_start, piece_len
 
+    def _documents(self, eos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(start, length) of every document: each stretch of served text (the padding a
+        write ends with left out, see ``_format._served``) split after each EOS (``eos``: the
+        corpus offsets of every EOS). Text after a stretch's last EOS is a document too, EOS
+        or not, where a manifest says where the data ends; else (a shard without a manifest,
+        as roxxel writes them, whose end may be a pad id other than the EOS) it is not served,
+        and a warning names it."""
+        starts: list[np.ndarray] = []
+        stops: list[np.ndarray] = []
+        for span in self._spans:
+            inside = eos[np.searchsorted(eos, span.start) : np.searchsorted(eos, span.stop)]
+            starts.append(np.concatenate([[span.start], inside + 1]).astype(np.int64))
+            stops.append(np.concatenate([inside + 1, [span.stop]]).astype(np.int64))
+            tail = int(starts[-1][-1])  # after the last EOS: the span's last document, or none
+            if tail < span.stop and span.known_end:
+                continue
+            starts[-1], stops[-1] = starts[-1][:-1], stops[-1][:-1]
+            if tail < span.stop:
+                logger.warning(
+                    "RoxDocumentSource(%s, ...): the last %d tokens (from corpus offset %d) "
+                    "follow the last EOS %d with no manifest to say whether they are text or "
+                    "a writer's padding, and are not served; write the shards with grain_rox "
+                    "(a manifest) or end every document with the EOS",
+                    self.corpus.paths[0],
+                    span.stop - tail,
+                    tail,
+                    self.eos_id,
+                )
+        start = np.concatenate([*starts, np.empty(0, np.int64)])
+        return start, np.concatenate([*stops, np.empty(0, np.int64)]) - start
+
     def __len__(self) -> int:
         return int(self._pieces()[0].size)
 
@@ -204,7 +250,7 @@ class RoxDocumentSource:
         return (
             f"RoxDocumentSource(data={self.corpus.fingerprint}, seq_len={self.seq_len}, "
             f"eos_id={self.eos_id}, long_documents={self.long_documents}, "
-            f"dtype={self.dtype.name})"
+            f"dtype={self.dtype.name}{self._changes})"
         )
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:

@@ -8,6 +8,7 @@ whose records are whole batches.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_unchanged
+from grain_rox._format._served import served_spans
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._output_dtype import check_output_dtype
@@ -23,6 +25,10 @@ from grain_rox._sources._segments import maxtext_record, segment_features
 
 class RoxTokenSource:
     """Record ``i`` = tokens ``[i*seq_len, i*seq_len + seq_len + 1)`` as ``inputs``/``targets``.
+
+    The tokens are the corpus's without the block padding each write ends with (where a
+    manifest records it, as :class:`~grain_rox.TokenPipeline` reads them; ``padding_left_out``
+    counts it).
 
     With an EOS id (argument, else the manifest's) records also carry ``inputs_segmentation``,
     ``inputs_position``, ``targets_segmentation`` and ``targets_position`` from the EOS tokens
@@ -71,7 +77,14 @@ class RoxTokenSource:
         self.dtype = np.dtype(dtype)
         stored = {self.corpus.paths[0]: self.corpus.dtype}
         check_output_dtype(self.dtype, stored, [self.eos_id], where="RoxTokenSource")
-        self._len = max(0, (self.corpus.num_tokens - 1) // self.seq_len)
+        # the served stream: each write's block padding left out (as TokenPipeline does)
+        spans = served_spans(self.corpus)
+        lengths = [span.stop - span.start for span in spans]
+        self._stream_starts = np.cumsum([0, *lengths]).tolist()
+        self._corpus_starts = [span.start for span in spans]
+        total = self._stream_starts[-1]
+        self.padding_left_out = self.corpus.num_tokens - total
+        self._len = max(0, (total - 1) // self.seq_len)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -81,14 +94,31 @@ class RoxTokenSource:
         return self._len
 
     def __repr__(self) -> str:
+        # a Grain DataLoader compares reprs on restore: the padding left out changes what
+        # record i holds, so it is named (and data without padding keeps its old repr)
+        left_out = f", padding_left_out={self.padding_left_out}" if self.padding_left_out else ""
         return (
             f"RoxTokenSource(data={self.corpus.fingerprint}, seq_len={self.seq_len}, "
-            f"eos_id={self.eos_id}, dtype={self.dtype.name})"
+            f"eos_id={self.eos_id}, dtype={self.dtype.name}{left_out})"
         )
+
+    def _tokens(self, a: int, b: int) -> np.ndarray:
+        """Tokens ``[a, b)`` of the served stream (across the padding left out)."""
+        if self.padding_left_out == 0:
+            return self.corpus.tokens(a, b)
+        starts = self._stream_starts
+        i = bisect.bisect_right(starts, a) - 1
+        parts = []
+        while a < b:
+            take = min(b, starts[i + 1])
+            at = self._corpus_starts[i] - starts[i]
+            parts.append(self.corpus.tokens(at + a, at + take))
+            a, i = take, i + 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         start = record_index(index, self._len, "window") * self.seq_len
-        window = self.corpus.tokens(start, start + self.seq_len + 1).astype(self.dtype)
+        window = self._tokens(start, start + self.seq_len + 1).astype(self.dtype)
         window.flags.writeable = False  # inputs and targets share it: read-only, like batches
         features: dict[str, np.ndarray] = {}
         if self.eos_id is not None:
