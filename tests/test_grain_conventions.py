@@ -346,6 +346,32 @@ def test_numpy_integers_are_accepted_by_every_argument(paths):
     assert [as_list(b) for b in packed] == [as_list(b) for b in plain_packed]
 
 
+def test_a_config_of_numpy_values_gives_states_json_writes_and_restores(paths):
+    """Grain's checkpoint handler writes a state with json.dumps: weights or epochs given as
+    NumPy scalars (as a config computed with NumPy gives them) must not end up in it."""
+    from grain_rox import MultiHostDataLoadIterator
+
+    weights = {"a": np.float32(0.3), "b": np.float32(0.7)}
+    pipe = TokenPipeline(paths, seq_len=16, global_batch_size=8, weights=weights)
+    it = iter(pipe.map_dataset().to_iter_dataset(grain.ReadOptions(num_threads=0)))
+    next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    want = [inputs(next(it)) for _ in range(3)]
+    again = iter(pipe.map_dataset().to_iter_dataset(grain.ReadOptions(num_threads=0)))
+    again.set_state(state)
+    assert [inputs(next(again)) for _ in range(3)] == want
+    with MultiHostDataLoadIterator(pipe) as batches:
+        next(batches)
+        saved = batches.get_state()
+        assert json.loads(saved)["pipeline"]["phases"][0]["weights"] == {
+            "a": float(np.float32(0.3)), "b": float(np.float32(0.7))
+        }  # fmt: skip
+    rows = NumpySource({"x": np.arange(40, dtype=np.int32)}).batches(4, num_epochs=np.int64(2))
+    it = iter(rows.to_iter_dataset(grain.ReadOptions(num_threads=0)))
+    next(it)
+    assert json.loads(json.dumps(it.get_state())) == it.get_state()
+
+
 # ---- item 4: a packed stream does not depend on the number of Grain workers ------------------
 def packed_docs(workers: int = 0, shard=(0, 1)):
     rng = np.random.default_rng(0)

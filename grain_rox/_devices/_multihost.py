@@ -40,6 +40,7 @@ from grain_rox._devices._iterator_state import STATE_VERSION, decode_state
 from grain_rox._devices._placement import default_mesh
 from grain_rox._devices._resident import resident_feed
 from grain_rox._pipeline._pipeline import TokenPipeline
+from grain_rox._sources._identity import json_plain
 
 _DONE = object()
 # Read the next host batch in one thread while another places the last one on the devices
@@ -391,7 +392,7 @@ class MultiHostDataLoadIterator:
     def get_state(self) -> bytes:
         """JSON bytes: the step, and the pipeline identity or Grain's own state."""
         state: dict[str, Any] = {"version": STATE_VERSION, "step": self._step}
-        state[self._feed.state_key] = self._feed.saved(self._position)
+        state[self._feed.state_key] = json_plain(self._feed.saved(self._position))
         return json.dumps(state, sort_keys=True).encode("utf-8")
 
     def set_state(self, state: bytes | str | dict[str, Any]) -> None:

@@ -92,7 +92,9 @@ class Phase:
                     f"Phase: weights={self.weights!r} is a {type(self.weights).__name__}, not "
                     "a mapping; pass weights={name: weight, ...}"
                 )
-            object.__setattr__(self, "weights", dict(self.weights))
+            # NumPy names or weights become Python ones (a checkpoint's state is JSON)
+            plain = {_plain(k): _plain(w) for k, w in self.weights.items()}
+            object.__setattr__(self, "weights", plain)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -101,6 +103,11 @@ class Phase:
             "seq_len": int(self.seq_len),
             "weights": None if self.weights is None else dict(sorted(self.weights.items())),
         }
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value it holds; anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 class Schedule:
