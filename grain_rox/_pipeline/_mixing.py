@@ -71,6 +71,28 @@ def _source_description(source: Any) -> str:
     return text
 
 
+# Settings Grain nodes keep inside helper objects, not in their ``str``: (attribute, field)
+_HIDDEN = (("_rng_pool", "_seed"), ("_selection_map", "_proportions"))
+
+
+def _hidden_facts(node: Any) -> list[str]:
+    """Settings of a Grain node that its ``str`` does not show: ``random_map``'s seed (in its
+    ``_rng_pool``) and ``MapDataset.mix``'s proportions (in its ``_selection_map``), each as
+    ``name=value``.
+
+    >>> import grain
+    >>> _hidden_facts(grain.MapDataset.range(4).random_map(lambda x, rng: x, seed=7))
+    ['rng_pool.seed=7']
+    """
+    facts = []
+    for holder, field in _HIDDEN:
+        value = getattr(vars(node).get(holder), field, None)
+        if value is not None:
+            value = [int(v) for v in value] if isinstance(value, (list, tuple)) else value
+            facts.append(f"{holder.lstrip('_')}.{field.lstrip('_')}={value!r}")
+    return facts
+
+
 def _node_description(node: Any) -> str:
     source = dataset_source(node)  # a source dataset is described by its source
     if source is not None and not node.parents:
@@ -81,6 +103,9 @@ def _node_description(node: Any) -> str:
     seed = vars(node).get("_seed")
     if seed is not None:
         text += f"[seed={seed}]"
+    hidden = [fact for fact in _hidden_facts(node) if fact not in text]
+    if hidden:
+        text += f"{{{', '.join(hidden)}}}"
     parents = [p for p in node.parents]
     if not parents:
         return text
