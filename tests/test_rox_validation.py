@@ -670,6 +670,33 @@ def test_shard_replaced_at_the_same_size_after_open_is_refused_in_copies_too(tmp
     assert open_rox(path).tokens(0, 8).tolist() == [2] * 8
 
 
+def test_a_mapped_shard_rewritten_in_place_is_refused_as_it_is_read(tmp_path, monkeypatch):
+    """A memory map shows an in-place rewrite at once, so a run would mix two versions of its
+    data: a mapped shard's file is checked as it is read (here every read), and one whose
+    inode now holds another mtime or size is refused; a shard replaced by a rename (as every
+    grain_rox write does) leaves the map on the old file, read on unchanged."""
+    from grain_rox._format import _rox_corpus
+
+    monkeypatch.setattr(_rox_corpus, "WATCH_SECONDS", 0.0)
+    path = str(tmp_path / "s.rox")
+    write_rox([np.full(8, 1, np.uint16) for _ in range(6)], path, block_size=16)
+    corpus = open_rox(path)
+    assert corpus.tokens(0, 8).tolist() == [1] * 8  # mapped now
+    write_rox([np.full(8, 2, np.uint16) for _ in range(6)], path, block_size=16,
+              if_exists="overwrite")  # fmt: skip
+    assert corpus.tokens(0, 8).tolist() == [1] * 8  # renamed over: the old file, unchanged
+    edited = open_rox(path)
+    assert edited.tokens(0, 8).tolist() == [2] * 8
+    with open(path, "r+b") as f:  # the same bytes, rewritten in place (a new mtime)
+        f.write(np.full(8, 2, np.uint16).tobytes())
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # past a coarse clock's tick
+    with pytest.raises(RoxFormatError, match=r"s\.rox: the shard was rewritten in place while it "
+                       r"was being read .* Fix: never rewrite a shard in place while a run reads "
+                       r"it"):  # fmt: skip
+        edited.tokens(0, 8)
+
+
 @pytest.mark.parametrize(
     "spec", [3, [3], None, {"a.rox"}], ids=["int", "list-of-int", "none", "set"]
 )

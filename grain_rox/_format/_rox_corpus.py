@@ -11,7 +11,9 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
+import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +21,7 @@ import numpy as np
 
 from grain_rox._format._leftovers import leftovers_of
 from grain_rox._format._manifest import Manifest, ShardRecord, manifest_path_for
-from grain_rox._format._mapped_shard import FileIdentity, MappedShard
+from grain_rox._format._mapped_shard import FileIdentity, MappedShard, file_identity
 from grain_rox._format._object_store import ObjectInfo, is_url
 from grain_rox._format._paths import PathSpec, resolve_shard_paths
 from grain_rox._format._remote_set import check_object_checksum
@@ -36,6 +38,10 @@ from grain_rox._format._rox_format import (
     check_index,
 )
 from grain_rox._format._shard_facts import content_fingerprint, load_shard_facts
+
+# A mapped shard's file is checked for an in-place rewrite at most this often, as it is read
+# (one stat; a rewrite is refused within this long of its first byte, instead of mixed in).
+WATCH_SECONDS = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +136,7 @@ class RoxCorpus:
         self._token_starts_list = self._token_starts.tolist()
         self._lock = threading.Lock()
         self._maps: list[MappedShard | RemoteShard | None] = [None] * len(headers)
+        self._watch_at = [0.0] * len(headers)  # when each mapped shard's file is next checked
         self._fingerprint: str | None = None
 
     # ---- facts -----------------------------------------------------------------------------
@@ -278,6 +285,10 @@ class RoxCorpus:
 
     def _map(self, s: int, now: ObjectInfo | None = None) -> MappedShard | RemoteShard:
         mapped = self._maps[s]
+        if mapped is not None and isinstance(mapped, MappedShard):
+            if time.monotonic() >= self._watch_at[s]:
+                self._check_not_rewritten(s)
+            return mapped
         if mapped is None:
             with self._lock:
                 mapped = self._maps[s]
@@ -291,6 +302,29 @@ class RoxCorpus:
                         self._uniform[s] = check_index(self._headers[s], mapped.ends)
                     self._maps[s] = mapped
         return mapped
+
+    def _check_not_rewritten(self, s: int) -> None:
+        """Refuse shard ``s`` if its file was rewritten in place since it was mapped (checked
+        at most every :data:`WATCH_SECONDS` a shard, as it is read): a memory map shows the new
+        bytes at once, so batches would mix two versions of the data (a file replaced by a
+        rename leaves the map on the old one, which reads on unchanged)."""
+        self._watch_at[s] = time.monotonic() + WATCH_SECONDS
+        identity = self._identities[s]
+        path = self._headers[s].path
+        try:
+            now = file_identity(os.stat(path))
+        except OSError:  # deleted: the map holds the file it was, unchanged
+            return
+        if not isinstance(identity, ObjectRef) and now[:2] == identity[:2] and now != identity:
+            raise RoxFormatError(
+                path,
+                f"the shard was rewritten in place while it was being read (size {identity[3]} "
+                f"-> {now[3]} bytes, mtime_ns {identity[2]} -> {now[2]}): its memory map now "
+                "shows the new bytes, and batches would mix two versions of the data",
+                "never rewrite a shard in place while a run reads it (write a new file and "
+                "rename it over the old one, as grain-rox convert does); then make a new "
+                "pipeline, or restore the run from a checkpoint of the data it was trained on",
+            )
 
     def _map_many(self, shards: list[int]) -> None:
         """Map the remote ones of ``shards`` not mapped yet, their version checks looked up
@@ -506,6 +540,7 @@ class RoxCorpus:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_maps"] = [None] * len(self._headers)
+        state["_watch_at"] = [0.0] * len(self._headers)
         del state["_lock"]
         return state
 
