@@ -382,6 +382,8 @@ class Flawed:
         return row if self.flaw == "shared" else row.copy()
 
     def _getitems(self, indices: list[int]) -> list[np.ndarray]:
+        if self.flaw == "float_rows":  # np.asarray(indices, dtype=np.int64) truncates floats
+            indices = np.asarray(indices, dtype=np.int64).tolist()
         got = [self[i] for i in indices]
         return got[::-1] if self.flaw == "getitems" else got
 
@@ -392,8 +394,12 @@ def test_the_checks_fail_on_flawed_sources(tmp_path):
     testing.check_read_only_records(Flawed())
     with pytest.raises(AssertionError, match=r"^Flawed\[6\] \(len 6\) returned a record, not"):
         testing.check_random_access_source(Flawed("wraps"))
-    with pytest.raises(AssertionError, match=r"^Flawed\._getitems\(\.\.\.\)\[5\]: values differ"):
+    with pytest.raises(AssertionError, match=r"^Flawed\._getitems\(\[\.\.5\.\.\]\): values differ"):
         testing.check_random_access_source(Flawed("getitems"))
+    with pytest.raises(
+        AssertionError, match=r"^Flawed\._getitems\(\[1\.0\]\) returned records: a "
+    ):
+        testing.check_random_access_source(Flawed("float_rows"))
     (tmp_path / "f").write_bytes(b"x")
     with pytest.raises(AssertionError, match=r"^Flawed \(unread\) pickles open handles \['Buf"):
         testing.check_pickle(Flawed("handle", str(tmp_path / "f")))

@@ -105,6 +105,36 @@ def record_index(index: object, length: int, what: str, whats: str | None = None
     return j
 
 
+def record_indices(indices: object, length: int, what: str) -> np.ndarray:
+    """Many record numbers, as :func:`record_index` reads one (so ``_getitems(indices)`` is
+    ``[source[i] for i in indices]``): ints of any kind, negative counting from the end; a
+    float or bool is a ``TypeError``, out of range an ``IndexError`` naming the first few.
+
+    >>> record_indices([np.int32(-1), 0, 2], 5, "row").tolist()
+    [4, 0, 2]
+    >>> record_indices([1.7], 5, "row")
+    Traceback (most recent call last):
+    ...
+    TypeError: row indices must be ints, not float64 ([1.7]); pass whole numbers
+    """
+    rows = np.asarray(indices).reshape(-1)
+    if rows.size and (rows.dtype.kind not in "iu" or rows.dtype == np.bool_):
+        raise TypeError(
+            f"{what} indices must be ints, not {rows.dtype} ({rows[:5].tolist()}); pass whole "
+            "numbers"
+        )
+    rows = rows.astype(np.int64)
+    rows = np.where(rows < 0, rows + length, rows)
+    bad = (rows < 0) | (rows >= length)
+    if bad.any():
+        shown = np.asarray(indices).reshape(-1)[bad][:5].tolist()
+        raise IndexError(
+            f"{what}s {shown} are out of range for {length} {what}s (valid: {-length} to "
+            f"{length - 1})"
+        )
+    return rows
+
+
 def derive_key(*parts: int) -> int:
     """A 64-bit key from integers (seed, purpose, epoch, ...); equal parts give equal keys.
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from grain_rox._format._digest import facts_digest
-from grain_rox._order._permutation import record_index
+from grain_rox._order._permutation import record_index, record_indices
 from grain_rox._sources._batches import BatchesMixin
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._process_local import ProcessLocal, process_local
@@ -217,11 +217,7 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
 
     def _locate(self, indices: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
         """(file, record in that file) of each global record index."""
-        rows = indices.tolist() if isinstance(indices, np.ndarray) else [int(i) for i in indices]
-        n = self._starts[-1]
-        bad = [i for i in rows if not 0 <= i < n]
-        if bad:
-            raise IndexError(f"records {bad[:5]} are out of range for {n} records")
+        rows = record_indices(indices, self._starts[-1], "record").tolist()
         if len(self.files) == 1:
             return [(0, i) for i in rows]
         starts = self._starts

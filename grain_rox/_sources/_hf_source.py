@@ -22,7 +22,6 @@ depend on how many processes share it.
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import shutil
 import socket
@@ -35,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from grain_rox._format._digest import content_digest, facts_digest
-from grain_rox._order._permutation import record_index
+from grain_rox._order._permutation import record_index, record_indices
 from grain_rox._sources._batches import BatchesMixin
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._process_local import ProcessLocal, process_local
@@ -327,11 +326,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         )
 
     def _check(self, indices: Sequence[int]) -> list[int]:
-        rows = [operator.index(i) for i in indices]  # numpy ints too; a float is a TypeError
-        bad = [i for i in rows if not 0 <= i < self._num_rows]
-        if bad:
-            raise IndexError(f"rows {bad[:5]} are out of range for {self._num_rows} rows")
-        return rows
+        return record_indices(indices, self._num_rows, "row").tolist()
 
     def _arrow(self) -> dict[str, ArrowColumn]:
         """Numpy readers of the Arrow columns, built once per process (nothing copied)."""

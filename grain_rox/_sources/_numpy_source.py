@@ -20,7 +20,7 @@ from typing import IO, Any
 import numpy as np
 
 from grain_rox._format._digest import facts_digest
-from grain_rox._order._permutation import record_index
+from grain_rox._order._permutation import record_index, record_indices
 from grain_rox._sources._batches import BatchesMixin
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._process_local import ProcessLocal, process_local
@@ -235,11 +235,7 @@ class NumpySource(ProcessLocal, BatchesMixin):
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> Any:
         """Rows ``indices`` stacked: one gather per array."""
-        rows = np.asarray(indices, dtype=np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= self._num_rows):
-            bad = rows[(rows < 0) | (rows >= self._num_rows)][:5].tolist()
-            raise IndexError(f"rows {bad} are out of range for {self._num_rows} rows")
-        return self._pick(rows)
+        return self._pick(record_indices(indices, self._num_rows, "row"))
 
     def get_valid_batch(self, rows: np.ndarray) -> Any:
         """:meth:`get_batch` of rows already known to be in range (an int64 array), as

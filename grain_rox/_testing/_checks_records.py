@@ -102,13 +102,25 @@ def check_random_access_source(
     else:
         raise AssertionError(f"{kind}[1.0] returned a record: a float is not an index")
     asked = indices[::-1] + indices[:1]
+    # as source[i] reads them: numpy ints, and (with negative_indices) counted from the end
+    spelled: list[Any] = [np.int64(i) if k % 2 else i for k, i in enumerate(asked)]
+    if negative_indices and n < ENDLESS:
+        spelled = [i - n if k % 3 == 1 else i for k, i in enumerate(spelled)]
     for method in ("_getitems", "__getitems__"):
         if hasattr(source, method):
-            got = list(getattr(source, method)(asked))
+            got = list(getattr(source, method)(spelled))
             if len(got) != len(asked):
-                raise AssertionError(f"{kind}.{method}({asked}) gave {len(got)} records")
-            for i, record in zip(asked, got, strict=True):
-                assert_tree_equal(record, records[i], what=f"{kind}.{method}(...)[{i}]")
+                raise AssertionError(f"{kind}.{method}({spelled}) gave {len(got)} records")
+            for i, way, record in zip(asked, spelled, got, strict=True):
+                assert_tree_equal(record, records[i], what=f"{kind}.{method}([..{way!r}..])")
+            try:
+                getattr(source, method)([1.0])
+            except Exception:
+                pass
+            else:
+                raise AssertionError(
+                    f"{kind}.{method}([1.0]) returned records: a float is not an index"
+                )
     many = indices * 4
     random.Random(0).shuffle(many)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
