@@ -434,6 +434,30 @@ class ForgetfulIterator:
         self.i = state["i"]
 
 
+class ConstantRepr:
+    """A source over a directory's ``x.npy`` whose repr names nothing of the data."""
+
+    def __init__(self, directory: str) -> None:
+        self.rows = np.load(os.path.join(directory, "x.npy"))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.rows[index].copy()
+
+    def __repr__(self) -> str:
+        return "ConstantRepr()"
+
+
+def test_the_repr_check_fails_when_other_data_gives_the_same_repr(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(4000).reshape(1000, 4))
+    with pytest.raises(AssertionError, match=r"repr is the same for copies of .* with one byte "
+                       r"changed in any of \['x\.npy'\]: 'ConstantRepr\(\)'; a Grain "
+                       r"DataLoader would restore a checkpoint onto other data"):  # fmt: skip
+        testing.check_stable_repr(ConstantRepr, data_dir=str(tmp_path), processes=1)
+
+
 def test_the_checkpoint_check_fails_on_a_lost_state():
     with pytest.raises(AssertionError, match="Restored values mismatch at step 2"):
         testing.check_checkpoint_every_step(Forgetful())

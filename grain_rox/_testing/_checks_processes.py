@@ -36,7 +36,8 @@ def check_stable_repr(
     """``repr(make_source(...))`` (Grain's ``DataLoader`` compares it on restore) names no
     memory address, and is the same here, in ``processes`` fresh interpreters (concurrently),
     and, with ``data_dir``, for a byte-identical copy of that directory elsewhere (new
-    modification times): ``make_source(data_dir)`` and ``make_source(copy)``.
+    modification times): ``make_source(data_dir)`` and ``make_source(copy)``; and copies with
+    one byte changed (in one of its largest files each) do not all give that repr.
 
     Args:
       make_source: builds the source; called with ``data_dir`` when one is given, else with
@@ -70,6 +71,7 @@ def check_stable_repr(
                 raise AssertionError(
                     f"repr differs for a byte-identical copy of {data_dir}:\n  {here}\n  {there}"
                 )
+            _check_repr_names_the_data(make_source, data_dir, here, stack)
         procs = stack.enter_context(fresh_processes(fresh, processes))
         with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
             results = list(pool.map(lambda p: p.call(_reprs, make_source, directories), procs))
@@ -80,6 +82,42 @@ def check_stable_repr(
                         f"repr differs in fresh process {p} (data {d}):\n  here:  {here}\n  "
                         f"there: {r}"
                     )
+
+
+def _check_repr_names_the_data(
+    make_source: Callable[..., Any], data_dir: str, here: str, stack: contextlib.ExitStack
+) -> None:
+    """Copies of ``data_dir``, each with one byte changed (the middle one of one of its
+    largest files, up to 4), must not all give the same repr: a Grain ``DataLoader`` restores
+    a checkpoint onto any source of the same repr. (A file the source does not read may keep
+    it; a copy the source refuses counts as noticed.)"""
+    names = [
+        os.path.relpath(os.path.join(d, f), data_dir)
+        for d, _, files in os.walk(data_dir)
+        for f in files
+    ]
+    sized = sorted((n for n in names if os.path.getsize(os.path.join(data_dir, n))),
+                   key=lambda n: -os.path.getsize(os.path.join(data_dir, n)))[:4]  # fmt: skip
+    for name in sized:
+        edited = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "edited")
+        shutil.copytree(data_dir, edited, copy_function=shutil.copyfile)
+        path = os.path.join(edited, name)
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        try:
+            if repr(make_source(edited)) != here:
+                return
+        except Exception:  # refused: no checkpoint can restore onto it silently
+            return
+    if sized:
+        raise AssertionError(
+            f"repr is the same for copies of {data_dir} with one byte changed in any of "
+            f"{sized}: {here!r}; a Grain DataLoader would restore a checkpoint onto other "
+            "data. Name the data's content in the repr (a digest, as grain_rox's sources do)"
+        )
 
 
 def _orbax_args(handler: str) -> tuple[Any, Any]:
