@@ -372,6 +372,38 @@ def test_a_config_of_numpy_values_gives_states_json_writes_and_restores(paths):
     assert json.loads(json.dumps(it.get_state())) == it.get_state()
 
 
+@pytest.mark.slow
+def test_a_state_of_grain_workers_restores_with_as_many_and_names_the_count_otherwise(paths):
+    """Grain's state of worker processes is one per worker: it restores exactly with as many,
+    and another worker_count is refused naming it (it was 'not a TokenPipeline state', or a
+    KeyError from inside Grain)."""
+    pipe = TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, num_epochs=1)
+    it = iter(pipe.iter_dataset(worker_count=2))
+    try:
+        for _ in range(3):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+        want = [inputs(next(it)) for _ in range(2)]
+    finally:
+        it.close()
+    again = iter(pipe.iter_dataset(worker_count=2))
+    try:
+        again.set_state(state)
+        assert [inputs(next(again)) for _ in range(2)] == want
+    finally:
+        again.close()
+    with pytest.raises(ValueError, match=r"\(worker_count: saved 2 -> now None\)"):
+        iter(pipe.iter_dataset()).set_state(state)
+    plain = iter(pipe.iter_dataset())
+    next(plain)
+    three = iter(pipe.iter_dataset(worker_count=3))
+    try:
+        with pytest.raises(ValueError, match=r"\(worker_count: saved None -> now 3\)"):
+            three.set_state(plain.get_state())
+    finally:
+        three.close()
+
+
 def _noisy(x, rng):
     return int(x) * 1000 + int(rng.integers(0, 1000))
 

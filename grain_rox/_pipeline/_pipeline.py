@@ -421,6 +421,11 @@ class TokenPipeline:
                     num_workers=worker_count, per_worker_buffer_size=worker_buffer_size
                 )
             )
+            # Grain's state of worker processes is one per worker: it restores only with as
+            # many, so they are named (a state of another worker_count is refused saying so,
+            # not a KeyError from inside Grain)
+            identity = {**self.describe(), "first_step": int(first_step)}
+            ds = with_identity(ds, {**identity, "worker_count": worker_count}, what="TokenPipeline")
         return ds
 
     def data_loader(
