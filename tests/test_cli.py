@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from _corpora import unsealed
 
 from grain_rox import open_rox, write_rox
 from grain_rox._text._tokenize_ahead import tokenize_in_order
@@ -200,7 +201,7 @@ def test_inspect_and_verify_name_the_convert_flag_beside_the_keyword(tmp_path, c
     manifest = tmp_path / "set.manifest.json"
     data = json.loads(manifest.read_text())
     data["version"], data["pending"] = 1, {"set_0002.rox": {}}  # an old writer's pending list
-    manifest.write_text(json.dumps(data))
+    manifest.write_text(json.dumps(unsealed(data)))
     capsys.readouterr()
     fix = "if_exists='overwrite' (grain-rox convert --if-exists overwrite)"
     assert main(["inspect", out]) == 2
@@ -307,7 +308,7 @@ def test_verify_refuses_a_manifest_whose_token_count_is_not_the_shards(tmp_path,
     manifest = tmp_path / "v.manifest.json"
     data = json.loads(manifest.read_text())
     data["shards"]["v.rox"]["num_tokens"] -= 1
-    manifest.write_text(json.dumps(data))
+    manifest.write_text(json.dumps(unsealed(data)))
     assert main(["verify", str(out)]) == 1
     text = capsys.readouterr().out
     assert f"FAIL {out}: the manifest {manifest} records " in text

@@ -15,6 +15,7 @@ import sys
 import grain
 import numpy as np
 import pytest
+from _corpora import unsealed
 
 from grain_rox import (
     MultiHostDataLoadIterator,
@@ -541,7 +542,7 @@ def test_an_append_records_the_padding_it_leaves_mid_stream(tmp_path):
     # the next append records the padding it can locate (the run of pad ids), no more
     data["version"], manifest["num_padding_tokens"] = 2, 6
     del manifest["padding_spans"]
-    (tmp_path / "a.manifest.json").write_text(json.dumps(data))
+    (tmp_path / "a.manifest.json").write_text(json.dumps(unsealed(data)))
     write_rox([np.array([10], np.uint16)], path, **kw, if_exists="append")
     again = json.loads((tmp_path / "a.manifest.json").read_text())["shards"]["a.rox"]
     assert again["padding_spans"] == [[13, 3]]  # 9's EOS and 2 pads: all pad ids (7)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _corpora import unsealed
 from shard_bytes import make_shard
 
 from grain_rox import RoxCorpus, RoxFormatError, open_rox, write_rox
@@ -379,11 +380,33 @@ def test_stale_manifest(written):
     assert "delete the stale manifest" in err.fix
 
 
+def test_an_edited_manifest_is_refused_by_its_checksum_and_an_older_one_is_read(written):
+    """A manifest records a checksum of its content: an edit that keeps it valid JSON (an EOS
+    id changed, which would change every segment id served) is refused, naming the file; a
+    manifest from before checksums were recorded is read as before."""
+    path, manifest_path = written
+    text = Path(manifest_path).read_text()
+    data = json.loads(text)
+    assert data["checksum"].startswith("sha256:")
+    data["eos_id"] = 5
+    Path(manifest_path).write_text(json.dumps(data))
+    err = assert_open_fails(path, "the manifest was edited or damaged after it was written: "
+                                  f"its checksum {data['checksum']!r} is not that of its content",
+                            error_path=manifest_path)  # fmt: skip
+    assert "delete the manifest to read the shards without its extras" in err.fix
+    [report] = verify_rox(path)
+    assert not report.ok and "edited or damaged" in (report.problem or "")
+    older = unsealed(json.loads(text))
+    Path(manifest_path).write_text(json.dumps(older))
+    with open_rox(path) as corpus:
+        assert corpus.eos_id == json.loads(text)["eos_id"]
+
+
 def test_manifest_dtype_disagrees_with_footer(written):
     path, manifest_path = written
     data = json.loads(Path(manifest_path).read_text())
     data["dtype"] = "int32"
-    Path(manifest_path).write_text(json.dumps(data))
+    Path(manifest_path).write_text(json.dumps(unsealed(data)))
     message = f"the manifest {manifest_path} says dtype int32 but the shard's footer says uint16"
     assert_open_fails(path, message)
     # verify_rox reports what open_rox refuses: it never says OK about a set that won't open.
@@ -414,7 +437,7 @@ def test_a_manifest_with_impossible_counts_is_refused_not_believed(written, edit
     path, manifest_path = written
     data = json.loads(Path(manifest_path).read_text())
     edit(data)
-    Path(manifest_path).write_text(json.dumps(data))
+    Path(manifest_path).write_text(json.dumps(unsealed(data)))
     with pytest.raises(
         RoxFormatError, match="the manifest is not valid grain_rox manifest JSON"
     ) as e:
@@ -458,7 +481,7 @@ def test_manifest_from_newer_version(written):
     path, manifest_path = written
     data = json.loads(Path(manifest_path).read_text())
     data["version"] = 99
-    Path(manifest_path).write_text(json.dumps(data))
+    Path(manifest_path).write_text(json.dumps(unsealed(data)))
     err = assert_open_fails(
         path, "manifest version 99 is newer than this grain_rox", error_path=manifest_path
     )
@@ -469,7 +492,7 @@ def test_manifest_without_checksum_verifies(written):
     path, manifest_path = written
     data = json.loads(Path(manifest_path).read_text())
     data["shards"]["train.rox"]["sha256"] = None
-    Path(manifest_path).write_text(json.dumps(data))
+    Path(manifest_path).write_text(json.dumps(unsealed(data)))
     with open_rox(path) as corpus:
         assert corpus.shards[0].sha256 is None
         corpus.verify()
@@ -714,5 +737,5 @@ def test_a_record_with_null_padding_has_none_at_its_end(written):
     path, manifest_path = written
     data = json.loads(Path(manifest_path).read_text())
     data["shards"]["train.rox"]["num_padding_tokens"] = None
-    Path(manifest_path).write_text(json.dumps(data))
+    Path(manifest_path).write_text(json.dumps(unsealed(data)))
     assert open_rox(path).trailing_padding() == [(0, data["pad_id"])]

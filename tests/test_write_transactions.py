@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _corpora import unsealed
 from _kill_points import child_env
 
 from grain_rox import RoxFormatError, open_rox, write_rox
@@ -502,7 +503,7 @@ def test_manifest_names_outside_the_set_are_refused(tmp_path, name, where):
         data["pending"] = {**data, "shards": {name: record}, "pending": None}
     else:
         data["shards"][name] = record
-    mpath.write_text(json.dumps(data))
+    mpath.write_text(json.dumps(unsealed(data)))
     for action in (lambda: open_rox(path), lambda: _write(path, 2, 2, "append")):
         with pytest.raises(RoxFormatError) as info:
             action()
@@ -639,7 +640,7 @@ def test_interrupted_v1_manifest_advises_only_an_overwrite(tmp_path):
     mpath = tmp_path / "set.manifest.json"
     data = json.loads(mpath.read_text())
     data["version"], data["pending"] = 1, {"set_0002.rox": {}}
-    mpath.write_text(json.dumps(data))
+    mpath.write_text(json.dumps(unsealed(data)))
     with pytest.raises(RoxFormatError) as info:
         open_rox(path)
     assert info.value.fix == (

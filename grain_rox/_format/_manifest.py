@@ -278,7 +278,9 @@ class Manifest:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self._data(), indent=1, sort_keys=False) + "\n"
+        data = self._data()
+        data["checksum"] = _checksum(data)  # an edited manifest is refused, not believed
+        return json.dumps(data, indent=1, sort_keys=False) + "\n"
 
     @classmethod
     def _from_data(cls, data: Any, path: str, where: str) -> Manifest:
@@ -294,6 +296,18 @@ class Manifest:
                 f"({MANIFEST_VERSION})",
                 "upgrade grain_rox",
             )
+        recorded = data.get("checksum") if not where else None
+        if recorded is not None:  # manifests from before it was recorded have none
+            content = {k: v for k, v in data.items() if k != "checksum"}
+            if recorded != _checksum(content):
+                raise RoxFormatError(
+                    path,
+                    "the manifest was edited or damaged after it was written: its checksum "
+                    f"{recorded!r} is not that of its content ({_checksum(content)}); its "
+                    "facts (EOS id, counts, checksums of the shards) cannot be trusted",
+                    "re-create the shard set with grain-rox, or delete the manifest to read "
+                    "the shards without its extras",
+                )
         members = member_pattern(path)
         names = list(data["shards"])
         pending_data = data.get("pending")
@@ -364,6 +378,12 @@ class Manifest:
 
 _RECORD_COUNTS = ("file_size", "num_blocks", "raw_size", "num_tokens")
 _RECORD_OPTIONAL_COUNTS = ("num_padding_tokens", "num_documents")
+
+
+def _checksum(data: dict[str, Any]) -> str:
+    """sha256 of a manifest's content (without its checksum), as canonical JSON."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def pad_run(tokens: np.ndarray, pad: Any) -> int:
