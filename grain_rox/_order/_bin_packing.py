@@ -87,10 +87,6 @@ class PackedChunk:
         lo, hi = int(self.first[r]), int(self.first[r + 1])
         return list(zip(self.start[lo:hi].tolist(), self.length[lo:hi].tolist(), strict=True))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.first, self.spans, self.content))
-
 
 def document_pieces(
     ends: np.ndarray, chunk_len: int, seq_len: int

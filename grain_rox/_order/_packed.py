@@ -281,7 +281,6 @@ class PackedOrder(ChunkStream):
         phys = np.empty(n, dtype=np.int64)
         for e, sel in value_groups(epoch):
             phys[sel] = self.physical_chunks(e, position[sel])
-        # every packed chunk read, its arrays strung together: one vectorised pass for all rows
         # every chunk read (packed when first read), its pieces looked up for all rows at once
         base, firsts, spans = self._store.rows((phys * (self.max_seq_len + 1) + grid).tolist(),
                                                self._pack)  # fmt: skip
