@@ -2,11 +2,11 @@
 
 A document is the tokens up to and including each EOS, found with one vectorised scan per
 shard (cached; O(#documents) index memory); the block padding each write ends with is not
-served, and text after the last EOS of a write is a document of its own. A document longer than ``seq_len + 1`` tokens is,
-by ``long_documents=``, split into pieces of ``seq_len + 1`` that overlap by one token (every
-next-token pair kept), truncated (the dropped tokens are counted and logged) or refused; the
-same choice, with the same words, applies to any source :func:`~grain_rox.pack_documents`
-packs.
+served, and text after the last EOS of a write is a document of its own. A document longer
+than ``seq_len + 1`` tokens is, by ``long_documents=``, split into pieces of ``seq_len + 1``
+that overlap by one token (every next-token pair kept), truncated (the dropped tokens are
+counted and logged) or refused; the same choice, with the same words, applies to any source
+:func:`~grain_rox.pack_documents` packs.
 """
 
 from __future__ import annotations
