@@ -36,7 +36,7 @@ def check_output_dtype(
             raise ValueError(
                 f"{where}: dtype={dtype.name} would change token ids of {label}, stored as "
                 f"{source_dtype.name}; pass a dtype that holds every {source_dtype.name} value "
-                "(e.g. the default np.int32)"
+                f"(e.g. dtype=np.{source_dtype.name}, the stored one)"
             )
     if len(eos_ids) == len(stored):  # each source's EOS id, in order: it must be a token
         for (label, source_dtype), eos in zip(stored.items(), eos_ids, strict=True):
