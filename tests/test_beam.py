@@ -39,9 +39,11 @@ def hidden(directory) -> list[str]:
 
 
 def manifest_facts(path: str) -> dict:
-    """A manifest less what differs between two runs of any writer (write id, mtimes)."""
+    """A manifest less what differs between two runs of any writer (write id, mtimes, and the
+    checksum that seals them)."""
     data = json.loads(open(path).read())
     data.pop("write_id")
+    assert data.pop("checksum").startswith("sha256:")
     for rec in data["shards"].values():
         rec.pop("mtime_ns")
     return data
