@@ -720,6 +720,33 @@ def test_a_mapped_shard_rewritten_in_place_is_refused_as_it_is_read(tmp_path, mo
         edited.tokens(0, 8)
 
 
+def test_two_shards_of_one_size_and_mtime_swapped_by_rename_are_refused(tmp_path):
+    """Shards written in one tick of a coarse clock can record the same size and mtime_ns;
+    swapped by rename, each would match the other's record by both. Such twins are hashed
+    when the set is read (once per file version), so the swap is refused, naming the shard."""
+    from grain_rox import TokenPipeline
+
+    path = str(tmp_path / "t.rox")
+    docs = [np.arange(i * 100, i * 100 + 100, dtype=np.uint16) for i in range(30)]
+    write_rox(docs, path, separator=65535, block_size=64, max_shard_bytes=2000)
+    manifest = tmp_path / "t.manifest.json"
+    data = json.loads(manifest.read_text())
+    a, b = "t_0000.rox", "t_0001.rox"
+    assert data["shards"][a]["file_size"] == data["shards"][b]["file_size"]
+    tick = data["shards"][a]["mtime_ns"]
+    for name in (a, b):  # as if both were written in the same tick
+        os.utime(tmp_path / name, ns=(tick, tick))
+        data["shards"][name]["mtime_ns"] = tick
+    manifest.write_text(json.dumps(unsealed(data)))
+    TokenPipeline(path, seq_len=16, global_batch_size=4).map_dataset()[0]  # twins, hashed: fine
+    os.rename(tmp_path / a, tmp_path / "x")
+    os.rename(tmp_path / b, tmp_path / a)
+    os.rename(tmp_path / "x", tmp_path / b)
+    with pytest.raises(RoxFormatError, match=r"t_0000\.rox: its content changed after it was "
+                       r"written: its sha256 is"):  # fmt: skip
+        TokenPipeline(path, seq_len=16, global_batch_size=4).map_dataset()[0]
+
+
 @pytest.mark.parametrize(
     "spec", [3, [3], None, {"a.rox"}], ids=["int", "list-of-int", "none", "set"]
 )

@@ -9,6 +9,7 @@ manifest records, hashing only a shard whose size or mtime changed, and
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -148,13 +149,14 @@ def _check_object_tag(ref: ObjectRef, record: ShardRecord, manifest_path: str) -
         )
 
 
-def check_unchanged(path: str, record: ShardRecord) -> None:
+def check_unchanged(path: str, record: ShardRecord, *, twins: bool = False) -> None:
     """Raise if a shard's bytes are not the ones its manifest records (hashing only if its
-    size or mtime_ns changed since the write)."""
+    size or mtime_ns changed since the write, or if ``twins``: another shard of its set
+    records the same size and mtime_ns, so a swap of the two would change neither)."""
     if record.sha256 is None or record.mtime_ns is None:
         return  # a manifest from before grain_rox recorded mtimes: not checked (re-write it)
     st = os.stat(path)
-    if st.st_size == record.file_size and st.st_mtime_ns == record.mtime_ns:
+    if st.st_size == record.file_size and st.st_mtime_ns == record.mtime_ns and not twins:
         return
     digest = cached_sha256(path, st)
     if digest != record.sha256:
@@ -201,6 +203,11 @@ def content_fingerprint(
     """
     digest = hashlib.sha1()
     samples = _remote_samples(headers, identities)
+    # shards written in one tick of a coarse clock can record the same size and mtime_ns:
+    # those are hashed (once per file version), as two of them swapped would match by both
+    seen = collections.Counter(
+        (r.file_size, r.mtime_ns) for r in records if r is not None and r.mtime_ns is not None
+    )
     for s, (header, record, identity) in enumerate(zip(headers, records, identities, strict=True)):
         if isinstance(identity, ObjectRef):
             facts = [*header.facts(), record.sha256 if record else None, identity.info.content_tag]
@@ -210,7 +217,8 @@ def content_fingerprint(
             digest.update(str(s).encode())
             continue
         if record is not None:
-            check_unchanged(header.path, record)
+            twins = seen[(record.file_size, record.mtime_ns)] > 1
+            check_unchanged(header.path, record, twins=twins)
         digest.update(json.dumps([*header.facts(), record.sha256 if record else None]).encode())
         if header.raw_size:
             with open(header.path, "rb") as f:
