@@ -205,7 +205,7 @@ def content_fingerprint(
     samples = _remote_samples(headers, identities)
     # shards written in one tick of a coarse clock can record the same size and mtime_ns:
     # those are hashed (once per file version), as two of them swapped would match by both
-    seen = collections.Counter(
+    seen: collections.Counter[tuple[int, int | None]] = collections.Counter(
         (r.file_size, r.mtime_ns) for r in records if r is not None and r.mtime_ns is not None
     )
     for s, (header, record, identity) in enumerate(zip(headers, records, identities, strict=True)):
