@@ -39,8 +39,8 @@ from grain_rox._devices._feeds import Feed, GrainFeed, PipelineFeed
 from grain_rox._devices._iterator_state import STATE_VERSION, decode_state
 from grain_rox._devices._placement import default_mesh
 from grain_rox._devices._resident import resident_feed
+from grain_rox._order._permutation import json_plain
 from grain_rox._pipeline._pipeline import TokenPipeline
-from grain_rox._sources._identity import json_plain
 
 _DONE = object()
 # Read the next host batch in one thread while another places the last one on the devices

@@ -27,7 +27,7 @@ import numpy as np
 
 from grain_rox._order._lanes import Run
 from grain_rox._order._mixture import Mixture, resolve_weights
-from grain_rox._order._permutation import int_arg
+from grain_rox._order._permutation import int_arg, json_plain
 
 ENDLESS = 1 << 62
 SAMPLE_LIMIT = 1 << 61  # sample numbers stay below this (int64 arithmetic with room to spare)
@@ -93,8 +93,7 @@ class Phase:
                     "a mapping; pass weights={name: weight, ...}"
                 )
             # NumPy names or weights become Python ones (a checkpoint's state is JSON)
-            plain = {_plain(k): _plain(w) for k, w in self.weights.items()}
-            object.__setattr__(self, "weights", plain)
+            object.__setattr__(self, "weights", json_plain(dict(self.weights)))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -103,11 +102,6 @@ class Phase:
             "seq_len": int(self.seq_len),
             "weights": None if self.weights is None else dict(sorted(self.weights.items())),
         }
-
-
-def _plain(value: Any) -> Any:
-    """A NumPy scalar as the Python value it holds; anything else as it is."""
-    return value.item() if isinstance(value, np.generic) else value
 
 
 class Schedule:

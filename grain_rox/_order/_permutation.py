@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,24 @@ def int_arg(value: object, name: str, *, where: str, minimum: int | None = 1) ->
         bound = "a positive int" if minimum == 1 else f">= {minimum}"
         raise ValueError(f"{where}: {name}={value!r} must be {bound}")
     return int(value)
+
+
+def json_plain(value: Any) -> Any:
+    """``value`` with every NumPy scalar inside (dict keys and values, list and tuple items)
+    made the Python ``int``/``float``/``bool``/``str`` it holds: a config built from NumPy
+    values (``weights={"a": np.float32(0.3)}``) must still give a state ``json.dumps`` writes,
+    as Grain's checkpoint handler does.
+
+    >>> json_plain({"w": np.float32(0.5), "n": [np.int64(2), (np.bool_(True),)]})
+    {'w': 0.5, 'n': [2, (True,)]}
+    """
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {json_plain(k): json_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(json_plain(v) for v in value)
+    return value
 
 
 def seed_arg(value: object, *, where: str, bits: int = 63) -> int:

@@ -25,27 +25,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grain
-import numpy as np
 
+from grain_rox._order._permutation import json_plain
 from grain_rox._sources._batch_dataset import next_index_of
-
-
-def json_plain(value: Any) -> Any:
-    """``value`` with every NumPy scalar inside (dict keys and values, list and tuple items)
-    made the Python ``int``/``float``/``bool``/``str`` it holds: a config built from NumPy
-    values (``weights={"a": np.float32(0.3)}``) must still give a state ``json.dumps`` writes,
-    as Grain's checkpoint handler does.
-
-    >>> json_plain({"w": np.float32(0.5), "n": [np.int64(2), (np.bool_(True),)]})
-    {'w': 0.5, 'n': [2, (True,)]}
-    """
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Mapping):
-        return {json_plain(k): json_plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(json_plain(v) for v in value)
-    return value
 
 
 def identity_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
