@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from grain_rox._order._lanes import Run
-from grain_rox._order._mixture import Mixture, resolve_weights
+from grain_rox._order._mixture import Mixture, own_samples, resolve_weights
 from grain_rox._order._permutation import int_arg, json_plain
 
 ENDLESS = 1 << 62
@@ -233,14 +233,11 @@ class Schedule:
     def _own_samples(
         self, phase: int, sources: np.ndarray, before: Sequence[int]
     ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Each row's sample number in its source's own numbering, for rows of ``phase``
-        whose sources are ``sources``, the first coming after ``before`` samples per source;
-        and each source's rows, ascending."""
-        own = np.empty(sources.size, dtype=np.int64)
-        positions = [np.flatnonzero(sources == s) for s in range(len(self.names))]
-        for s, rows in enumerate(positions):
-            own[rows] = self.source_starts[phase][s] + before[s] + np.arange(rows.size)
-        return own, positions
+        """:func:`own_samples` of rows of ``phase`` whose sources are ``sources``, the first
+        coming after ``before`` samples per source (in the phase)."""
+        starts = self.source_starts[phase]
+        first = [starts[s] + before[s] for s in range(len(self.names))]
+        return own_samples(sources, first, len(self.names))
 
     def _mix_span(self, phase: int, span: int) -> _Span:
         """The phase's samples ``[span * MIX_SPAN, ...)``: the mixture worked out once for

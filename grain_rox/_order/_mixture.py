@@ -349,6 +349,24 @@ class Mixture:
         return out
 
 
+def own_samples(
+    sources: np.ndarray, first: Sequence[int], count: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Each sample's number in its own source's numbering, for samples whose sources are
+    ``sources`` (consecutive samples of a mixture, each source's first numbered
+    ``first[source]``); and each source's positions in ``sources``, ascending.
+
+    >>> own, positions = own_samples(np.array([0, 1, 0, 0]), [5, 2], 2)
+    >>> own.tolist(), [p.tolist() for p in positions]
+    ([5, 2, 6, 7], [[0, 2, 3], [1]])
+    """
+    own = np.empty(sources.size, dtype=np.int64)
+    positions = [np.flatnonzero(sources == s) for s in range(count)]
+    for s, rows in enumerate(positions):
+        own[rows] = first[s] + np.arange(rows.size)
+    return own, positions
+
+
 def resolve_weights(
     names: Sequence[str], weights: Mapping[str, float] | None, where: str
 ) -> tuple[float, ...]:

@@ -19,9 +19,8 @@ import grain
 import numpy as np
 
 from grain_rox._format._digest import facts_digest
-from grain_rox._order._mixture import Mixture, resolve_weights
+from grain_rox._order._mixture import Mixture, own_samples, resolve_weights
 from grain_rox._order._permutation import derive_key, int_arg, seed_arg
-from grain_rox._order._value_groups import value_groups
 from grain_rox._sources._batch_dataset import dataset_source
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._identity import IdentifiedIterDataset, IdentifiedMapDataset, with_identity
@@ -174,9 +173,7 @@ class _ExactSelection(grain.transforms.DatasetSelectionMap):
         a = span * _SPAN
         before = self.mixture.counts(a)
         sources = self.mixture.sources_from(a, a + _SPAN, before)
-        own = np.empty(_SPAN, dtype=np.int64)
-        for s, where in value_groups(sources):
-            own[where] = before[s] + np.arange(own[where].size)
+        own, _ = own_samples(sources, before, len(before))
         if len(self._spans) >= 4:
             self._spans = {}
         self._spans[span] = (sources, own)
