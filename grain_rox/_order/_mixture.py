@@ -273,9 +273,12 @@ class Mixture:
         return {"weights": self.weights}  # the groups are a cache, worked out again
 
     @functools.cached_property
-    def grouping(self) -> _Group:
+    def _grouped(self) -> tuple[_Group, Fraction]:
+        """The groups and their exact bound, worked out once."""
         group = _grouping(self.weights)
-        worst = self._bound(group)
+        errors: dict[int, Fraction] = {}
+        _errors(group, Fraction(0), errors)
+        worst = max(errors.values())
         if worst >= CONTRACT:  # not met for any weighting tried; said, not hidden
             logger.warning(
                 "mixture weights %s: counts stay within %.3f of w*n, wider than the %s that "
@@ -284,17 +287,18 @@ class Mixture:
                 float(worst),
                 float(CONTRACT),
             )
-        return group
+        return group, worst
 
-    @functools.cached_property
+    @property
+    def grouping(self) -> _Group:
+        """The tree of groups the counts are apportioned by (one flat group where it keeps
+        the contract)."""
+        return self._grouped[0]
+
+    @property
     def max_error(self) -> Fraction:
         """The bound on ``|counts(n)[i] - w_i * n|`` over all sources and all ``n``."""
-        return self._bound(self.grouping)
-
-    def _bound(self, group: _Group) -> Fraction:
-        errors: dict[int, Fraction] = {}
-        _errors(group, Fraction(0), errors)
-        return max(errors.values())
+        return self._grouped[1]
 
     @property
     def is_flat(self) -> bool:
