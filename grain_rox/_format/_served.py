@@ -12,6 +12,7 @@ read whole. Padding that an append to a single file left mid-stream is read as w
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from grain_rox._format._manifest import pad_run
 from grain_rox._format._rox_corpus import RoxCorpus
@@ -28,8 +29,13 @@ def served_tokens(corpus: RoxCorpus) -> list[int]:
     >>> corpus.tokens(0, corpus.num_tokens).tolist(), served_tokens(corpus)
     ([1, 2, 3, 4, 5, 0, 0, 0], [6])
     """
+    return _served(corpus, corpus.trailing_padding())
+
+
+def _served(corpus: RoxCorpus, trailing: list[tuple[int, Any]]) -> list[int]:
+    """:func:`served_tokens`, given the corpus's :meth:`~RoxCorpus.trailing_padding`."""
     counts = [sh.num_tokens for sh in corpus.shards]
-    padded = [(s, n, pad) for s, (n, pad) in enumerate(corpus.trailing_padding()) if n]
+    padded = [(s, n, pad) for s, (n, pad) in enumerate(trailing) if n]
     if not padded:
         return counts
     tails = corpus.shard_spans_many([(s, [(counts[s] - n, counts[s])]) for s, n, _ in padded])
@@ -50,9 +56,9 @@ class ServedSpan:
     known_end: bool
 
 
-def served_spans(corpus: RoxCorpus, served: list[int] | None = None) -> list[ServedSpan]:
+def served_spans(corpus: RoxCorpus) -> list[ServedSpan]:
     """The corpus's served tokens as stretches of corpus offsets, split where padding is left
-    out (``served``: :func:`served_tokens`, when already read).
+    out.
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import open_rox, write_rox
@@ -61,8 +67,9 @@ def served_spans(corpus: RoxCorpus, served: list[int] | None = None) -> list[Ser
     >>> served_spans(open_rox(path))
     [ServedSpan(start=0, stop=6, known_end=True)]
     """
-    served = served_tokens(corpus) if served is None else served
-    known = [pad is not None for _, pad in corpus.trailing_padding()]
+    trailing = corpus.trailing_padding()
+    served = _served(corpus, trailing)
+    known = [pad is not None for _, pad in trailing]
     spans: list[ServedSpan] = []
     for s, shard in enumerate(corpus.shards):
         start, stop = shard.first_token, shard.first_token + served[s]
