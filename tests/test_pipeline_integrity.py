@@ -19,6 +19,7 @@ from _corpora import unsealed
 
 from grain_rox import (
     MultiHostDataLoadIterator,
+    NumpySource,
     Phase,
     RoxDocumentSource,
     RoxTokenSource,
@@ -417,6 +418,16 @@ BAD_INPUTS = [
      TypeError, "mix_datasets phase 0 weight of 'a' is '1' (str); pass a number"),
     ("mix length", lambda p: mix_datasets({"a": grain.MapDataset.range(3)}, length=2.5),
      TypeError, "mix_datasets: length=2.5 " + NOT_INT.format(t="float")),
+    ("batches bool", lambda p: NumpySource(np.arange(8)).batches(True), TypeError,
+     "batches(): batch_size=True " + NOT_INT.format(t="bool")),
+    ("batches float", lambda p: NumpySource(np.arange(8)).batches(4.0), TypeError,
+     "batches(): batch_size=4.0 " + NOT_INT.format(t="float")),
+    ("batches shard float", lambda p: NumpySource(np.arange(8)).batches(4, shard=(0.5, 2)),
+     TypeError, "batches(): shard=0.5 " + NOT_INT.format(t="float")),
+    ("batches epochs float", lambda p: NumpySource(np.arange(8)).batches(4, num_epochs=1.5),
+     TypeError, "batches(): num_epochs=1.5 " + NOT_INT.format(t="float")),
+    ("batches epochs 0", lambda p: NumpySource(np.arange(8)).batches(4, num_epochs=0),
+     ValueError, "num_epochs=0 must be >= 1, or None / -1 for endless"),
 ]  # fmt: skip
 
 

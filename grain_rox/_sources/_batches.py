@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import grain
 import numpy as np
 
-from grain_rox._order._permutation import FeistelPermutation, derive_key, seed_arg
+from grain_rox._order._permutation import FeistelPermutation, derive_key, int_arg, seed_arg
 from grain_rox._sources._batch_dataset import BatchDataset
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._identity import with_identity
@@ -59,8 +59,9 @@ class BatchSource:
         shard: tuple[int, int],
     ) -> None:
         make_grain_workers_usable()  # a user's own mp_prefetch / DataLoader workers start
-        index, count = int(shard[0]), int(shard[1])
-        if batch_size < 1 or batch_size > len(source):
+        batch_size = int_arg(batch_size, "batch_size", where="batches()")
+        index, count = (int_arg(x, "shard", where="batches()", minimum=0) for x in shard)
+        if batch_size > len(source):
             raise ValueError(
                 f"batch_size={batch_size} must be between 1 and the {len(source)} rows of {source!r}"
             )
@@ -69,6 +70,8 @@ class BatchSource:
                 f"shard={shard} must be (index, count) with 0 <= index < count and count "
                 f"dividing batch_size={batch_size}"
             )
+        if num_epochs is not None:
+            num_epochs = int_arg(num_epochs, "num_epochs", where="batches()", minimum=None)
         if num_epochs == -1:
             num_epochs = None  # Datarax's spelling of "endless"
         if num_epochs is not None and num_epochs < 1:
