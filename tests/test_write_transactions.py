@@ -472,6 +472,18 @@ def test_fifo_named_like_a_shard_is_refused_without_hanging(tmp_path, capsys):
         signal.alarm(0)
 
 
+def test_a_device_given_as_a_shard_is_refused_by_what_it_is_not_by_its_name(capsys):
+    message = (
+        "/dev/null: it is a FIFO, device or socket, not a regular file, so it cannot be a "
+        "shard. Fix: pass a .rox shard (a regular file), a folder of them or a glob."
+    )
+    with pytest.raises(RoxFormatError) as info:
+        open_rox("/dev/null")
+    assert str(info.value) == message
+    assert cli_main(["verify", "/dev/null"]) == 1
+    assert f"FAIL {message}" in capsys.readouterr().out
+
+
 def test_fifo_named_like_a_manifest_is_refused_without_hanging(tmp_path):
     path = str(tmp_path / "set.rox")
     _write(path, 1, 2)

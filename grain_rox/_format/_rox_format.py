@@ -150,17 +150,23 @@ class ShardHeader:
 def require_regular(path: str, st: os.stat_result, what: str = "shard") -> None:
     """Refuse a FIFO, device, socket or directory named like a shard (opening one can hang).
 
-    >>> require_regular(".", os.stat("."))
+    >>> require_regular("/dev/null", os.stat("/dev/null"))
     Traceback (most recent call last):
     ...
-    grain_rox._format._rox_format.RoxFormatError: .: it is a directory, not a regular file, but is named like a shard. Fix: rename or remove it; .rox shards are regular files.
+    grain_rox._format._rox_format.RoxFormatError: /dev/null: it is a FIFO, device or socket, not a regular file, so it cannot be a shard. Fix: pass a .rox shard (a regular file), a folder of them or a glob.
     """
     if not stat.S_ISREG(st.st_mode):
         kind = "directory" if stat.S_ISDIR(st.st_mode) else "FIFO, device or socket"
-        raise RoxFormatError(
+        if path.endswith(".rox"):  # found by a listing or a glob, or named so by hand
+            raise RoxFormatError(
+                path,
+                f"it is a {kind}, not a regular file, but is named like a {what}",
+                "rename or remove it; .rox shards are regular files",
+            )
+        raise RoxFormatError(  # given by hand, as /dev/null
             path,
-            f"it is a {kind}, not a regular file, but is named like a {what}",
-            "rename or remove it; .rox shards are regular files",
+            f"it is a {kind}, not a regular file, so it cannot be a {what}",
+            "pass a .rox shard (a regular file), a folder of them or a glob",
         )
 
 
