@@ -162,6 +162,21 @@ def test_convert_bad_input_is_an_exact_error(tmp_path, capsys, name, data, flags
     assert not out.exists()
 
 
+def test_a_parquet_file_without_rows_is_an_error_that_points_at_no_skipped_file(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rowless.parquet"
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), path)
+    out = tmp_path / "o.rox"
+    assert main(["convert", str(path), "-o", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"grain-rox convert: error: no documents to convert in {path}: 1 file read; the files "
+        "read hold no records (no lines, rows or documents); check that these are the files meant"
+    )
+    assert not out.exists()
+
+
 def test_zstd_without_the_zstandard_package_names_the_file_and_the_package(tmp_path, monkeypatch):
     from grain_rox._text._convert import read_files
 

@@ -53,10 +53,13 @@ def require_documents(docs: Iterator[str], stats: ReadStats, what: str) -> Itera
     """``docs``, or an error saying why there are none (every input skipped or empty)."""
     first = next(docs, None)
     if first is None:
-        raise ValueError(
-            f"no documents to convert in {what}: {stats.summary()}; the lines logged above "
-            "say why each file was skipped"
+        why = (
+            "the lines logged above say why each file was skipped"
+            if stats.files_skipped
+            else "the files read hold no records (no lines, rows or documents); "
+            "check that these are the files meant"
         )
+        raise ValueError(f"no documents to convert in {what}: {stats.summary()}; {why}")
     return chain(first, docs)
 
 
