@@ -388,6 +388,20 @@ class Flawed:
         return got[::-1] if self.flaw == "getitems" else got
 
 
+class Shifting:
+    """A source whose every other read of a record names its array differently."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        self.reads += 1
+        return {"x" if self.reads % 2 else "y": np.full(2, index)}
+
+
 def test_the_checks_fail_on_flawed_sources(tmp_path):
     testing.check_random_access_source(Flawed())
     testing.check_pickle(Flawed())
@@ -405,6 +419,11 @@ def test_the_checks_fail_on_flawed_sources(tmp_path):
         testing.check_pickle(Flawed("handle", str(tmp_path / "f")))
     with pytest.raises(AssertionError, match="editing \\[\\] in place changed a new read"):
         testing.check_read_only_records(Flawed("shared"))
+    with pytest.raises(
+        AssertionError,
+        match=r"^record 0 of Shifting has no leaf at \['x'\] \(its keys: \['y'\]\): a read of the same record",
+    ):
+        testing.check_read_only_records(Shifting())
     mapped = np.lib.format.open_memmap(str(tmp_path / "m.npy"), "w+", np.int32, (4, 2))
     with pytest.raises(AssertionError, match=r"pickles open handles \['memmap'\]"):
         testing.check_pickle([mapped])

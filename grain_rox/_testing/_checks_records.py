@@ -220,14 +220,17 @@ def check_read_only_records(source: Any, *, indices: Sequence[int] | None = None
     kind = type_name(source)
     indices = list(indices) if indices is not None else _sample(len(source))[:3]
     for i in indices:
+        this = f"record {i} of {kind}"
         snapshot = {p: np.array(v, copy=True) for p, v in leaves(source[i]) if is_array(v)}
         neighbours = {j: as_numpy(source[j]) for j in indices if j != i}
         for path in snapshot:
             record = source[i]  # a new read for each edit
-            if not isinstance(at(record, path), np.ndarray) or not _edit(at(record, path)):
+            leaf = at(record, path, what=this)
+            if not isinstance(leaf, np.ndarray) or not _edit(leaf):
                 continue
             for other, before in snapshot.items():
-                if other != path and not np.array_equal(np.asarray(at(record, other)), before):
+                mine = np.asarray(at(record, other, what=this))
+                if other != path and not np.array_equal(mine, before):
                     raise AssertionError(
                         f"record {i} of {kind}: editing {list(path)} in place changed "
                         f"{list(other)} of the same record (they share memory: return "
@@ -235,7 +238,7 @@ def check_read_only_records(source: Any, *, indices: Sequence[int] | None = None
                     )
             again = source[i]
             for other, before in snapshot.items():
-                if not np.array_equal(np.asarray(at(again, other)), before):
+                if not np.array_equal(np.asarray(at(again, other, what=this)), before):
                     raise AssertionError(
                         f"record {i} of {kind}: editing {list(path)} in place changed a new "
                         f"read of record {i} {list(other)} (records must be read-only arrays "

@@ -99,8 +99,26 @@ def leaves(tree: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
         yield path, tree
 
 
-def at(tree: Any, path: tuple) -> Any:
-    """The leaf of ``tree`` at ``path`` (as :func:`leaves` gives it)."""
-    for key in path:
-        tree = tree[key]
-    return tree
+def at(tree: Any, path: tuple, *, what: str = "record") -> Any:
+    """The leaf of ``tree`` at ``path`` (as :func:`leaves` gives it); an ``AssertionError``
+    naming the path where ``tree`` has none (a source whose reads differ in structure).
+
+    >>> at({"a": [1, 2]}, ("a", 1))
+    2
+    >>> at({"a": [1]}, ("b", 0), what="record 3")
+    Traceback (most recent call last):
+    ...
+    AssertionError: record 3 has no leaf at ['b', 0] (its keys: ['a']): a read of the same record had one there; records must have one structure
+    """
+    node = tree
+    for depth, key in enumerate(path):
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            have = sorted(map(str, node)) if isinstance(node, Mapping) else short(node)
+            kind = "its keys" if isinstance(node, Mapping) else f"at {list(path[:depth])}"
+            raise AssertionError(
+                f"{what} has no leaf at {list(path)} ({kind}: {have}): a read of the same "
+                "record had one there; records must have one structure"
+            ) from None
+    return node
