@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._format._served import served_tokens
@@ -33,6 +36,8 @@ from grain_rox._sources._tokens_layout import TokensLayout, tokens_layout
 if TYPE_CHECKING:
     from grain_rox._pipeline._pipeline import TokenPipeline
 
+_log = logging.getLogger("grain_rox")
+
 
 def auto_chunk_tokens(num_tokens: int) -> int:
     """Chunk size from the corpus size: 64K tokens, smaller for corpora under 4M tokens.
@@ -41,6 +46,72 @@ def auto_chunk_tokens(num_tokens: int) -> int:
     (65536, 1562)
     """
     return int(min(DEFAULT_CHUNK_TOKENS, max(64, num_tokens // 64)))
+
+
+# Shard tails shorter than a chunk are never served. Where a source's usual chunk leaves more
+# than this share of its tokens in them (small files, or shards just under a few chunks), a
+# chunk that fits its shards better is chosen; whatever is left over this share is logged.
+TAIL_SHARE_ALLOWED = 0.01
+
+
+def tail_share(shard_tokens: Sequence[int], chunk: int) -> float:
+    """The share of a source's tokens in shard tails shorter than ``chunk`` (never served).
+
+    >>> round(tail_share([100_000, 60_000], 65536), 4)  # 34,464 + 60,000 of 160,000 tokens
+    0.5904
+    """
+    total = sum(shard_tokens)
+    return sum(t % chunk for t in shard_tokens) / total if total else 0.0
+
+
+def chunk_tokens_for(shard_tokens: Sequence[int], seq_len: int, *, packed: bool) -> int:
+    """The chunk size of a source's blocks or packed order (``seq_len``: the longest): the
+    usual one (:func:`auto_chunk_tokens`; for packed rows :func:`packing_chunk_tokens`) unless
+    it leaves more than ``TAIL_SHARE_ALLOWED`` of the tokens in shard tails. Then, among
+    smaller sizes down to ``seq_len + 1`` tokens (twice that for packed rows): the largest
+    that leaves no more than that (larger chunks mean fewer windows across a join), else the
+    one losing least, counting the pair across each chunk join (not trained); for packed rows
+    always the one losing least, counting about one row of padding a chunk.
+
+    >>> chunk_tokens_for([10**8], 1024, packed=False)  # one large shard: the usual 64K
+    65536
+    >>> chunk_tokens_for([5_000_000] + [60_000] * 10, 1024, packed=False)  # small files too
+    60000
+    >>> chunk_tokens_for([98_000] * 52, 1024, packed=False)  # each shard in two chunks
+    49000
+    """
+    usual = (
+        packing_chunk_tokens(shard_tokens, seq_len)
+        if packed
+        else auto_chunk_tokens(sum(shard_tokens))
+    )
+    if tail_share(shard_tokens, usual) <= TAIL_SHARE_ALLOWED:
+        return usual
+    least = max(64, (2 if packed else 1) * (seq_len + 1))
+    sizes, share = _tail_shares(shard_tokens, least, usual)
+    if not packed and (fits := np.flatnonzero(share <= TAIL_SHARE_ALLOWED)).size:
+        return int(sizes[fits[0]])
+    per_chunk = seq_len + 1 if packed else 1
+    return int(sizes[np.argmin(share + per_chunk / sizes)])
+
+
+def _tail_shares(
+    shard_tokens: Sequence[int], least: int, most: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk sizes in ``[least, most]``, largest first, and the share of a source's tokens
+    each leaves in shard tails. Candidates: powers of two, and the sizes that cut one of the
+    three most common shard sizes (the largest too) into 1 to 64 equal chunks."""
+    tokens = np.asarray(shard_tokens, dtype=np.int64)
+    tokens = tokens[tokens > 0]
+    candidates = {most >> i for i in range(32) if most >> i >= least} | {most}
+    if tokens.size:
+        sizes, counts = np.unique(tokens, return_counts=True)
+        common = sizes[np.argsort(-(sizes * counts), kind="stable")[:3]].tolist()
+        for size in {*common, int(tokens.max())}:
+            candidates |= {size // k for k in range(1, 65) if least <= size // k <= most}
+    ordered = np.asarray(sorted(candidates, reverse=True), dtype=np.int64)
+    total = max(1, int(tokens.sum()))
+    return ordered, (tokens[None, :] % ordered[:, None]).sum(axis=1) / total
 
 
 def packing_chunk_tokens(shard_tokens: Sequence[int], seq_len: int) -> int:
@@ -137,10 +208,21 @@ def source_orders(
             else (served[name] if served is not None else served_tokens(corpus))
         )
         chunk = pipeline.chunk_tokens or (
-            packing_chunk_tokens(shard_tokens, longest)
-            if pipeline.packing
-            else auto_chunk_tokens(sum(shard_tokens))
+            auto_chunk_tokens(sum(shard_tokens))
+            if raw
+            else chunk_tokens_for(shard_tokens, longest, packed=pipeline.packing is not None)
         )
+        if not raw and (share := tail_share(shard_tokens, chunk)) > TAIL_SHARE_ALLOWED:
+            _log.warning(
+                "%s (%d shards): %.1f%% of its tokens lie in shard tails shorter than a chunk "
+                "of %d tokens and are never served%s; write fewer, larger shards, or pass a "
+                "smaller chunk_tokens",
+                _source_label(name, corpus),
+                len(shard_tokens),
+                100 * share,
+                chunk,
+                " (chunk_tokens as passed)" if pipeline.chunk_tokens else "",
+            )
         usable = sum((t // chunk) * chunk for t in shard_tokens)
         seed = _source_seed(int(pipeline.seed), name)
         runs = schedule.source_runs(s)
