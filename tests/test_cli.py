@@ -683,3 +683,48 @@ def test_verify_blames_a_broken_manifest_not_the_shards_it_covers(tmp_path, caps
     manifest = str(tmp_path / "m.manifest.json")
     for line in lines:
         assert f": not checked: the set's {manifest} is unusable: the manifest is not valid" in line
+
+
+def test_inputs_expand_to_every_file_a_user_named(tmp_path, capsys):
+    """A glob's matched directories are read as if named (they were dropped, unsaid), a link
+    to a directory is followed once (it was skipped; a loop ends), a file named like a glob
+    (``a[1].txt``) is that file (the glob read ``a1.txt`` instead, or matched nothing)."""
+    from grain_rox._text._convert import expand_inputs
+
+    root = tmp_path / "in"
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / "a.txt").write_text("a")
+    (root / "sub" / "b.txt").write_text("b")
+    (root / "sub" / "deeper" / "c.txt").write_text("c")
+    (root / "z.txt").write_text("z")
+    (root / ".hidden.txt").write_text("hidden")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "s.txt").write_text("s")
+    (root / "linked").symlink_to(shared, target_is_directory=True)
+    (shared / "back").symlink_to(root, target_is_directory=True)  # a loop through the link
+    rel = lambda paths: [os.path.relpath(p, tmp_path) for p in paths]  # noqa: E731
+    named = ["in/a.txt", "in/z.txt", "in/linked/s.txt", "in/sub/b.txt", "in/sub/deeper/c.txt"]
+    assert rel(expand_inputs([str(root)])) == named
+    assert rel(expand_inputs([str(root / "*")])) == [
+        "in/a.txt", "in/linked/s.txt", "in/sub/b.txt", "in/sub/deeper/c.txt", "in/z.txt"
+    ]  # fmt: skip
+    assert rel(expand_inputs([str(root / "su*")])) == ["in/sub/b.txt", "in/sub/deeper/c.txt"]
+    (root / "empty").mkdir()
+    assert rel(expand_inputs([str(root / "e*")])) == []  # matched, and holds nothing
+    with pytest.raises(FileNotFoundError, match=r"the input directory .*empty' holds no files"):
+        expand_inputs([str(root / "empty")])
+    brackets = tmp_path / "br"
+    brackets.mkdir()
+    (brackets / "a[1].txt").write_text("THE BRACKET FILE")
+    (brackets / "a1.txt").write_text("other file")
+    assert rel(expand_inputs([str(brackets / "a[1].txt")])) == ["br/a[1].txt"]
+    assert rel(expand_inputs([str(brackets / "a[0-9].txt")])) == ["br/a1.txt"]  # still a glob
+    out = tmp_path / "o.rox"
+    assert main(["convert", str(brackets / "a[1].txt"), "-o", str(out), "--no-progress"]) == 0
+    from grain_rox import open_rox
+
+    corpus = open_rox(str(out))
+    assert bytes(corpus.tokens(0, 16).astype(np.uint8)).decode() == "THE BRACKET FILE"
+    assert main(["convert", str(root / "*"), "-o", str(tmp_path / "g.rox"), "--no-progress"]) == 0
+    assert "5 files read" in capsys.readouterr().out

@@ -64,33 +64,66 @@ def require_documents(docs: Iterator[str], stats: ReadStats, what: str) -> Itera
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[str]:
-    """Expand files, directories (recursively, sorted, hidden files skipped) and globs.
+    """Expand files, directories (recursively, sorted, hidden entries skipped, links to
+    directories followed) and globs (a matched directory read as if named); a path that exists
+    is taken as it is, even where its name holds glob characters (``a[1].txt``).
 
     Everything that is not a directory is listed, special files too: :func:`read_files`
-    counts those it skips instead of dropping them unseen.
+    counts those it skips instead of dropping them unseen. A dataset saved with HF
+    ``save_to_disk`` is one input, wherever it is found. A directory is listed once, however
+    many links lead to it, and a link back to a directory that holds it (a loop) is not
+    followed.
     """
     files: list[str] = []
+    listed: set[str] = set()  # real paths of the directories listed
     for spec in inputs:
-        if any(c in spec for c in "*?["):
-            matched = sorted(glob.glob(spec, recursive=True))
-            if not matched:
-                raise FileNotFoundError(f"the input glob {spec!r} matched no files")
-            files.extend(p for p in matched if not os.path.isdir(p) or is_hf_dataset_dir(p))
-        elif is_hf_dataset_dir(spec):
-            files.append(spec)  # a HuggingFace dataset saved with save_to_disk: one input
-        elif os.path.isdir(spec):
-            found: list[str] = []
-            for root, dirs, names in os.walk(spec):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found.extend(os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
-            if not found:
-                raise FileNotFoundError(f"the input directory {spec!r} holds no files")
-            files.extend(found)
-        elif os.path.lexists(spec):
-            files.append(spec)
-        else:
-            raise FileNotFoundError(f"input {spec!r} does not exist")
+        if os.path.lexists(spec) or not any(c in spec for c in "*?["):
+            files.extend(_expand_path(spec, listed, named=True))
+            continue
+        matched = sorted(glob.glob(spec, recursive=True))
+        if not matched:
+            raise FileNotFoundError(f"the input glob {spec!r} matched no files")
+        for path in matched:
+            files.extend(_expand_path(path, listed, named=False))
     return files
+
+
+def _expand_path(path: str, listed: set[str], *, named: bool) -> list[str]:
+    """The inputs ``path`` stands for (``named``: given by the user, not matched by a glob:
+    an empty directory is then an error)."""
+    if is_hf_dataset_dir(path):
+        return [path]  # a HuggingFace dataset saved with save_to_disk: one input
+    if os.path.isdir(path):
+        found = _walk(path, listed)
+        if not found and named:
+            raise FileNotFoundError(f"the input directory {path!r} holds no files")
+        return found
+    if os.path.lexists(path):
+        return [path]
+    raise FileNotFoundError(f"input {path!r} does not exist")
+
+
+def _walk(directory: str, listed: set[str]) -> list[str]:
+    """Files under ``directory``: its own (sorted), then each subdirectory's (sorted), hidden
+    entries skipped, a saved HF dataset kept as one input; a directory already listed, or a
+    link back to one that holds it, is not read again."""
+    real = os.path.realpath(directory)
+    if real in listed:
+        return []
+    listed.add(real)
+    with os.scandir(directory) as entries:
+        visible = sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
+    found = [e.path for e in visible if not e.is_dir(follow_symlinks=True)]
+    for entry in visible:
+        if not entry.is_dir(follow_symlinks=True):
+            continue
+        if entry.is_symlink():
+            target = os.path.realpath(entry.path)
+            here = os.path.abspath(entry.path)
+            if os.path.commonpath([target, here]) == target:  # a loop back up
+                continue
+        found.extend([entry.path] if is_hf_dataset_dir(entry.path) else _walk(entry.path, listed))
+    return found
 
 
 def is_hf_dataset_dir(path: str) -> bool:
