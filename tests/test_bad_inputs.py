@@ -532,6 +532,50 @@ def test_convert_a_saved_hf_dataset_checks_the_column_type_and_counts_null_texts
     )
 
 
+def test_a_saved_dataset_dict_says_which_splits_it_leaves_out(tmp_path, capsys, caplog):
+    """Only the train split of a saved DatasetDict is converted (a test split must not be
+    trained on by default): the others are named, with how to convert one (they were left
+    out unsaid)."""
+    datasets = pytest.importorskip("datasets")
+    saved = str(tmp_path / "dict")
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["ab", "c"]}),
+            "test": datasets.Dataset.from_dict({"text": ["held out"]}),
+        }
+    ).save_to_disk(saved)
+    out = str(tmp_path / "o.rox")
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        assert main(["convert", saved, "-o", out, "--no-progress"]) == 0
+    assert tokens_of(out) == [97, 98, 256, 99, 256]
+    assert (
+        f"{saved}: converting its 'train' split only (2 rows); splits ['test'] are left out; "
+        f"pass a split's folder (e.g. {saved}/test) to convert it"
+    ) in caplog.text
+    test_out = str(tmp_path / "t.rox")
+    assert main(["convert", f"{saved}/test", "-o", test_out, "--no-progress"]) == 0
+    assert tokens_of(test_out) == [*b"held out", 256]
+
+
+def test_a_dataset_saved_without_rows_is_named_not_a_traceback(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    from grain_rox import HFEagerSource
+
+    saved = str(tmp_path / "empty")
+    features = datasets.Features({"text": datasets.Value("string")})
+    datasets.Dataset.from_dict({"text": []}, features=features).save_to_disk(saved)
+    capsys.readouterr()  # the datasets progress bar
+    message = (
+        f"{saved} is a dataset saved with no rows (its state.json lists no data files): there "
+        "is nothing to read; leave it out, or save the dataset with its rows"
+    )
+    assert main(["convert", saved, "-o", str(tmp_path / "o.rox"), "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"grain-rox convert: error: {message}\n"
+    with pytest.raises(ValueError) as info:
+        HFEagerSource(saved)
+    assert str(info.value) == message
+
+
 def test_a_damaged_saved_hf_dataset_names_its_arrow_file(tmp_path, capsys):
     datasets = pytest.importorskip("datasets")
     from grain_rox import HFEagerSource

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from collections.abc import Iterator
 
 from grain_rox._text._text_files import (
@@ -91,7 +92,20 @@ def hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str]
     ds = load_saved(path)
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:
-            raise ValueError(f"{path} holds splits {list(ds)} and no 'train'; pass one split")
+            raise ValueError(
+                f"{path} holds splits {list(ds)} and no 'train'; pass one split's folder "
+                f"(e.g. {os.path.join(path, next(iter(ds)))})"
+            )
+        others = [name for name in ds if name != "train"]
+        if others:  # said, not dropped unseen: a test split must not be trained on by default
+            logger.warning(
+                "%s: converting its 'train' split only (%d rows); splits %s are left out; pass "
+                "a split's folder (e.g. %s) to convert it",
+                path,
+                ds["train"].num_rows,
+                others,
+                os.path.join(path, others[0]),
+            )
         ds = ds["train"]
     if text_column not in ds.column_names:
         raise KeyError(

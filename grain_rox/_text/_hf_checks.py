@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import glob
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -83,12 +84,31 @@ def load_saved(path: str) -> Any:
     errors: tuple[type[BaseException], ...] = (*read_errors(), OSError)
     try:
         return datasets.load_from_disk(path)
+    except IndexError:  # datasets cannot load a dataset saved with no rows (no Arrow file)
+        if _saved_without_rows(path):
+            raise ValueError(
+                f"{path} is a dataset saved with no rows (its state.json lists no data files): "
+                "there is nothing to read; leave it out, or save the dataset with its rows"
+            ) from None
+        raise
     except errors as e:
         if isinstance(e, FileNotFoundError | PermissionError):
             raise
         arrows = sorted(glob.glob(os.path.join(path, "**", "*.arrow"), recursive=True))
         fix = f"save the dataset again (save_to_disk) and load {path} anew"
         raise unreadable(arrows or [path], "arrow", e, fix=fix) from None
+
+
+def _saved_without_rows(path: str) -> bool:
+    """Whether ``path`` (or one of its splits) is a dataset saved with no data files."""
+    for state in glob.glob(os.path.join(path, "**", "state.json"), recursive=True):
+        try:
+            with open(state, encoding="utf-8") as f:
+                if json.load(f).get("_data_files") == []:
+                    return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
 
 
 def unreadable(
