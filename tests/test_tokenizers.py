@@ -591,3 +591,47 @@ def test_get_tokenizer_error(spec: Any) -> None:
 def test_get_tokenizer_directory_without_json(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"has no tokenizer\.json"):
         get_tokenizer(tmp_path)
+
+
+def test_an_eos_that_text_can_encode_to_is_refused(tmp_path: Path) -> None:
+    """The promise: no document text fakes a document boundary. An EOS added without
+    ``special`` is matched in the text itself (only special tokens are encoded as text), so
+    ``"x <|endoftext|> y"`` became two documents: refused when the tokenizer is loaded. An EOS
+    that is an ordinary vocabulary entry is refused where a text encodes to it."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import AddedToken, models, pre_tokenizers
+
+    def saved(vocab: dict[str, int]) -> tokenizers.Tokenizer:
+        tok = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        return tok
+
+    vocab = {"a": 0, "b": 1, "[UNK]": 2}
+    plain = saved(vocab)
+    plain.add_tokens([AddedToken("<|endoftext|>", special=False)])
+    plain.save(str(tmp_path / "plain.json"))
+    with pytest.raises(ValueError) as info:
+        HFTokenizer(tmp_path / "plain.json")
+    assert str(info.value) == (
+        f"{tmp_path / 'plain.json'}: its EOS token '<|endoftext|>' (id 3) is an added token not "
+        "marked special, so the same text inside a document would be encoded as the EOS id and "
+        'fake a document boundary; mark it special in the tokenizer.json ("special": true), or '
+        "pass eos_token= naming a special token"
+    )
+    special = saved(vocab)
+    special.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    special.save(str(tmp_path / "special.json"))
+    ok = HFTokenizer(tmp_path / "special.json")
+    assert ok.eos_id == 3 and 3 not in ok.encode("a <|endoftext|> b").tolist()
+    saved({**vocab, "</s>": 3}).save(str(tmp_path / "word.json"))
+    word = HFTokenizer(tmp_path / "word.json")
+    assert word.encode("a b").tolist() == [0, 1]
+    message = (
+        f"{tmp_path / 'word.json'}: the text 'a </s> b' encodes to the EOS id 3 (at token 1), "
+        "which would fake a document boundary; pass eos_token= naming a special token that no "
+        "text encodes to"
+    )
+    for encode in (word.encode, lambda t: word.encode_batch(["a", t])):
+        with pytest.raises(ValueError) as info:
+            encode("a </s> b")
+        assert str(info.value) == message

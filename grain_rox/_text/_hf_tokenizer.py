@@ -84,9 +84,38 @@ class HFTokenizer:
                 )
             eos = found[0]
         self.eos_id = int(eos)
+        self._refuse_an_eos_text_can_hold(tok)
         pads = [i for t in _HF_PAD_CANDIDATES if (i := tok.token_to_id(t)) is not None]
         self.pad_id = int(pads[0]) if pads else None
         self._tok = tok
+
+    def _refuse_an_eos_text_can_hold(self, tok: tokenizers.Tokenizer) -> None:
+        """An EOS that is an added token not marked special is matched in the text itself
+        (only special tokens are encoded as text there): a document holding it would fake a
+        document boundary."""
+        get = getattr(tok, "get_added_tokens_decoder", None)
+        added = get().get(self.eos_id) if get is not None else None
+        if added is not None and not getattr(added, "special", False):
+            raise ValueError(
+                f"{self.path}: its EOS token {added.content!r} (id {self.eos_id}) is an added "
+                "token not marked special, so the same text inside a document would be encoded "
+                "as the EOS id and fake a document boundary; mark it special in the "
+                'tokenizer.json ("special": true), or pass eos_token= naming a special token'
+            )
+
+    def _checked(self, ids: list[int], text: str) -> np.ndarray:
+        """``ids`` as an array, refused where the text encodes to the EOS id (a vocabulary
+        whose EOS is an ordinary token text can merge into)."""
+        out = np.asarray(ids, dtype=np.int64)
+        at = np.flatnonzero(out == self.eos_id)
+        if at.size:
+            raise ValueError(
+                f"{self.path}: the text {text[:80]!r}{'...' if len(text) > 80 else ''} encodes "
+                f"to the EOS id {self.eos_id} (at token {int(at[0])}), which would fake a "
+                "document boundary; pass eos_token= naming a special token that no text "
+                "encodes to"
+            )
+        return out
 
     @staticmethod
     def _special_tokens(tok: tokenizers.Tokenizer) -> list[str]:
@@ -133,7 +162,7 @@ class HFTokenizer:
         """Ids of ``text`` without added special tokens."""
         check_text(text, "HFTokenizer")
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        return np.asarray(ids, dtype=np.int64)
+        return self._checked(ids, text)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Encode in parallel with ``tokenizers.Tokenizer.encode_batch``."""
@@ -141,7 +170,7 @@ class HFTokenizer:
         for t in texts:
             check_text(t, "HFTokenizer")
         out = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [np.asarray(e.ids, dtype=np.int64) for e in out]
+        return [self._checked(e.ids, t) for e, t in zip(out, texts, strict=True)]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text for ``ids``; special tokens such as EOS are kept in the output."""

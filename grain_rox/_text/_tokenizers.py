@@ -14,7 +14,9 @@ from a name or a path.
 
 Special tokens written literally inside document text (``"<|endoftext|>"``, ``"</s>"``, ...)
 are always encoded as ordinary text, so a document can never fake a document boundary; the
-EOS id is appended by the shard writer, never by :meth:`Tokenizer.encode`.
+EOS id is appended by the shard writer, never by :meth:`Tokenizer.encode` (a tokenizer.json
+whose EOS text could encode to is refused: an added token not marked special when loaded, an
+ordinary vocabulary entry where a text encodes to it).
 
 >>> tok = get_tokenizer("bytes")
 >>> tok.encode("hé").tolist(), tok.eos_id, smallest_token_dtype(tok.vocab_size)
