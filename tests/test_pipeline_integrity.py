@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import os
+import pickle
 import subprocess
 import sys
 
@@ -520,12 +521,11 @@ def test_the_padding_of_a_writes_last_block_is_not_served(tmp_path):
 
 
 def test_an_append_records_the_padding_it_leaves_mid_stream(tmp_path):
-    """An append to a single file leaves the first write's padding mid-stream (read as
-    written): the manifest records where (padding_spans), so exactly the last write's padding
-    is left out, the last document's EOS kept, and real tokens equal to the pad id too (they
-    were dropped when only the sum of both writes' padding was known)."""
+    """An append to a single file leaves the first write's padding mid-stream: the manifest
+    records where (padding_spans), so exactly each write's padding is left out, the
+    documents' EOS kept, and real tokens equal to the pad id too."""
     from grain_rox import open_rox, write_rox
-    from grain_rox._format._served import served_tokens
+    from grain_rox._format._served import served_stretches, served_tokens
 
     path = str(tmp_path / "a.rox")
     kw = {"separator": 7, "block_size": 16}  # 8 uint16 tokens a block; pad = separator = 7
@@ -538,27 +538,90 @@ def test_an_append_records_the_padding_it_leaves_mid_stream(tmp_path):
     manifest = data["shards"]["a.rox"]
     assert (manifest["num_padding_tokens"], manifest["padding_spans"]) == (6, [[4, 4]])
     assert data["version"] == 3  # an older grain_rox says "upgrade", not "invalid"
-    assert corpus.trailing_padding() == [(2, 7)]
-    assert served_tokens(corpus) == [14]  # through 9 and its EOS
+    assert corpus.trailing_padding() == [(2, 7)] and corpus.padding_spans() == [([(4, 4)], 7)]
+    assert served_stretches(corpus) == [[(0, 4), (8, 14)]]  # through 9 and its EOS
+    assert served_tokens(corpus) == [10]
     raw = str(tmp_path / "z.rox")  # no separator: the pad is 0, and so are real tokens
     write_rox([np.array([1, 2, 3], np.uint16)], raw, block_size=16)
     tail = np.array([4, 5, 6, 7, 8, 0, 0, 0], np.uint16)  # fills its block: no padding
     write_rox([tail], raw, block_size=16, if_exists="append")
-    assert served_tokens(open_rox(raw)) == [16]  # the real zeros are served
+    assert served_stretches(open_rox(raw)) == [[(0, 3), (8, 16)]]  # the real zeros served
     plain = json.loads((tmp_path / "z.manifest.json").read_text())
     assert plain["version"] == 3 and plain["shards"]["z.rox"]["padding_spans"] == [[3, 5]]
     one = str(tmp_path / "one.rox")
     write_rox([np.array([1, 2, 3], np.uint16)], one, **kw)
     assert json.loads((tmp_path / "one.manifest.json").read_text())["version"] == 2
     # a manifest from before spans, where an earlier append summed both writes' padding:
-    # the next append records the padding it can locate (the run of pad ids), no more
+    # the next append records the padding it can locate (the run of pad ids), no more, and
+    # the padding no manifest locates is read as written
     data["version"], manifest["num_padding_tokens"] = 2, 6
     del manifest["padding_spans"]
     (tmp_path / "a.manifest.json").write_text(json.dumps(unsealed(data)))
     write_rox([np.array([10], np.uint16)], path, **kw, if_exists="append")
     again = json.loads((tmp_path / "a.manifest.json").read_text())["shards"]["a.rox"]
     assert again["padding_spans"] == [[13, 3]]  # 9's EOS and 2 pads: all pad ids (7)
-    assert served_tokens(open_rox(path)) == [18]  # through 10 and its EOS
+    assert served_stretches(open_rox(path)) == [[(0, 13), (16, 18)]]  # through 10 and its EOS
+
+
+def test_padding_an_append_left_mid_stream_is_not_served(tmp_path):
+    """The CLI's defaults (pad = EOS, 4096-byte blocks): a second convert appended to one file
+    left 2,037 EOS pad tokens mid-stream, and every reader served them (2,056 tokens of a
+    23-token corpus; a document glued to pad ids). Each reader now serves the documents' tokens
+    only, and a state or DataLoader saved while the padding was read is refused."""
+    from grain_rox import RoxDocumentSource, open_rox, write_rox
+    from grain_rox.cli import main
+
+    (tmp_path / "a.txt").write_text("hello world")
+    (tmp_path / "b.txt").write_text("second doc")
+    out = str(tmp_path / "t.rox")
+    assert main(["convert", str(tmp_path / "a.txt"), "-o", out, "--no-progress"]) == 0
+    assert main(["convert", str(tmp_path / "b.txt"), "-o", out, "--no-progress",
+                 "--if-exists", "append"]) == 0  # fmt: skip
+    corpus = open_rox(out)
+    text = [*b"hello world", 256, *b"second doc", 256]
+    assert corpus.num_tokens == 4096 and corpus.num_documents == 2
+    docs = RoxDocumentSource(out, seq_len=64)
+    assert [docs[i]["inputs"].tolist() for i in range(len(docs))] == [text[:11], text[12:-1]]
+    assert "padding_left_out=4073" in repr(docs)
+    tokens = RoxTokenSource(out, seq_len=2)
+    served = [tokens[i]["inputs"].tolist() + tokens[i]["targets"][-1:].tolist()
+              for i in range(len(tokens))]  # fmt: skip
+    assert [t for w in served for t in w[:-1]] + served[-1][-1:] == text[: 2 * len(tokens) + 1]
+    glued = str(tmp_path / "glued.rox")  # a pad id that is not the EOS: no empty documents
+    kw = {"separator": 0, "pad_id": 7, "block_size": 16}
+    write_rox([np.array([1, 2, 3], np.uint16)], glued, **kw)
+    write_rox([np.array([4, 5, 6], np.uint16)], glued, **kw, if_exists="append")
+    docs = RoxDocumentSource(glued, seq_len=20)  # it served [1 2 3] then [7 7 7 7 4 5 6]
+    assert [docs[i]["inputs"].tolist() for i in range(len(docs))] == [[1, 2, 3], [4, 5, 6]]
+    pairs = set(itertools.pairwise(text))  # every next-token pair of the text
+    for packing in (None, "best_fit"):
+        pipe = TokenPipeline(out, seq_len=4, global_batch_size=1, seed=0, num_epochs=1,
+                             chunk_tokens=8, packing=packing)  # fmt: skip
+        assert pipe.describe()["padding_left_out"] == {"": 4073}
+        trained = [
+            (a, b)
+            for batch in pipe.map_dataset()
+            for a, b, keep in zip(
+                batch["inputs"][0].tolist(),
+                batch["targets"][0].tolist(),
+                batch["targets_segmentation"][0].tolist(),
+                strict=True,
+            )
+            if keep
+        ]
+        assert trained and set(trained) <= pairs, (packing, set(trained) - pairs)
+        assert len(trained) == len(set(trained))  # each once
+    pipe = TokenPipeline(out, seq_len=4, global_batch_size=8, seed=0, chunk_tokens=8)
+    source = pipe.batch_source()  # its readers read the served stretches, pickled too
+    again = pickle.loads(pickle.dumps(source))
+    for k in (0, 5):
+        assert all(np.array_equal(again[k][f], source[k][f]) for f in source[k])
+    with MultiHostDataLoadIterator(pipe) as it:
+        next(it)
+        state = json.loads(it.get_state())
+    state["pipeline"]["padding_left_out"] = {"": 4}  # as saved when the mid-stream padding was read
+    with MultiHostDataLoadIterator(pipe) as it, pytest.raises(ValueError, match="padding_left"):
+        it.set_state(json.dumps(state))
 
 
 def test_padding_is_found_per_set_and_for_a_nan_pad(tmp_path):

@@ -230,6 +230,30 @@ class RoxCorpus:
                 out.append((min(record.trailing_padding, header.num_tokens), pad))
         return out
 
+    def padding_spans(self) -> list[tuple[list[tuple[int, int]], Any]]:
+        """Each shard's ``([(token offset, count), ...], pad id)`` of the padding appends to
+        a single file left mid-stream, as its own manifest records it (``([], None)`` where no
+        manifest says).
+
+        >>> import tempfile, os, numpy as np
+        >>> from grain_rox import write_rox
+        >>> path = os.path.join(tempfile.mkdtemp(), "t.rox")
+        >>> _ = write_rox([np.arange(1, 6, dtype=np.uint16)], path, separator=0, block_size=16)
+        >>> _ = write_rox([np.arange(1, 3, dtype=np.uint16)], path, separator=0, block_size=16,
+        ...               if_exists="append")
+        >>> open_rox(path).padding_spans()
+        [([(6, 2)], 0)]
+        """
+        out: list[tuple[list[tuple[int, int]], Any]] = []
+        for header, record in zip(self._headers, self._records, strict=True):
+            manifest = self._manifests.get(manifest_path_for(header.path))
+            pad = None if manifest is None else manifest.pad_id
+            if record is None or pad is None or not record.padding_spans:
+                out.append(([], None))
+            else:
+                out.append(([(int(a), int(n)) for a, n in record.padding_spans], pad))
+        return out
+
     @property
     def manifest_paths(self) -> tuple[str, ...]:
         """The manifests that describe (some of) these shards."""

@@ -5,8 +5,10 @@ shard's manifest records how much padding ends the shard
 (:meth:`~grain_rox.RoxCorpus.trailing_padding`). Readers leave it out, as far as the run of pad
 ids at the shard's end reaches (read once, a few tokens a shard): exactly a write's padding,
 and never a token that is not the pad id, even where a manifest from before appends were
-recorded mis-counts. A shard without a manifest, as roxxel writes them, records none: it is
-read whole. Padding that an append to a single file left mid-stream is read as written.
+recorded mis-counts. An append to a single file leaves the earlier write's padding
+mid-stream; the manifest records where (:meth:`~grain_rox.RoxCorpus.padding_spans`), and it is
+left out too where those tokens are all the pad id. So a shard's served tokens are one or more
+*stretches*. A shard without a manifest, as roxxel writes them, records none: it is read whole.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from grain_rox._format._rox_corpus import RoxCorpus
 
 
 def served_tokens(corpus: RoxCorpus) -> list[int]:
-    """Each shard's tokens a reader serves: all of them but the padding at its end.
+    """Each shard's tokens a reader serves: all of them but the padding writes left in it.
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import open_rox, write_rox
@@ -29,11 +31,63 @@ def served_tokens(corpus: RoxCorpus) -> list[int]:
     >>> corpus.tokens(0, corpus.num_tokens).tolist(), served_tokens(corpus)
     ([1, 2, 3, 4, 5, 0, 0, 0], [6])
     """
-    return _served(corpus, corpus.trailing_padding())
+    return [sum(b - a for a, b in shard) for shard in served_stretches(corpus)]
 
 
-def _served(corpus: RoxCorpus, trailing: list[tuple[int, Any]]) -> list[int]:
-    """:func:`served_tokens`, given the corpus's :meth:`~RoxCorpus.trailing_padding`."""
+def served_stretches(corpus: RoxCorpus) -> list[list[tuple[int, int]]]:
+    """Each shard's served stretches ``[start, stop)`` (token offsets in the shard): one,
+    empty where nothing is served, for a shard with no padding left mid-stream; one per gap
+    between the paddings an append left in it.
+
+    >>> import tempfile, os, numpy as np
+    >>> from grain_rox import open_rox, write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.rox")
+    >>> _ = write_rox([np.array([1, 2, 3], np.uint16)], path, separator=0, block_size=16)
+    >>> _ = write_rox([np.array([4, 5], np.uint16)], path, separator=0, block_size=16,
+    ...               if_exists="append")
+    >>> corpus = open_rox(path)
+    >>> corpus.tokens(0, corpus.num_tokens).tolist()  # the first write's padding mid-stream
+    [1, 2, 3, 0, 0, 0, 0, 0, 4, 5, 0, 0, 0, 0, 0, 0]
+    >>> served_stretches(corpus)
+    [[(0, 4), (8, 11)]]
+    """
+    return _stretches(corpus, corpus.trailing_padding())
+
+
+def _stretches(corpus: RoxCorpus, trailing: list[tuple[int, Any]]) -> list[list[tuple[int, int]]]:
+    """:func:`served_stretches`, given the corpus's :meth:`~RoxCorpus.trailing_padding`."""
+    ends = _served_ends(corpus, trailing)
+    inner = corpus.padding_spans()
+    checks = [
+        (s, [(a, a + n) for a, n in spans if n > 0 and a + n <= ends[s]])
+        for s, (spans, _) in enumerate(inner)
+        if spans
+    ]
+    checks = [(s, spans) for s, spans in checks if spans]
+    out = [[(0, end)] for end in ends]
+    if not checks:
+        return out
+    read = corpus.shard_spans_many(checks)  # all in one round trip for a bucket
+    for (s, spans), tokens in zip(checks, read, strict=True):
+        pad = inner[s][1]
+        gaps = sorted(
+            span for span, t in zip(spans, tokens, strict=True) if pad_run(t, pad) == t.size
+        )
+        stretches: list[tuple[int, int]] = []
+        at = 0
+        for lo, hi in gaps:
+            if lo > at:
+                stretches.append((at, lo))
+            at = max(at, hi)
+        if ends[s] > at:
+            stretches.append((at, ends[s]))
+        out[s] = stretches or [(0, 0)]
+    return out
+
+
+def _served_ends(corpus: RoxCorpus, trailing: list[tuple[int, Any]]) -> list[int]:
+    """Where each shard's served tokens end: its tokens but the run of pad ids at its end,
+    as far as its manifest's trailing padding reaches."""
     counts = [sh.num_tokens for sh in corpus.shards]
     padded = [(s, n, pad) for s, (n, pad) in enumerate(trailing) if n]
     if not padded:
@@ -46,8 +100,8 @@ def _served(corpus: RoxCorpus, trailing: list[tuple[int, Any]]) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class ServedSpan:
-    """Corpus tokens ``[start, stop)`` served as one stretch of text (consecutive shards with
-    no padding left out between them); ``known_end``: whether a manifest says where the
+    """Corpus tokens ``[start, stop)`` served as one stretch of text (consecutive stretches
+    with no padding left out between them); ``known_end``: whether a manifest says where the
     stretch's data ends (its last shard's padding is known), so text after its last EOS is
     data, not possibly padding."""
 
@@ -68,14 +122,15 @@ def served_spans(corpus: RoxCorpus) -> list[ServedSpan]:
     [ServedSpan(start=0, stop=6, known_end=True)]
     """
     trailing = corpus.trailing_padding()
-    served = _served(corpus, trailing)
+    stretches = _stretches(corpus, trailing)
     known = [pad is not None for _, pad in trailing]
     spans: list[ServedSpan] = []
     for s, shard in enumerate(corpus.shards):
-        start, stop = shard.first_token, shard.first_token + served[s]
-        if stop == start:  # nothing served (an empty shard, or one of padding alone)
-            continue
-        if spans and spans[-1].stop == start:  # nothing left out between: one stretch
-            start = spans.pop().start
-        spans.append(ServedSpan(start, stop, known[s]))
+        for a, b in stretches[s]:
+            start, stop = shard.first_token + a, shard.first_token + b
+            if stop == start:  # nothing served (an empty shard, or one of padding alone)
+                continue
+            if spans and spans[-1].stop == start:  # nothing left out between: one stretch
+                start = spans.pop().start
+            spans.append(ServedSpan(start, stop, known[s]))
     return spans

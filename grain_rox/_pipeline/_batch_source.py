@@ -99,7 +99,8 @@ class GlobalBatchSource:
         self.corpora = plan.corpora
         self.orders = plan.orders
         self.readers = [
-            WindowReader(c, o) for c, o in zip(self.corpora.values(), self.orders, strict=True)
+            WindowReader(plan.readable[name], order)
+            for name, order in zip(self.corpora, self.orders, strict=True)
         ]
         self.eos_ids = plan.eos_ids
         self.features = plan.has_segments  # whether batches carry segment features

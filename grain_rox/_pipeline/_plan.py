@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
-from grain_rox._format._served import served_tokens
+from grain_rox._format._served_shards import ServedShards, served_shards
 from grain_rox._order._blocks import DEFAULT_BLOCK_TOKENS, BlockOrder
 from grain_rox._order._curriculum import SAMPLE_LIMIT
 from grain_rox._order._lanes import DEFAULT_CHUNK_TOKENS, LaneOrder, auto_lanes
@@ -184,16 +184,18 @@ def open_sources(
 
 
 SourceOrder = BlockOrder | LaneOrder | PackedOrder
+# a source's served data and its shards' served tokens (see served_shards)
+Served = tuple[RoxCorpus | ServedShards, list[int]]
 
 
 def source_orders(
     pipeline: TokenPipeline,
     corpora: Mapping[str, RoxCorpus],
-    served: Mapping[str, list[int]] | None = None,
+    served: Mapping[str, Served] | None = None,
 ) -> list[SourceOrder]:
     """Each source's order (``pipeline.order``: blocks or lanes) under ``pipeline``'s
     schedule, seed, chunk, block and lane sizes; a source too small for them is an error
-    naming it. ``served``: each source's :func:`served_tokens`, when already read."""
+    naming it. ``served``: each source's :func:`served_shards`, when already read."""
     orders: list[SourceOrder] = []
     schedule = pipeline.schedule
     assert pipeline.phases is not None
@@ -202,10 +204,10 @@ def source_orders(
     for s, (name, corpus) in enumerate(corpora.items()):
         # grain_rox 0.1's lanes order read the padding too: kept, to continue its runs exactly
         raw = pipeline.order == "lanes"
-        shard_tokens = (
-            [sh.num_tokens for sh in corpus.shards]
+        data, shard_tokens = (
+            (corpus, [sh.num_tokens for sh in corpus.shards])
             if raw
-            else (served[name] if served is not None else served_tokens(corpus))
+            else (served[name] if served is not None else served_shards(corpus))
         )
         chunk = pipeline.chunk_tokens or (
             auto_chunk_tokens(sum(shard_tokens))
@@ -218,7 +220,7 @@ def source_orders(
                 "of %d tokens and are never served%s; write fewer, larger shards, or pass a "
                 "smaller chunk_tokens",
                 _source_label(name, corpus),
-                len(shard_tokens),
+                len(corpus.shards),
                 100 * share,
                 chunk,
                 " (chunk_tokens as passed)" if pipeline.chunk_tokens else "",
@@ -252,7 +254,7 @@ def source_orders(
                         seed=seed,
                         chunk_tokens=chunk,
                         runs=runs,
-                        documents=EosDocuments(corpus, eos_id=eos, chunk_tokens=chunk),
+                        documents=EosDocuments(data, eos_id=eos, chunk_tokens=chunk),
                         packing=pipeline.packing,
                         block_tokens=pipeline.block_tokens or DEFAULT_PACKED_BLOCK_TOKENS,
                         max_seq_len=longest,
@@ -315,8 +317,10 @@ class PipelinePlan:
     num_batches: int | None  # global batches in all (None: endless)
     step_limit: int  # the first step the pipeline cannot start at (num_batches when finite)
     tokens: TokensLayout | None  # how a batch packs into one array (None: tokens not ints)
-    # each source's block padding its order leaves out (see served_tokens); none: not named
+    # each source's block padding its order leaves out (see served_shards); none: not named
     padding_left_out: dict[str, int] = dataclasses.field(default_factory=dict)
+    # what each source's readers read (its shards, or their served stretches as shards)
+    readable: dict[str, RoxCorpus | ServedShards] = dataclasses.field(default_factory=dict)
 
     @property
     def has_segments(self) -> bool:
@@ -333,10 +337,10 @@ def resolve_plan(
 ) -> PipelinePlan:
     """``pipeline`` resolved against its data (``corpora``: its sources already opened)."""
     corpora = dict(pipeline.open() if corpora is None else corpora)
-    # each source's tokens but its trailing padding, read once (a few tokens a padded shard;
-    # a round trip for a bucket); grain_rox 0.1's lanes order reads the padding too
+    # each source's tokens but the padding writes left, read once (a few tokens a padded
+    # shard; a round trip for a bucket); grain_rox 0.1's lanes order reads the padding too
     lanes = pipeline.order == "lanes"
-    served = {} if lanes else {name: served_tokens(c) for name, c in corpora.items()}
+    served = {} if lanes else {name: served_shards(c) for name, c in corpora.items()}
     orders = tuple(source_orders(pipeline, corpora, served=served))
     eos_ids = tuple(
         (pipeline.eos_id if pipeline.eos_id is not None else c.eos_id)
@@ -367,7 +371,8 @@ def resolve_plan(
         tokens=tokens,
         padding_left_out={
             name: left_out
-            for name, tokens in served.items()
+            for name, (_, tokens) in served.items()
             if (left_out := corpora[name].num_tokens - sum(tokens))
         },
+        readable={name: served[name][0] if name in served else c for name, c in corpora.items()},
     )

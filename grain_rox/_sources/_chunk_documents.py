@@ -17,13 +17,14 @@ from __future__ import annotations
 import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus
+from grain_rox._format._served_shards import ServedShards
 
 
 class EosDocuments:
     """``(shard, start) -> `` the exclusive ends of the documents in tokens ``[start, start +
     chunk_tokens)`` of the shard (offsets from ``start``, just after each EOS)."""
 
-    def __init__(self, corpus: RoxCorpus, *, eos_id: int, chunk_tokens: int) -> None:
+    def __init__(self, corpus: RoxCorpus | ServedShards, *, eos_id: int, chunk_tokens: int) -> None:
         self.corpus = corpus
         self.eos_id = int(eos_id)
         self.chunk_tokens = int(chunk_tokens)

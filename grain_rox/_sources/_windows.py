@@ -21,6 +21,7 @@ import threading
 import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus
+from grain_rox._format._served_shards import ServedShards
 from grain_rox._order._blocks import BlockOrder
 from grain_rox._order._lanes import LaneOrder
 from grain_rox._order._packed import PackedOrder
@@ -84,7 +85,9 @@ class WindowReader(ProcessLocal):
     _plans: collections.OrderedDict[int, _GroupPlan]
     _last: tuple[int, _GroupPlan | None]  # the plan read last: one atomic read, no lock
 
-    def __init__(self, corpus: RoxCorpus, order: BlockOrder | LaneOrder | PackedOrder) -> None:
+    def __init__(
+        self, corpus: RoxCorpus | ServedShards, order: BlockOrder | LaneOrder | PackedOrder
+    ) -> None:
         self.corpus = corpus
         self.order = order
         self._remote = corpus.remote
@@ -371,7 +374,7 @@ def merge_joins(parts: list[Joins]) -> Joins | None:
 
 
 def _copy_rows(
-    corpus: RoxCorpus,
+    corpus: RoxCorpus | ServedShards,
     shards: list[int],
     starts: list[int],
     width: int,
