@@ -211,25 +211,26 @@ def order_figure(workdir: pathlib.Path) -> Figure:
     # 5. Block 1's holes strung together, read by the new phase front to back.
     ax = axes[4]
     hole_rows = [r for r in range(samples.size) if (row == r).sum() > 1]
-    width = len(holes) * first_phase
+    hole = first_phase + 1  # a hole is a whole window: all its tokens, all its pairs
+    width = len(holes) * hole
     _strip(
         ax,
-        "5. Block 1's unserved windows, in permuted order, become a stream of holes the next phase reads like a cursor",
+        "5. Block 1's unserved windows, whole and in permuted order, become a stream of holes the next phase reads like a cursor",
         width,
     )
     for k, w in enumerate(holes):
         _box(
             ax,
-            k * first_phase,
-            first_phase,
+            k * hole,
+            hole,
             0.1,
             0.35,
             "#bbbbbb",
-            f"stream {w}-{w + first_phase}",
+            f"stream {w}-{w + hole}",
             text_color="black",
         )
     for k in range(1, len(holes)):
-        ax.axvline(k * first_phase, ymin=0.05, ymax=0.95, color="#c44e52", lw=1.2, ls="--")
+        ax.axvline(k * hole, ymin=0.05, ymax=0.95, color="#c44e52", lw=1.2, ls="--")
     cursor = 0
     for r in hole_rows:
         s = int(rows.seq_len[r])

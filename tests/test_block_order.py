@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -36,6 +37,19 @@ def window_inputs(rows, n: int) -> list[tuple[int, np.ndarray]]:
     return out
 
 
+def window_pairs(rows, n: int) -> list[tuple[int, np.ndarray]]:
+    """(epoch, epoch-stream position of each pair's first token) of the next-token pairs each
+    of ``n`` located windows trains: those inside one of its spans (a pair across a join
+    between spans is not trained)."""
+    row, offset, length, _ = rows.span_arrays()
+    out = []
+    for k in range(n):
+        mine = np.flatnonzero(row == k)
+        firsts = [np.arange(offset[i], offset[i] + length[i] - 1) for i in mine]
+        out.append((int(rows.epoch[k]), np.concatenate(firsts)))
+    return out
+
+
 def random_schedule(rng: np.random.Generator) -> tuple[list[Run], int]:
     lens = rng.integers(2, 40, size=int(rng.integers(1, 5))).tolist()
     runs, x = [], 0
@@ -48,6 +62,10 @@ def random_schedule(rng: np.random.Generator) -> tuple[list[Run], int]:
 
 
 def test_random_schedules_never_replay_lose_at_most_a_window_per_block_and_change():
+    """No next-token pair is trained twice in an epoch, and each epoch loses at most a window
+    of pairs per block and per seq_len change, plus the pair across each chunk join. A hole
+    is a whole unserved window, all its pairs: its last token was left out, and with it a
+    pair per hole (a third of the holes' pairs at seq_len 3)."""
     rng = np.random.default_rng(0)
     checked = 0
     for trial in range(120):
@@ -64,16 +82,19 @@ def test_random_schedules_never_replay_lose_at_most_a_window_per_block_and_chang
         n = planned + 500
         rows = order.locate(np.arange(n))
         served: set[tuple[int, int]] = set()
-        for epoch, tokens in window_inputs(rows, n):
-            keys = {(epoch, t) for t in tokens.tolist()}
-            assert not keys & served, f"trial {trial}: a token served twice in one epoch"
+        for epoch, firsts in window_pairs(rows, n):
+            keys = {(epoch, t) for t in firsts.tolist()}
+            assert len(keys) == firsts.size and not keys & served, (
+                f"trial {trial}: a pair trained twice in one epoch"
+            )
             served |= keys
-            assert tokens.min() >= 0 and tokens.max() < order.stream_tokens
+            assert firsts.min() >= 0 and firsts.max() < order.stream_tokens - 1
         assert np.all(np.diff(rows.epoch) >= 0)
         changes = len(runs)
+        chunks = order.stream_tokens // chunk
         for epoch in range(int(rows.epoch.max())):  # every finished epoch
-            lost = order.stream_tokens - sum(1 for e, _ in served if e == epoch)
-            assert lost <= (order.num_blocks + 2 * changes) * (longest + 1), trial
+            lost = order.stream_tokens - 1 - sum(1 for e, _ in served if e == epoch)
+            assert lost <= (order.num_blocks + 2 * changes) * (longest + 1) + chunks, trial
         checked += 1
     assert checked > 60
 
@@ -95,12 +116,12 @@ def test_a_schedule_changed_from_any_sample_on_never_moves_the_samples_before_it
         for a, b in zip(whole.locate(before).span_arrays(), changed.locate(before).span_arrays(),
                         strict=True):  # fmt: skip
             np.testing.assert_array_equal(a, b)
-        # and the changed schedule goes on without serving anything twice
+        # and the changed schedule goes on without training any pair twice
         n = cut_at + 300
         served: set[tuple[int, int]] = set()
-        for epoch, tokens in window_inputs(changed.locate(np.arange(n)), n):
-            keys = {(epoch, t) for t in tokens.tolist()}
-            assert not keys & served, trial
+        for epoch, firsts in window_pairs(changed.locate(np.arange(n)), n):
+            keys = {(epoch, t) for t in firsts.tolist()}
+            assert len(keys) == firsts.size and not keys & served, trial
             served |= keys
 
 
@@ -148,9 +169,16 @@ def test_a_phase_change_in_mid_block_serves_the_rest_of_the_block_as_joined_hole
     phases = [Phase(40, 8, 16), Phase(30, 4, 40), Phase(None, 8, 24)]
     pipe = TokenPipeline(positional, phases=phases, seed=2, chunk_tokens=1000, eos_id=0)
     ds = pipe.map_dataset()
-    served = np.concatenate([ds[k]["inputs"].reshape(-1) for k in range(200)])
-    assert np.unique(served).size == served.size  # nothing replayed across both changes
-    holes = ds[41]  # phase 2 reads the first block's unserved 16-token windows, strung together
+    pairs = [
+        (a, b)
+        for batch in (ds[k] for k in range(200))
+        for a, b, keep in zip(batch["inputs"].ravel().tolist(), batch["targets"].ravel().tolist(),
+                              batch["targets_segmentation"].ravel().tolist(), strict=True)
+        if keep
+    ]  # fmt: skip
+    assert all(b == a + 1 for a, b in pairs)  # the text's own pairs (tokens are positions)
+    assert len(set(pairs)) == len(pairs)  # nothing replayed across both changes
+    holes = ds[41]  # phase 2 reads the first block's unserved 17-token windows, strung together
     x = holes["inputs"].astype(np.int64)
     joins = np.diff(x, axis=1) != 1
     assert joins.any(axis=1).all()  # a 40-token window spans 3 or 4 holes
@@ -160,31 +188,40 @@ def test_a_phase_change_in_mid_block_serves_the_rest_of_the_block_as_joined_hole
     r, t = np.nonzero(joins)
     assert np.all(pos[r, t + 1] == 0) and np.all(seg[r, t + 1] == seg[r, t] + 1)
     assert np.all(tseg[r, t] == 0)
-    # inner pieces are whole 16-token grid windows of phase 1's block (epoch-stream offsets)
+    # inner pieces are whole grid windows of phase 1's block, all 17 tokens (epoch-stream
+    # offsets): each of their 16 pairs is trained (the last was lost when holes were 16)
     inverse = pipe.plan.orders[0].chunk_permutation(0).inverse
-    for row in x:
+    for row in np.c_[x, holes["targets"][:, -1:]]:
         stream = inverse(row // 1000) * 1000 + row % 1000
         for piece in np.split(stream, np.flatnonzero(np.diff(stream) != 1) + 1)[1:-1]:
-            assert piece.size == 16 and piece[0] % 16 == 0
+            assert piece.size == 17 and piece[0] % 16 == 0
 
 
 def test_cut_short_with_a_new_seq_len_at_restore_keeps_history_and_skips_nothing(positional):
     first = [Phase(None, 8, 16)]
-    pipe = TokenPipeline(positional, phases=first, seed=4, chunk_tokens=1000, max_seq_len=48)
+    pipe = TokenPipeline(positional, phases=first, seed=4, chunk_tokens=1000, max_seq_len=48,
+                         eos_id=0)  # fmt: skip
     with MultiHostDataLoadIterator(pipe) as it:
-        ran = [np.asarray(next(it)["inputs"]) for _ in range(7)]
+        ran = [jax.tree.map(np.asarray, next(it)) for _ in range(7)]
         state = it.get_state()
     later = [Phase(7, 8, 16), Phase(None, 8, 48)]
-    moved = TokenPipeline(positional, phases=later, seed=4, chunk_tokens=1000, max_seq_len=48)
+    moved = TokenPipeline(positional, phases=later, seed=4, chunk_tokens=1000, max_seq_len=48,
+                          eos_id=0)  # fmt: skip
     ds = moved.map_dataset()
     for k in range(7):
-        np.testing.assert_array_equal(ds[k]["inputs"], ran[k])
+        np.testing.assert_array_equal(ds[k]["inputs"], ran[k]["inputs"])
     with MultiHostDataLoadIterator(moved) as resumed:
         resumed.set_state(state)
-        after = [np.asarray(next(resumed)["inputs"]) for _ in range(20)]
-    assert after[0].shape == (8, 48)
-    everything = np.concatenate([b.reshape(-1) for b in ran + after])
-    assert np.unique(everything).size == everything.size
+        after = [jax.tree.map(np.asarray, next(resumed)) for _ in range(20)]
+    assert after[0]["inputs"].shape == (8, 48)
+    pairs = [
+        (a, b)
+        for batch in ran + after
+        for a, b, keep in zip(batch["inputs"].ravel().tolist(), batch["targets"].ravel().tolist(),
+                              batch["targets_segmentation"].ravel().tolist(), strict=True)
+        if keep
+    ]  # fmt: skip
+    assert all(b == a + 1 for a, b in pairs) and len(set(pairs)) == len(pairs)
 
 
 def test_states_name_their_order_and_a_version_2_state_restores_onto_order_lanes(positional):
@@ -326,3 +363,46 @@ def test_a_version_2_state_of_a_grain_dataset_over_a_pipeline_names_the_order(po
         # relabelled as this release's, its Grain position carries no identity: refused
         with pytest.raises(ValueError, match=r"not a TokenPipeline state: \{'next_index': 3\}"):
             it.set_state(json.dumps({**state, "version": 3}).encode())
+
+
+def test_a_state_saved_while_holes_were_read_short_is_refused_where_it_matters(positional):
+    """An earlier grain_rox read each hole one token short: a state it saved after a seq_len
+    change (holes read) would resume onto other holes, replaying or skipping windows, so it
+    is refused, naming why; one saved before any change resumes exactly, and so does a state
+    this grain_rox saved. A Grain dataset state names the holes too."""
+    phases = [Phase(5, 8, 16), Phase(None, 8, 24)]
+    pipe = TokenPipeline(positional, phases=phases, seed=5, chunk_tokens=1000, eos_id=0)
+    assert pipe.describe()["holes"] == "whole windows"
+    ds = pipe.map_dataset()
+
+    def state_at(step: int) -> dict:
+        with MultiHostDataLoadIterator(pipe) as it:
+            for _ in range(step):
+                next(it)
+            return json.loads(it.get_state())
+
+    for step in (3, 9):
+        state = state_at(step)
+        with MultiHostDataLoadIterator(pipe) as it:  # this grain_rox's own state
+            it.set_state(json.dumps(state))
+            np.testing.assert_array_equal(np.asarray(next(it)["inputs"]), ds[step]["inputs"])
+        del state["pipeline"]["holes"]  # as an earlier grain_rox saved it
+        with MultiHostDataLoadIterator(pipe) as it:
+            if step == 3:  # before the change: no hole read yet, exact
+                it.set_state(json.dumps(state))
+                np.testing.assert_array_equal(np.asarray(next(it)["inputs"]), ds[3]["inputs"])
+                continue
+            with pytest.raises(ValueError) as info:
+                it.set_state(json.dumps(state))
+    assert "holes: read one token short a window by an earlier grain_rox" in str(info.value)
+    assert str(info.value).endswith(
+        "continues exactly only with the grain_rox release that saved the state"
+    )
+    iterator = iter(ds.to_iter_dataset())
+    next(iterator)
+    grain_state = iterator.get_state()
+    del grain_state["identity"]["holes"]
+    with pytest.raises(ValueError, match="holes"):
+        iter(ds.to_iter_dataset()).set_state(grain_state)
+    plain = TokenPipeline(positional, seq_len=16, global_batch_size=8, seed=5, eos_id=0)
+    assert "holes" not in plain.describe()  # no seq_len change: states as before

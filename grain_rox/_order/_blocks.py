@@ -13,8 +13,9 @@ The default order of a source, a pure function of (shard sizes, seed, seq_len sc
   of a block apart on average, with no fixed period (``docs/order.md`` measures it).
 * **Holes.** When ``seq_len`` changes in mid-block (a curriculum phase ends, or is cut short
   at a restore), the block's windows not yet served are strung together in their permuted
-  order into a stream of *holes*, and the new phase reads that stream front to back in windows
-  of its own seq_len, like a cursor: nothing is replayed and nothing skipped. Each hole is
+  order into a stream of *holes*, each a whole window of ``s + 1`` tokens (all ``s`` of its
+  next-token pairs), and the new phase reads that stream front to back in windows of its own
+  seq_len, like a cursor: no pair is replayed and none skipped. Each hole is
   unrelated text to the next, so a window over holes crosses *joins* (new segments, as at a
   chunk join). Then the next block begins a fresh grid. A sample's place depends only on the
   samples before it, so a schedule changed from some step on never moves served batches.
@@ -162,6 +163,13 @@ class BlockOrder(ChunkStream):
         """What a checkpoint names of this order besides the schedule and seed."""
         return {"block_tokens": self.block_tokens}
 
+    @property
+    def reads_holes(self) -> bool:
+        """Whether the schedule reads a block's unserved windows as holes (a seq_len change
+        in mid-block). Holes are whole windows; an earlier grain_rox read each one token
+        short (losing its last pair), so a state names them (see ``TokenPipeline.describe``)."""
+        return any(segment.kind == _HOLES for segment in self._segments)
+
     def locate(self, samples: np.ndarray) -> Rows:
         """Epoch, spans and seq_len of each sample (any order, any values in the schedule)."""
         samples = np.asarray(samples, dtype=np.int64)
@@ -222,17 +230,18 @@ class BlockOrder(ChunkStream):
     def _hole_spans(self, segment: Segment, samples: np.ndarray) -> tuple[np.ndarray, ...]:
         """(row, stream offset, length, offset in the window) of windows over holes."""
         s, grid = segment.seq_len, segment.grid
+        h = grid + 1  # a hole: all grid + 1 tokens of an unserved window, each of its pairs
         c = segment.cursor + (samples - segment.start) * s  # window [c, c + s + 1) of holes
-        first, last = c // grid, (c + s) // grid
+        first, last = c // h, (c + s) // h
         counts = last - first + 1
         row = np.repeat(np.arange(samples.size), counts)
         heads = np.concatenate([[0], np.cumsum(counts)[:-1]])
         piece = first[row] + np.arange(row.size) - heads[row]
-        lo = np.maximum(c[row], piece * grid)
-        hi = np.minimum(c[row] + s + 1, (piece + 1) * grid)
+        lo = np.maximum(c[row], piece * h)
+        hi = np.minimum(c[row] + s + 1, (piece + 1) * h)
         perm = self.window_permutation(segment.epoch, segment.block, grid)
         window = perm(segment.slot + piece)
-        start = self.block_start(segment.block) + window * grid + (lo - piece * grid)
+        start = self.block_start(segment.block) + window * grid + (lo - piece * h)
         return row, start, hi - lo, lo - c[row]
 
 
@@ -247,7 +256,7 @@ def _lay_out(order: BlockOrder) -> list[Segment]:
         if grid and grid != s and cursor < 0:
             cursor = 0  # the block's unserved grid windows become holes
         if cursor >= 0:
-            holes = (int(order.block_windows(block, grid)) - slot) * grid
+            holes = (int(order.block_windows(block, grid)) - slot) * (grid + 1)
             fit = (holes - cursor - s - 1) // s + 1 if cursor + s + 1 <= holes else 0
             t = min(n, fit)
             if t:

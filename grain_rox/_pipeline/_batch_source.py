@@ -143,6 +143,8 @@ class GlobalBatchSource:
                 # block padding left out changes the order: named where there is any (the
                 # repr of data without padding, and of the lanes order, is as before)
                 *([p.plan.padding_left_out] if p.plan.padding_left_out else []),
+                # holes read as whole windows: named where a schedule reads any
+                *(["holes: whole windows"] if p.plan.reads_holes else []),
             ]
         )
         shown = ",".join(f"{n}:{f}" if n else f for n, f in data.items())

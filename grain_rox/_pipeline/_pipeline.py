@@ -29,7 +29,13 @@ from grain_rox._order._bin_packing import PACKINGS
 from grain_rox._order._curriculum import Phase, Schedule
 from grain_rox._order._permutation import int_arg, seed_arg
 from grain_rox._pipeline._batch_source import GlobalBatchSource, RowSpec
-from grain_rox._pipeline._plan import PipelinePlan, open_sources, resolve_plan, source_orders
+from grain_rox._pipeline._plan import (
+    HOLES,
+    PipelinePlan,
+    open_sources,
+    resolve_plan,
+    source_orders,
+)
 from grain_rox._sources._batch_dataset import BatchDataset
 from grain_rox._sources._grain_setup import batch_read_options
 from grain_rox._sources._identity import with_identity
@@ -383,6 +389,9 @@ class TokenPipeline:
             # named only where padding is left out (a state saved before it was, on such data,
             # is refused: its order read the padding)
             **({"padding_left_out": plan.padding_left_out} if plan.padding_left_out else {}),
+            # named only where a seq_len change reads a block's rest as holes (a state saved
+            # while holes were read one token short is refused)
+            **({"holes": HOLES} if plan.reads_holes else {}),
         }
 
     # ---- through Grain ----------------------------------------------------------------

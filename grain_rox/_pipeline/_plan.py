@@ -184,6 +184,9 @@ def open_sources(
 
 
 SourceOrder = BlockOrder | LaneOrder | PackedOrder
+# How a state names the holes a seq_len change in mid-block reads: whole windows (a state
+# saved while they were read one token short, without this, is refused where it matters).
+HOLES = "whole windows"
 # a source's served data and its shards' served tokens (see served_shards)
 Served = tuple[RoxCorpus | ServedShards, list[int]]
 
@@ -321,6 +324,11 @@ class PipelinePlan:
     padding_left_out: dict[str, int] = dataclasses.field(default_factory=dict)
     # what each source's readers read (its shards, or their served stretches as shards)
     readable: dict[str, RoxCorpus | ServedShards] = dataclasses.field(default_factory=dict)
+
+    @property
+    def reads_holes(self) -> bool:
+        """Whether a source's blocks order reads a block's rest as holes (see ``HOLES``)."""
+        return any(isinstance(o, BlockOrder) and o.reads_holes for o in self.orders)
 
     @property
     def has_segments(self) -> bool:
