@@ -505,3 +505,23 @@ def test_a_token_pipelines_grain_datasets_carry_its_identity(tmp_path):
             iter(make(first, first_step=5)).set_state(state)
         with pytest.raises(ValueError, match=r"not a TokenPipeline state: \{'next_index': 3\}"):
             iter(make(first)).set_state(state["state"])  # a bare position names no data
+
+
+def test_editing_a_state_it_handed_out_leaves_the_dataset_identity_alone(tmp_path):
+    """``get_state`` handed out the dataset's own identity object: a caller who edited the
+    state (a nested field) edited what every later restore was checked against, so an edited
+    state restored and a true one was refused."""
+    from grain_rox import write_rox
+
+    path = str(tmp_path / "i.rox")
+    write_rox([np.arange(1, 5000, dtype=np.uint16)], path, separator=0)
+    ds = TokenPipeline(path, seq_len=16, global_batch_size=4, seed=0).map_dataset()
+    it = iter(ds.to_iter_dataset(NO_THREADS))
+    next(it)
+    edited = it.get_state()
+    edited["identity"]["phases"][0]["seq_len"] = 999
+    with pytest.raises(ValueError, match="phases: saved"):
+        iter(ds.to_iter_dataset(NO_THREADS)).set_state(edited)
+    again = iter(ds.to_iter_dataset(NO_THREADS))
+    again.set_state(it.get_state())
+    np.testing.assert_array_equal(next(again)["inputs"], ds[1]["inputs"])

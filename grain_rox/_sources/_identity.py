@@ -21,6 +21,7 @@ ValueError: cannot restore this demo state: its data or config changed (data: sa
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -81,7 +82,9 @@ class _IdentifiedIterator(grain.DatasetIterator):
         return next(self._parent)
 
     def get_state(self) -> dict[str, Any]:
-        return {"identity": self._identity, "state": self._parent.get_state()}
+        # a copy: a caller that edits the state it got must not edit this dataset's identity
+        # (every iterator of it checks restores against that one object)
+        return {"identity": copy.deepcopy(self._identity), "state": self._parent.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         saved, inner = split_state(state, what=self._what)
