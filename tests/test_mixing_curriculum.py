@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline
-from grain_rox._order._mixture import Mixture
+from grain_rox._order._mixture import Mixture, legacy_weights
 
 OFFSETS = {"a": 0, "b": 10_000_000, "c": 20_000_000}
 SIZES = {"a": 60_000, "b": 40_000, "c": 30_000}
@@ -127,14 +127,16 @@ def test_a_mixture_whose_bound_misses_the_contract_says_so(monkeypatch, caplog):
 def test_mixtures_one_apportionment_keeps_stay_bit_for_bit():
     """Where one Sainte-Laguë apportionment of all sources already keeps every count round(w n)
     +- 1 (two to four sources always), the order is that sequence, as grain_rox served it
-    before sources were grouped (pinned), so those runs' states restore."""
-    six = Mixture.from_weights([0.4, 0.3, 0.1, 0.1, 0.05, 0.05])
+    before sources were grouped (pinned), so those runs' states restore. Far out the weights
+    are now exact: 8:6:2:2:1:1 repeats every 20 samples at 10**12 too, where the 2**30ths
+    they were quantised to had strayed into another sequence (its counts off the contract)."""
+    weights = [0.4, 0.3, 0.1, 0.1, 0.05, 0.05]
+    six = Mixture.from_weights(weights)
     assert six.groups("abcdef") is None
-    assert six.sources(0, 40).tolist() == [
-        0, 1, 0, 2, 1, 3, 0, 1, 0, 4, 5, 0, 1, 0, 2, 1, 3, 0, 1, 0,
-        0, 1, 0, 2, 1, 3, 0, 1, 0, 4, 5, 0, 1, 0, 2, 1, 3, 0, 1, 0,
-    ]  # fmt: skip
-    assert six.sources(10**12, 10**12 + 20).tolist() == [
+    period = [0, 1, 0, 2, 1, 3, 0, 1, 0, 4, 5, 0, 1, 0, 2, 1, 3, 0, 1, 0]
+    assert six.sources(0, 40).tolist() == period * 2
+    assert six.sources(10**12, 10**12 + 20).tolist() == period
+    assert Mixture(legacy_weights(weights)).sources(10**12, 10**12 + 20).tolist() == [
         0, 3, 0, 1, 0, 1, 2, 0, 1, 0, 3, 0, 1, 0, 4, 5, 1, 2, 0, 1,
     ]  # fmt: skip
     four = Mixture.from_weights([0.9, 0.05, 0.03, 0.02])
@@ -238,6 +240,11 @@ def test_mix_datasets_with_grouped_sources_names_the_groups():
     assert state["identity"]["mixing"] == [["a", [["b", "d"], ["c", "e"]]]]
     del state["identity"]["mixing"]  # as saved before sources were grouped
     with pytest.raises(ValueError, match=r"mixing: saved None -> now \[\['a'"):
+        iter(ds.to_iter_dataset()).set_state(state)
+    state = it.get_state()
+    assert state["identity"]["apportioned"] == "exact weights"
+    del state["identity"]["apportioned"]  # as saved while weights were quantised
+    with pytest.raises(ValueError, match="apportioned: saved None -> now 'exact weights'"):
         iter(ds.to_iter_dataset()).set_state(state)
 
 
@@ -511,3 +518,69 @@ def test_each_sources_rows_of_a_batch_are_consecutive_samples_of_its_order(count
                 assert np.array_equal(samples[rows], samples[rows[0]] + np.arange(rows.size))
                 expected.append((s, rows.tolist(), int(samples[rows[0]])))
             assert [(s, rows.tolist(), f) for s, rows, f in groups] == expected
+
+
+def test_mixing_keeps_its_bound_at_every_n_with_exact_weights():
+    """Weights were quantised to 2**30ths: the counts strayed linearly, past 1 from about
+    2**31 samples (1M steps at a global batch of 4096). Exact weights keep the bound at any
+    n; the sequences served before stay where those counts still kept it."""
+    for weights, n in [
+        ([1, 1, 1], 4 * 10**9),  # 1333333336 of 4e9/3 before: 2.67 off
+        ([1, 1, 1], 4 * 10**10),
+        ([1e-6, 1], 10**12),  # 241 off before
+        ([0.9] + [0.005] * 20, 3 * 10**12),
+        ([0.5, 0.3, 0.2], 2**61 - 7),
+    ]:
+        mixture = Mixture.from_weights(weights)
+        exact = [Fraction(repr(float(w))) for w in weights]
+        total = sum(exact)
+        counts = mixture.counts(n)
+        assert sum(counts) == n
+        worst = max(abs(c - w / total * n) for c, w in zip(counts, exact, strict=True))
+        assert worst <= mixture.max_error < Fraction(3, 2), (weights, n, float(worst))
+    legacy = Mixture(legacy_weights([1, 1, 1]))
+    assert legacy.counts(4 * 10**9) == (1333333336, 1333333332, 1333333332)  # the old drift
+    for weights in ([0.5, 0.3, 0.2], [0.7] + [0.05] * 6, [2, 3, 5, 7, 11]):
+        old, new = Mixture(legacy_weights(weights)), Mixture.from_weights(weights)
+        assert old.groups("abcdefg") == new.groups("abcdefg")
+        for start in (0, 12345, 10**6):
+            assert (
+                old.sources(start, start + 4000).tolist()
+                == new.sources(start, start + 4000).tolist()
+            )
+
+
+def test_a_state_saved_with_quantised_weights_resumes_where_its_counts_agree(sources):
+    """A MultiHostDataLoadIterator state saved while weights were quantised (its phases do
+    not name ``apportioned``) continues exactly where the counts so far are the same under
+    both (every realistic step), and is refused, naming the phase, where they differ; a Grain
+    dataset state saved so is refused."""
+    from grain_rox._order._curriculum import legacy_counts_differ
+
+    weights = {"a": 0.5, "b": 0.3, "c": 0.2}
+    pipe = TokenPipeline(sources, seq_len=16, global_batch_size=8, seed=1, weights=weights,
+                         chunk_tokens=500)  # fmt: skip
+    assert pipe.describe()["phases"][0]["apportioned"] == "exact weights"
+    with MultiHostDataLoadIterator(pipe) as it:
+        for _ in range(3):
+            next(it)
+        state = json.loads(it.get_state())
+    del state["pipeline"]["phases"][0]["apportioned"]  # as an earlier grain_rox saved it
+    ds = pipe.map_dataset()
+    with MultiHostDataLoadIterator(pipe) as it:
+        it.set_state(json.dumps(state))
+        np.testing.assert_array_equal(np.asarray(next(it)["inputs"]), ds[3]["inputs"])
+    far = 10**10 // 8  # a step where the quantised counts had strayed
+    assert legacy_counts_differ(pipe.schedule, far) == [0]
+    state["step"] = far
+    with MultiHostDataLoadIterator(pipe) as it, pytest.raises(ValueError) as info:
+        it.set_state(json.dumps(state))
+    assert "phases [0] mixed by weights quantised to 2**30ths by an earlier grain_rox" in str(
+        info.value
+    )
+    iterator = iter(ds.to_iter_dataset())
+    next(iterator)
+    grain_state = iterator.get_state()
+    del grain_state["identity"]["phases"][0]["apportioned"]
+    with pytest.raises(ValueError, match="phases"):
+        iter(ds.to_iter_dataset()).set_state(grain_state)

@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding
 
 from grain_rox._devices._iterator_state import check_step
 from grain_rox._devices._placement import data_shards, process_rows
-from grain_rox._order._curriculum import ENDLESS, history_problems
+from grain_rox._order._curriculum import ENDLESS, history_problems, legacy_counts_differ
 from grain_rox._pipeline._batch_source import GlobalBatchSource
 from grain_rox._pipeline._pipeline import TokenPipeline
 from grain_rox._sources._batch_dataset import dataset_source
@@ -201,6 +201,24 @@ class PipelineFeed:
         history = history_problems(saved.get("phases", []), now["phases"], decoded["step"])
         if history:
             changed["phases"] = (history, "")
+        else:  # phases saved before mixing was exact continue where their counts agree
+            kept = saved.get("phases", [])
+            older = {
+                i
+                for i, p in enumerate(now["phases"][: len(kept)])
+                if "apportioned" in p and "apportioned" not in kept[i]
+            }
+            steps = decoded["step"]
+            differ = older and [
+                i for i in legacy_counts_differ(self.pipeline.schedule, steps) if i in older
+            ]
+            if differ:
+                changed["phases"] = (
+                    f"phases {differ} mixed by weights quantised to 2**30ths by an earlier "
+                    "grain_rox, whose counts at this step differ from the exact weights' "
+                    "(resuming would replay or skip samples)",
+                    "",
+                )
         blocks = saved.get("order") == "blocks" and "packing" not in saved  # holes are its
         if (
             blocks

@@ -26,11 +26,14 @@ from typing import Any
 import numpy as np
 
 from grain_rox._order._lanes import Run
-from grain_rox._order._mixture import Mixture, own_samples, resolve_weights
+from grain_rox._order._mixture import Mixture, legacy_weights, own_samples, resolve_weights
 from grain_rox._order._permutation import int_arg, json_plain
 
 ENDLESS = 1 << 62
 SAMPLE_LIMIT = 1 << 61  # sample numbers stay below this (int64 arithmetic with room to spare)
+# How a phase's description names its apportionment by the exact weights (an earlier
+# grain_rox quantised them to 2**30ths: its states are checked by legacy_counts_differ).
+EXACT_MIXING = "exact weights"
 MIX_SPAN = 4096  # a phase's samples whose mixture is worked out at once
 # Up to this many sources a cached span also keeps each source's running count (MIX_SPAN + 1
 # rows of one int32 per source: 48 KiB for 3), so a batch finds each source's rows by two
@@ -275,11 +278,21 @@ class Schedule:
     def describe(self) -> list[dict[str, Any]]:
         """Each phase's config; and its groups of sources (:meth:`Mixture.groups`) where its
         order is not the flat apportionment (named only there: a state saved before mixing
-        grouped sources is refused where, and only where, the order changed)."""
+        grouped sources is refused where, and only where, the order changed); and, for a phase
+        that mixes, that it apportions by the exact weights (``apportioned``: a state saved
+        while they were quantised is refused, or, by ``MultiHostDataLoadIterator``, accepted
+        where its counts so far are the same, :func:`legacy_counts_differ`)."""
         described = []
         for p, mixture in zip(self.phases, self.mixtures, strict=True):
             groups = mixture.groups(self.names)
-            described.append({**p.describe(), **({"mixing": groups} if groups else {})})
+            described.append(
+                {
+                    **p.describe(),
+                    **({"mixing": groups} if groups else {}),
+                    # a phase that mixes apportions by the exact weights (EXACT_MIXING)
+                    **({"apportioned": EXACT_MIXING} if mixture.mixes else {}),
+                }
+            )
         return described
 
 
@@ -325,6 +338,31 @@ def history_problems(saved: list[dict[str, Any]], now: list[dict[str, Any]], ste
             return f"phase {i} already ran {done} steps but now has only {new_steps}"
         return ""  # it continues, or is cut short here: later phases may differ
     return ""
+
+
+def legacy_counts_differ(schedule: Schedule, step: int) -> list[int]:
+    """The phases (indices) that began before ``step`` and whose sources' counts of the
+    samples they served before it differ between the exact weights and the 2**30ths an
+    earlier grain_rox quantised them to: a state it saved there would resume onto other
+    samples. (The sequences agree far beyond 10**6 samples a phase, and the counts until the
+    quantised ones strayed, from about 10**8 to 10**10.)
+
+    >>> sched = Schedule([Phase(None, 4, 8, {"a": 0.5, "b": 0.3, "c": 0.2})], ["a", "b", "c"])
+    >>> legacy_counts_differ(sched, 10**6), legacy_counts_differ(sched, 10**10)
+    ([], [0])
+    """
+    differ = []
+    for i, (phase, mixture) in enumerate(zip(schedule.phases, schedule.mixtures, strict=True)):
+        begun = schedule.step_starts[i]
+        if begun >= step:
+            break
+        if not mixture.mixes:
+            continue
+        n = (min(step, schedule.step_starts[i + 1]) - begun) * phase.batch_size
+        weights = resolve_weights(schedule.names, phase.weights, f"phase {i}")
+        if Mixture(legacy_weights(weights)).counts(n) != mixture.counts(n):
+            differ.append(i)
+    return differ
 
 
 def _mixing_text(groups: Any) -> str:

@@ -23,7 +23,14 @@ nor in a search up to 700 sources (1.44). Further properties:
 * no randomness is involved, so proportions hold on every prefix;
 * the counts at any ``n`` are found directly (quota, then a few exact integer corrections, per
   group), so reaching sample 10**12 costs what reaching sample 10 does;
-* weights are quantised to integers summing to 2**30 (a relative error below 1e-9).
+* weights are exact: each float is read as the decimal it prints as (``0.7`` is 7/10), and
+  the weights become integers in exactly those proportions, so the bound holds at every
+  ``n`` (an earlier grain_rox quantised them to 2**30ths, whose error grew with ``n`` and
+  passed 1 from about 2**31 samples on: equal weights were 2.67 off at 4 * 10**9). Seats
+  whose exact priorities tie are ordered as those 2**30ths ordered them (then by source), so
+  the sequences that grain_rox served stay bit for bit wherever its counts kept the contract:
+  each integer weight is ``exact * 2**100 + quantised``, which orders seats by the exact
+  weights first (for any count below 2**69) and by the quantised ones on a tie.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import operator
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -38,22 +46,66 @@ from typing import Any
 
 import numpy as np
 
-WEIGHT_SCALE = 1 << 30
+WEIGHT_SCALE = 1 << 30  # the quantisation an earlier grain_rox used (legacy_weights)
+# The exact weights are shifted this many bits up, the quantised ones added below as ties:
+# a count below 2**69 can never let them outweigh a difference of the exact ones.
+_TIE_BITS = 100
+_TIE_MASK = (1 << _TIE_BITS) - 1
+# Exact integer weights longer than this many bits (weights spanning hundreds of orders of
+# magnitude) are rounded to this many, a relative error below 2**-200.
+_MAX_WEIGHT_BITS = 256
 _EVERY_CUT = 64  # groups of up to this many sources try every prefix cut
 CONTRACT = Fraction(3, 2)  # |count - w n| below this: the count is round(w n) +- 1
 
 logger = logging.getLogger(__name__)
 
 
-def quantize_weights(weights: Sequence[float]) -> tuple[int, ...]:
-    """Non-negative weights -> integers summing to 2**30 (largest remainder).
-
-    >>> quantize_weights([0.5, 0.25, 0.25])
-    (536870912, 268435456, 268435456)
-    """
+def _checked(weights: Sequence[float]) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
         raise ValueError(f"weights {list(weights)} must be finite, >= 0, and not all 0")
+    return w
+
+
+def mixing_weights(weights: Sequence[float]) -> tuple[int, ...]:
+    """The integer weights a :class:`Mixture` apportions by (see the module doc): the exact
+    proportions, then an earlier grain_rox's quantised ones for ties.
+
+    >>> w = mixing_weights([0.7, 0.3])
+    >>> [x >> _TIE_BITS for x in w], [x % (1 << _TIE_BITS) for x in w]
+    ([7, 3], [751619277, 322122547])
+    """
+    exact = exact_weights(weights)
+    return tuple((e << _TIE_BITS) + t for e, t in zip(exact, legacy_weights(weights), strict=True))
+
+
+def exact_weights(weights: Sequence[float]) -> tuple[int, ...]:
+    """Non-negative weights -> the smallest integers in exactly their proportions, each
+    float read as the decimal it prints as.
+
+    >>> exact_weights([0.7, 0.3]), exact_weights([0.5, 0.25, 0.25]), exact_weights([2, 0, 6])
+    ((7, 3), (2, 1, 1), (1, 0, 3))
+    """
+    w = _checked(weights)
+    fractions = [Fraction(repr(float(x))) for x in w.tolist()]
+    scale = math.lcm(*(f.denominator for f in fractions))
+    ints = [int(f * scale) for f in fractions]
+    common = math.gcd(*ints)
+    ints = [x // common for x in ints]
+    extra = max(x.bit_length() for x in ints) - _MAX_WEIGHT_BITS
+    if extra > 0:  # keep the arithmetic small: round (a nonzero weight stays nonzero)
+        ints = [max(1, x >> extra) if x else 0 for x in ints]
+    return tuple(ints)
+
+
+def legacy_weights(weights: Sequence[float]) -> tuple[int, ...]:
+    """The integers summing to 2**30 (largest remainder) that an earlier grain_rox quantised
+    weights to: kept to tell whether a state it saved continues exactly.
+
+    >>> legacy_weights([0.5, 0.25, 0.25])
+    (536870912, 268435456, 268435456)
+    """
+    w = _checked(weights)
     exact = w / w.sum() * WEIGHT_SCALE
     q = np.floor(exact).astype(np.int64)
     short = WEIGHT_SCALE - int(q.sum())
@@ -240,15 +292,28 @@ def _errors(group: _Group, inherited: Fraction, out: dict[int, Fraction]) -> Non
 
 
 def _grouping(weights: Sequence[int]) -> _Group:
-    """The flat apportionment where it keeps the contract, else the tree (see the module)."""
+    """The flat apportionment where it keeps the contract, else the tree (see the module).
+    The shape is chosen on the quantised weights an earlier grain_rox chose it on (the low
+    bits of :func:`mixing_weights`; a live source they round to 0 counts as 1), so the trees
+    it chose stay; the groups apportion by the exact weights."""
     live = [i for i, w in enumerate(weights) if w]
-    flat = _Group(tuple(live), tuple(weights[i] for i in live))
-    if _flat_error(flat.weights) < CONTRACT:
-        return flat
-    items = sorted(((weights[i], i) for i in live), key=lambda t: (-t[0], t[1]))
+    shape = {i: max(1, weights[i] & _TIE_MASK) for i in live}
+    if _flat_error([shape[i] for i in live]) < CONTRACT:
+        return _Group(tuple(live), tuple(weights[i] for i in live))
+    items = sorted(((shape[i], i) for i in live), key=lambda t: (-t[0], t[1]))
     tree = _tree(items, 0.0)
     assert isinstance(tree, _Group)
-    return tree
+    return _weighed(tree, weights)
+
+
+def _weighed(group: _Group, weights: Sequence[int]) -> _Group:
+    """``group``'s shape with each part weighing the sum of its sources' ``weights``."""
+    parts = tuple(p if isinstance(p, int) else _weighed(p, weights) for p in group.parts)
+    return _Group(
+        parts,
+        tuple(weights[p] if isinstance(p, int) else sum(weights[s] for s in p.sources)
+              for p in parts),
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,11 +328,11 @@ class Mixture:
     (284, 284, True)
     """
 
-    weights: tuple[int, ...]  # quantised, summing to WEIGHT_SCALE
+    weights: tuple[int, ...]  # integers in the weights' exact proportions (mixing_weights)
 
     @classmethod
     def from_weights(cls, weights: Sequence[float]) -> Mixture:
-        return cls(quantize_weights(weights))
+        return cls(mixing_weights(weights))
 
     def __getstate__(self) -> dict[str, object]:
         return {"weights": self.weights}  # the groups are a cache, worked out again
@@ -299,6 +364,11 @@ class Mixture:
     def max_error(self) -> Fraction:
         """The bound on ``|counts(n)[i] - w_i * n|`` over all sources and all ``n``."""
         return self._grouped[1]
+
+    @property
+    def mixes(self) -> bool:
+        """Whether more than one source has weight."""
+        return sum(1 for w in self.weights if w) > 1
 
     @property
     def is_flat(self) -> bool:

@@ -19,6 +19,7 @@ import grain
 import numpy as np
 
 from grain_rox._format._digest import facts_digest
+from grain_rox._order._curriculum import EXACT_MIXING
 from grain_rox._order._mixture import Mixture, own_samples, resolve_weights
 from grain_rox._order._permutation import derive_key, int_arg, seed_arg
 from grain_rox._sources._batch_dataset import dataset_source
@@ -324,6 +325,8 @@ def mix_datasets(
     grouped = [m.groups(names) for m in mixtures]
     if any(grouped):  # named only where sources are grouped (as TokenPipeline's phases)
         identity["mixing"] = grouped
+    if any(m.mixes for m in mixtures):  # by the exact weights (states of quantised ones refused)
+        identity["apportioned"] = EXACT_MIXING
     identity["seed"] = seed
     identity["length"] = int(sum(n for n in counts if n is not None))
     return with_identity(mixed, identity, what="mix_datasets")
