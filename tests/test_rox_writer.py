@@ -114,6 +114,9 @@ def test_later_items_are_converted_with_checks(tmp_path):
         assert corpus.tokens(0, 6).tolist() == [1, 2, 3, 4, 5, 0]
 
 
+U16 = [np.arange(3, dtype=np.uint16)]
+
+
 @pytest.mark.parametrize(
     ("items", "kwargs", "error", "match"),
     [
@@ -129,12 +132,27 @@ def test_later_items_are_converted_with_checks(tmp_path):
         ([], {}, ValueError, "nothing to write"),
         ([""], {}, ValueError, "nothing to write"),
         (["a"], {"if_exists": "replace"}, ValueError, "if_exists='replace'"),
+        # each was written, then refused by every reader ("eos_id is True"), or a NumPy
+        # TypeError / a 1 TiB MemoryError
+        (U16, {"separator": True}, TypeError, "separator=True is a bool, not a token"),
+        (U16, {"pad_id": True}, TypeError, "write_rox: pad_id=True is a bool, not a token"),
+        (U16, {"pad_id": 2.5}, ValueError, "pad_id=2.5 is not a whole number"),
+        (U16, {"block_size": True}, TypeError, "block_size=True is a bool, not an int"),
+        (U16, {"block_size": 8.0}, TypeError, "block_size=8.0 is a float, not an int"),
+        (U16, {"block_size": 2**40}, ValueError, "is over the 1024 MiB a block may hold"),
     ],
 )
 def test_bad_arguments_fail_before_anything_is_written(tmp_path, items, kwargs, error, match):
     with pytest.raises(error, match=match):
         write_rox(items, str(tmp_path / "x.rox"), **kwargs)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_numpy_pad_id_is_its_value(tmp_path):
+    path = str(tmp_path / "p.rox")  # it was a TypeError from json: uint16 is not serializable
+    write_rox([np.arange(1, 4, dtype=np.uint16)], path, pad_id=np.uint16(5), block_size=16)
+    corpus = open_rox(path)
+    assert corpus.pad_id == 5 and corpus.tokens(0, 8).tolist() == [1, 2, 3, 5, 5, 5, 5, 5]
 
 
 def test_existing_path_is_an_error_by_default(tmp_path):

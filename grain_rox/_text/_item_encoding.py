@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from grain_rox._format._rox_format import encode_dtype
+from grain_rox._order._permutation import int_arg
 from grain_rox._text._tokenizers import Tokenizer, smallest_token_dtype
 
 Item = str | bytes | bytearray | memoryview | np.ndarray | list[int] | tuple[int, ...]
@@ -52,6 +53,10 @@ class TokenLayout:
         return self.block_size // self.dtype.itemsize
 
 
+# The largest block a write builds (in memory) and a read fetches whole.
+MAX_BLOCK_BYTES = 1 << 30
+
+
 def plan_layout(
     items: Iterator[Any],
     dtype: Any,
@@ -62,6 +67,13 @@ def plan_layout(
 ) -> tuple[TokenLayout, Iterator[Any]]:
     """Settle a write's :class:`TokenLayout`; returns it and ``items`` (whole again if its first
     item was looked at to infer the dtype)."""
+    block_size = int_arg(block_size, "block_size", where="write_rox")
+    if block_size > MAX_BLOCK_BYTES:  # a block is built in memory (2**40 asked for 1 TiB)
+        raise ValueError(
+            f"write_rox: block_size={block_size} bytes is over the {MAX_BLOCK_BYTES >> 20} MiB "
+            "a block may hold (a block is built in memory and is the unit of a read); pass "
+            "e.g. block_size=4096, the default, up to a few MiB"
+        )
     target, items = resolve_dtype(items, dtype, tok)
     encode_dtype(target)  # fails early on dtypes the footer cannot name
     itemsize = target.itemsize
@@ -74,9 +86,10 @@ def plan_layout(
     if tok is not None and separator is None:
         separator = tok.eos_id
     sep = separator_token(separator, target, tok)
-    if pad_id is None:
-        pad_id = tok.pad_id if tok is not None and tok.pad_id is not None else None
-    pad = pad_id if pad_id is not None else (sep if sep is not None else 0)
+    given: int | float | None = None if pad_id is None else _one_token(pad_id, "pad_id", target)
+    if given is None and tok is not None:
+        given = tok.pad_id
+    pad = given if given is not None else (sep if sep is not None else 0)
     check_dtype_range(np.asarray([pad]), target, f"pad_id {pad!r}")
     return TokenLayout(target, block_size, sep, pad, tok), items
 
@@ -196,10 +209,36 @@ class ItemEncoder:
         )
 
 
+def _one_token(value: Any, name: str, dtype: np.dtype) -> int | float:
+    """``value`` as the Python number of one ``dtype`` token (a NumPy scalar's value), or a
+    ``TypeError`` naming ``name`` where it is no number (a bool included)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(
+            f"write_rox: {name}={value!r} is a {type(value).__name__}, not a token id; pass "
+            f"one {dtype} token"
+        )
+    number = value.item() if isinstance(value, np.generic) else value
+    if dtype.kind in "ui" and isinstance(number, float):
+        if not number.is_integer():
+            raise ValueError(
+                f"write_rox: {name}={number!r} is not a whole number but the tokens are {dtype}; "
+                "pass an integer token id"
+            )
+        number = int(number)
+    return number
+
+
 def separator_token(separator: Any, dtype: np.dtype, tok: Tokenizer | None) -> int | float | None:
     """The one token written after every item (``None``/``False``: none), checked to fit."""
     if separator is None or separator is False:
         return None
+    if separator is True or isinstance(separator, np.bool_):
+        raise TypeError(
+            f"separator={separator!r} is a bool, not a token: pass the token id written after "
+            "every item (e.g. the tokenizer's EOS id), or None for none"
+        )
     if isinstance(separator, str):
         separator = separator.encode("utf-8")
     if isinstance(separator, (bytes, bytearray)):
