@@ -645,3 +645,27 @@ def test_a_null_parquet_text_names_its_row(tmp_path):
     stats = ReadStats()
     assert list(read_files([str(path)], on_null="skip", stats=stats)) == ["a", "b"]
     assert stats.null_texts == 1
+
+
+def test_a_utf8_bom_is_not_text(tmp_path):
+    """A UTF-8 byte order mark (how some editors mark UTF-8) opened a JSONL file with an
+    error pointing at Python's utf-8-sig, and became three tokens of a text file."""
+    (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "a"}\n{"text": "b"}\n')
+    (tmp_path / "b.txt").write_bytes(b"\xef\xbb\xbfhello")
+    for name, tokens in (("a.jsonl", [97, 256, 98, 256]), ("b.txt", [*b"hello", 256])):
+        out = str(tmp_path / f"{name}.rox")
+        assert main(["convert", str(tmp_path / name), "-o", out, "--no-progress"]) == 0
+        assert tokens_of(out) == tokens
+
+
+def test_a_line_longer_than_a_read_is_joined_once():
+    """Each chunk of a line that had not ended was joined to all before it: a 200 MB JSONL
+    line took 33 s and 2.5 GB. Now the pieces are joined once, when the line ends."""
+    from grain_rox._text._text_files import lines
+
+    piece = b"x" * (1 << 20)
+    chunks = [piece] * 64 + [b"y\nz", b"", b"\n", b"w"]
+    joined = list(lines(chunks))
+    n = 64 * len(piece)
+    assert [(o, len(t)) for o, t in joined] == [(0, n + 1), (n + 2, 1), (n + 4, 1)]
+    assert joined[0][1].endswith(b"xy") and joined[1][1] == b"z" and joined[2][1] == b"w"

@@ -42,6 +42,7 @@ FORMATS = ("auto", "text", "jsonl", "parquet", "hf", "array_record")
 ON_BINARY = ("skip", "error")
 ON_NULL = ("error", "skip")
 ENCODING_ERRORS = ("strict", "replace")
+UTF8_BOM = b"\xef\xbb\xbf"
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
@@ -297,6 +298,8 @@ def _file_documents(
         )
         return
     stats.files_read += 1
+    if head.startswith(UTF8_BOM):  # how some editors mark UTF-8: not text, so not tokens
+        head = head[len(UTF8_BOM) :]
     if kind == "jsonl":
         yield from jsonl_documents(path, chain(head, chunks), text_column, encoding_errors, stats)
     else:

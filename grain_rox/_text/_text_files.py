@@ -121,14 +121,30 @@ def decode(data: bytes, path: str, errors: str, *, base: int = 0, line: int = 0)
 
 
 def lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
-    """(byte offset, line without its newline) of each line."""
-    offset, rest = 0, b""
+    r"""(byte offset, line without its newline) of each line. A line longer than a chunk is
+    joined once, when it ends (joining it to each chunk as it came was quadratic: a 200 MB
+    line took 33 s and 2.5 GB).
+
+    >>> list(lines([b"ab\ncd", b"e", b"f\n\ng"]))
+    [(0, b'ab'), (3, b'cdef'), (8, b''), (9, b'g')]
+    """
+    offset = 0
+    pending: list[bytes] = []  # the start of a line that has not ended yet
     for chunk in chunks:
-        parts = (rest + chunk).split(b"\n")
-        rest = parts.pop()
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            continue
+        parts = chunk.split(b"\n")
+        if pending:
+            parts[0] = b"".join([*pending, parts[0]])
+            pending = []
+        tail = parts.pop()
         for part in parts:
             yield offset, part
             offset += len(part) + 1
+        if tail:
+            pending.append(tail)
+    rest = b"".join(pending)
     if rest:
         yield offset, rest
 
