@@ -229,9 +229,12 @@ def _path_spec(paths: list[str]) -> str | list[str]:
 
 
 def _limited(docs: Iterator[str], limit: int | None) -> Iterator[str]:
-    for i, doc in enumerate(docs):
-        if limit is not None and i >= limit:
-            return
+    """The first ``limit`` documents (all without one), reading none past them (the next
+    record was read, and a malformed one there failed a conversion that did not need it)."""
+    if limit is None:
+        yield from docs
+        return
+    for _, doc in zip(range(limit), docs, strict=False):
         yield doc
 
 

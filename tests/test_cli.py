@@ -728,3 +728,14 @@ def test_inputs_expand_to_every_file_a_user_named(tmp_path, capsys):
     assert bytes(corpus.tokens(0, 16).astype(np.uint8)).decode() == "THE BRACKET FILE"
     assert main(["convert", str(root / "*"), "-o", str(tmp_path / "g.rox"), "--no-progress"]) == 0
     assert "5 files read" in capsys.readouterr().out
+
+
+def test_limit_reads_no_record_past_the_last_it_converts(tmp_path, capsys):
+    """``--limit 2`` read a third record: a malformed one there failed the conversion."""
+    src = tmp_path / "l.jsonl"
+    src.write_text('{"text": "a"}\n{"text": "b"}\nnot json\n')
+    out = str(tmp_path / "l.rox")
+    assert main(["convert", str(src), "-o", out, "--limit", "2", "--no-progress"]) == 0
+    assert "wrote 2 documents" in capsys.readouterr().out
+    corpus = open_rox(out)
+    assert corpus.tokens(0, 4).tolist() == [97, 256, 98, 256]
