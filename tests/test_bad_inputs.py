@@ -669,3 +669,27 @@ def test_a_line_longer_than_a_read_is_joined_once():
     n = 64 * len(piece)
     assert [(o, len(t)) for o, t in joined] == [(0, n + 1), (n + 2, 1), (n + 4, 1)]
     assert joined[0][1].endswith(b"xy") and joined[1][1] == b"z" and joined[2][1] == b"w"
+
+
+def test_parquet_text_columns_of_every_string_kind_and_bytes_that_are_not_utf8(tmp_path, capsys):
+    """A dictionary-encoded string column (pandas, Spark) was refused as "not text"; bytes
+    that are not UTF-8 in a string column were a bare codec error naming no file or row."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": pa.array(["ab", "c", "ab"]).dictionary_encode()}),
+                   tmp_path / "dict.parquet")  # fmt: skip
+    out = str(tmp_path / "d.rox")
+    assert main(["convert", str(tmp_path / "dict.parquet"), "-o", out, "--no-progress"]) == 0
+    assert tokens_of(out) == [97, 98, 256, 99, 256, 97, 98, 256]
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(
+        pa.table({"text": pa.array([b"ok", b"ab\xffcd"], pa.binary()).view(pa.string())}), bad
+    )
+    capsys.readouterr()
+    assert main(["convert", str(bad), "-o", str(tmp_path / "b.rox"), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        f"grain-rox convert: error: {bad} row 1: column 'text' holds bytes that are not UTF-8 "
+        "(invalid start byte at byte 2), though Arrow strings must be; rewrite the file with "
+        "valid UTF-8 text (e.g. decode the source with errors='replace' before writing it)\n"
+    )

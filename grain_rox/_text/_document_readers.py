@@ -20,6 +20,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from grain_rox._text._text_files import (
     byte_chunks,
@@ -232,12 +233,14 @@ def parquet_documents(path: str, column: str, stats: ReadStats) -> Iterator[str]
             f"{path} has no column {column!r} (it has {schema.names}); pass --text-column"
         )
     kind = schema.field(column).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if pa.types.is_dictionary(kind):  # dictionary-encoded strings (pandas, Spark): text too
+        kind = kind.value_type
+    if not _is_arrow_text(pa, kind):
         raise TypeError(f"{path}: column {column!r} holds {kind}, not text")
     try:
         row = 0
         for batch in pf.iter_batches(columns=[column], batch_size=1024):
-            for value in batch.column(0).to_pylist():
+            for value in _texts(batch.column(0), path, column, row):
                 if value is None:
                     stats.null_text(f"{path} row {row}")
                 else:
@@ -245,3 +248,32 @@ def parquet_documents(path: str, column: str, stats: ReadStats) -> Iterator[str]
                 row += 1
     except (pa.ArrowException, OSError) as e:
         raise damaged(e) from None
+
+
+def _is_arrow_text(pa: Any, kind: Any) -> bool:
+    """Whether an Arrow type holds strings (``string_view`` where this pyarrow has it)."""
+    view = getattr(pa.types, "is_string_view", None)
+    return bool(
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or (view is not None and view(kind))
+    )
+
+
+def _texts(values: Any, path: str, column: str, first_row: int) -> list[str | None]:
+    """An Arrow string array as Python strings; a value that is not UTF-8 (Arrow strings must
+    be) is an error naming its row, not a bare codec error."""
+    try:
+        return values.to_pylist()
+    except UnicodeDecodeError as e:
+        for i in range(len(values)):
+            try:
+                values[i].as_py()
+            except UnicodeDecodeError:
+                raise ValueError(
+                    f"{path} row {first_row + i}: column {column!r} holds bytes that are not "
+                    f"UTF-8 ({e.reason} at byte {e.start}), though Arrow strings must be; "
+                    "rewrite the file with valid UTF-8 text (e.g. decode the source with "
+                    "errors='replace' before writing it)"
+                ) from None
+        raise
