@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -739,3 +740,29 @@ def test_limit_reads_no_record_past_the_last_it_converts(tmp_path, capsys):
     assert "wrote 2 documents" in capsys.readouterr().out
     corpus = open_rox(out)
     assert corpus.tokens(0, 4).tolist() == [97, 256, 98, 256]
+
+
+def test_an_output_under_a_file_and_a_broken_link_among_the_inputs(tmp_path, capsys, caplog):
+    """An output path under a file was "[Errno 17] File exists"; a link to nothing in an
+    input directory stopped the conversion with "[Errno 2]". The first names the file that
+    should be a folder; the second is skipped, said and counted like an empty file."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("hi")
+    (tmp_path / "in" / "dead").symlink_to(tmp_path / "nowhere")
+    bad = str(tmp_path / "afile" / "o.rox")
+    assert main(["convert", str(tmp_path / "in"), "-o", bad, "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        f"grain-rox convert: error: the output path {bad!r} lies under "
+        f"{str(tmp_path / 'afile')!r}, which is a file, not a folder; pass an output path "
+        "inside a folder\n"
+    )
+    out = str(tmp_path / "o.rox")
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        assert main(["convert", str(tmp_path / "in"), "-o", out, "--no-progress"]) == 0
+    link = tmp_path / "in" / "dead"
+    assert f"skipped {link}: a link to {str(tmp_path / 'nowhere')!r}, which does not exist" in (
+        caplog.text
+    )
+    assert "1 file read, skipped 1 file (1 broken links)" in capsys.readouterr().out
+    assert open_rox(out).tokens(0, 3).tolist() == [104, 105, 256]

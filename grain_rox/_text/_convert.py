@@ -176,6 +176,8 @@ def _size_on_disk(path: str) -> int:
             for root, _, names in os.walk(path)
             for n in names
         )
+    if not os.path.exists(path):  # a broken link: read_files skips it
+        return 0
     st = os.stat(path)
     return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
@@ -267,6 +269,10 @@ def _file_documents(
     if kind == "hf":
         stats.files_read += 1
         yield from hf_documents(path, text_column, stats)
+        return
+    if not os.path.exists(path) and os.path.islink(path):  # a link to nothing: no text
+        target = os.readlink(path)
+        stats.skip(path, "broken links", f"a link to {target!r}, which does not exist")
         return
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):

@@ -291,6 +291,14 @@ def _check_output_path(path: str, if_exists: str, max_shard_bytes: int | None) -
         )
     if if_exists not in ("error", "append", "overwrite"):
         raise ValueError(f"if_exists={if_exists!r}; use 'error', 'append' or 'overwrite'")
+    folder = os.path.dirname(path)
+    while folder and not is_url(path) and not os.path.isdir(folder):
+        if os.path.lexists(folder):  # a file where a folder of the path must be
+            raise ValueError(
+                f"the output path {path!r} lies under {folder!r}, which is a file, not a "
+                "folder; pass an output path inside a folder"
+            )
+        folder = os.path.dirname(folder)
     if max_shard_bytes is not None and shard_number(os.path.basename(path)) >= 0:
         # Its set x_0003 would name x_0003.rox, a member of the set x, as one of its own.
         raise ValueError(
