@@ -694,3 +694,19 @@ def test_small_shards_are_served_not_lost_in_chunk_tails(tmp_path, caplog):
     assert len(shards) > 50 and pipe.plan.orders[0].chunk_tokens == shards[0] // 2
     served = pipe.num_batches * 64 * 1024
     assert served >= 0.98 * sum(shards)  # was 67%
+
+
+def test_a_source_of_weight_0_too_small_for_a_chunk_is_told_to_be_left_out(make_rox):
+    """A source no phase draws from must still hold a chunk; the error's fix ("a smaller
+    chunk_tokens") would shrink every source's chunks, so it says to leave the source out."""
+    big = make_rox("bigw", [np.arange(1, 60_000, dtype=np.uint16)], separator=0)
+    tiny = make_rox("tinyw", [np.arange(1, 50, dtype=np.uint16)], separator=0)
+    pipe = TokenPipeline({"a": big, "t": tiny}, seq_len=16, global_batch_size=4,
+                         weights={"a": 1, "t": 0})  # fmt: skip
+    with pytest.raises(ValueError) as info:
+        _ = pipe.num_batches
+    assert str(info.value).startswith("source 't' (")
+    assert str(info.value).endswith(
+        "pass a smaller chunk_tokens (it has weight 0 in every phase: leave it out of the "
+        "sources instead)"
+    )

@@ -276,7 +276,13 @@ def source_orders(
                     )
                 )
         except ValueError as e:
-            raise ValueError(f"{_source_label(name, corpus)}: {e}") from None
+            unused = len(corpora) > 1 and all(m.weights[s] == 0 for m in schedule.mixtures)
+            hint = (
+                " (it has weight 0 in every phase: leave it out of the sources instead)"
+                if unused
+                else ""
+            )
+            raise ValueError(f"{_source_label(name, corpus)}: {e}{hint}") from None
     return orders
 
 
