@@ -251,6 +251,12 @@ def _convert(args: argparse.Namespace) -> int:
     if bool(args.inputs) == bool(args.builtin):
         print("grain-rox convert: error: give input paths or --builtin (not both)", file=sys.stderr)
         return 2
+    if args.max_shard_bytes is not None and args.max_shard_bytes < args.block_size:
+        raise ValueError(
+            f"--max-shard-bytes {args.max_shard_bytes} is below one block (--block-size "
+            f"{args.block_size}): a shard holds whole blocks, at least one; pass at least "
+            f"{args.block_size}, e.g. 64MiB"
+        )
     if args.runner is not None:
         return _convert_on_beam(args)
     tok = get_tokenizer(args.tokenizer or "bytes")
@@ -565,6 +571,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = cli_wording(str(message), args.command)
         print(f"grain-rox {args.command}: error: {text}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: a write has cleaned up its temporary files by now
+        whole = " (a set is published whole or not at all)" if args.command == "convert" else ""
+        print(f"grain-rox {args.command}: interrupted{whole}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -766,3 +766,29 @@ def test_an_output_under_a_file_and_a_broken_link_among_the_inputs(tmp_path, cap
     )
     assert "1 file read, skipped 1 file (1 broken links)" in capsys.readouterr().out
     assert open_rox(out).tokens(0, 3).tolist() == [104, 105, 256]
+
+
+def test_a_shard_cap_below_one_block_is_refused(tmp_path, capsys):
+    """``--max-shard-bytes 1`` quietly wrote one 4,136-byte shard a block."""
+    (tmp_path / "a.txt").write_text("hello")
+    out = str(tmp_path / "o.rox")
+    assert main(["convert", str(tmp_path / "a.txt"), "-o", out, "--max-shard-bytes", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "grain-rox convert: error: --max-shard-bytes 1 is below one block (--block-size 4096): "
+        "a shard holds whole blocks, at least one; pass at least 4096, e.g. 64MiB\n"
+    )
+    assert not os.path.exists(out)
+
+
+def test_ctrl_c_ends_with_a_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    import grain_rox.cli as cli
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "expand_inputs", interrupted)  # as if Ctrl-C came while reading
+    (tmp_path / "a.txt").write_text("hello")
+    assert main(["convert", str(tmp_path / "a.txt"), "-o", str(tmp_path / "o.rox")]) == 130
+    assert capsys.readouterr().err == (
+        "grain-rox convert: interrupted (a set is published whole or not at all)\n"
+    )
