@@ -710,3 +710,17 @@ def test_a_source_of_weight_0_too_small_for_a_chunk_is_told_to_be_left_out(make_
         "pass a smaller chunk_tokens (it has weight 0 in every phase: leave it out of the "
         "sources instead)"
     )
+
+
+def test_a_source_with_no_tokens_says_so(tmp_path):
+    """A shard of no blocks (a valid footer alone) was told "pass a smaller chunk_tokens"."""
+    from shard_bytes import make_shard
+
+    path = tmp_path / "empty.rox"
+    path.write_bytes(make_shard([], "uint16"))
+    with pytest.raises(ValueError) as info:
+        _ = TokenPipeline(str(path), seq_len=8, global_batch_size=2).num_batches
+    assert str(info.value) == (
+        f"{path}: it holds no tokens (1 shard(s), 0 tokens written); write documents to it, or "
+        "leave it out of the sources"
+    )

@@ -212,6 +212,13 @@ def source_orders(
             if raw
             else (served[name] if served is not None else served_shards(corpus))
         )
+        if not sum(shard_tokens):  # not "a smaller chunk_tokens": no chunk size would do
+            held = "holds no tokens" if not corpus.num_tokens else "holds block padding only"
+            raise ValueError(
+                f"{_source_label(name, corpus)}: it {held} ({len(corpus.shards)} shard(s), "
+                f"{corpus.num_tokens} tokens written); write documents to it, or leave it out "
+                "of the sources"
+            )
         chunk = pipeline.chunk_tokens or (
             auto_chunk_tokens(sum(shard_tokens))
             if raw
