@@ -9,16 +9,11 @@ through the corpus (memory maps or ranged requests) with the offsets moved.
 
 >>> import tempfile, os, numpy as np
 >>> from grain_rox import open_rox, write_rox
->>> path = os.path.join(tempfile.mkdtemp(), "a.rox")
->>> _ = write_rox([np.array([1, 2, 3], np.uint16)], path, separator=0, block_size=16)
->>> _ = write_rox([np.array([4, 5], np.uint16)], path, separator=0, block_size=16,
-...               if_exists="append")
->>> corpus = open_rox(path)
->>> corpus.tokens(0, corpus.num_tokens).tolist()  # 1 2 3 EOS, the first write's padding, ...
-[1, 2, 3, 0, 0, 0, 0, 0, 4, 5, 0, 0, 0, 0, 0, 0]
->>> shards = ServedShards(corpus, [(0, 0, 4), (0, 8, 11)])
->>> shards.shard_slice(1, 0, 3).tolist(), shards.gather(1, np.array([1]), 2).tolist()
-([4, 5, 0], [[5, 0]])
+>>> path = os.path.join(tempfile.mkdtemp(), "s.rox")
+>>> _ = write_rox([np.arange(10, 20, dtype=np.uint16)], path, block_size=32)
+>>> shards = ServedShards(open_rox(path), [(0, 0, 3), (0, 6, 10)])  # tokens 0-2 and 6-9
+>>> shards.shard_slice(1, 0, 9).tolist(), shards.gather(1, np.array([1]), 2).tolist()
+([16, 17, 18, 19], [[17, 18]])
 """
 
 from __future__ import annotations
