@@ -102,16 +102,18 @@ def _tail_shares(
     each leaves in shard tails. Candidates: powers of two, and the sizes that cut one of the
     three most common shard sizes (the largest too) into 1 to 64 equal chunks."""
     tokens = np.asarray(shard_tokens, dtype=np.int64)
-    tokens = tokens[tokens > 0]
+    sizes, counts = np.unique(tokens[tokens > 0], return_counts=True)
     candidates = {most >> i for i in range(32) if most >> i >= least} | {most}
-    if tokens.size:
-        sizes, counts = np.unique(tokens, return_counts=True)
+    if sizes.size:
         common = sizes[np.argsort(-(sizes * counts), kind="stable")[:3]].tolist()
-        for size in {*common, int(tokens.max())}:
+        for size in {*common, int(sizes[-1])}:
             candidates |= {size // k for k in range(1, 65) if least <= size // k <= most}
     ordered = np.asarray(sorted(candidates, reverse=True), dtype=np.int64)
-    total = max(1, int(tokens.sum()))
-    return ordered, (tokens[None, :] % ordered[:, None]).sum(axis=1) / total
+    total = max(1, int((sizes * counts).sum()))
+    # by distinct shard size, a candidate at a time: a million shards of a thousand sizes
+    # take a few ms a candidate, not a (candidates, shards) array
+    tails = np.array([int(((sizes % c) * counts).sum()) for c in ordered.tolist()], np.int64)
+    return ordered, tails / total
 
 
 def packing_chunk_tokens(shard_tokens: Sequence[int], seq_len: int) -> int:
