@@ -222,6 +222,7 @@ class PipelineFeed:
         blocks = saved.get("order") == "blocks" and "packing" not in saved  # holes are its
         if (
             blocks
+            and "holes" in now
             and "holes" not in saved
             and _read_holes(saved.get("phases", []), decoded["step"])
         ):
