@@ -584,3 +584,23 @@ def test_a_state_saved_with_quantised_weights_resumes_where_its_counts_agree(sou
     del grain_state["identity"]["phases"][0]["apportioned"]
     with pytest.raises(ValueError, match="phases"):
         iter(ds.to_iter_dataset()).set_state(grain_state)
+
+
+def test_exact_ties_are_ordered_the_same_fast_or_seat_by_seat(monkeypatch):
+    """Exact weights tie often (5:3:2 every few seats): the order is checked in one
+    vectorised pass where int64 holds the products, and must equal the seat-by-seat exact
+    re-sort it skips."""
+    import grain_rox._order._mixture as mixture_module
+
+    rng = np.random.default_rng(3)
+    cases = [[0.5, 0.3, 0.2], [1, 1, 1], [0.4, 0.3, 0.1, 0.1, 0.05, 0.05], [1 / 3, 2 / 3]]
+    cases += [np.round(rng.random(int(rng.integers(2, 7))), 2).tolist() for _ in range(40)]
+    for weights in cases:
+        if not sum(weights):
+            continue
+        for start in (0, 10**6, 10**12):
+            fast = Mixture.from_weights(weights).sources(start, start + 2000)
+            with monkeypatch.context() as patched:
+                patched.setattr(mixture_module, "_in_order", lambda *_: False)
+                slow = Mixture.from_weights(weights).sources(start, start + 2000)
+            np.testing.assert_array_equal(fast, slow, err_msg=f"{weights} at {start}")
