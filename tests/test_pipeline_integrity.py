@@ -684,7 +684,9 @@ def test_small_shards_are_served_not_lost_in_chunk_tails(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="grain_rox"):
         _ = TokenPipeline(str(tmp_path / "*.rox"), seq_len=1024, global_batch_size=64,
                           chunk_tokens=65536).num_batches  # fmt: skip
-    assert f"{tmp_path}/big.rox (11 shards): 11.1% of its tokens lie in shard tails " in caplog.text
+    assert (
+        f"{tmp_path}/big.rox (11 shard(s)): 11.1% of its tokens lie in shard tails " in caplog.text
+    )
     assert "pass a smaller chunk_tokens" in caplog.text
     sharded = str(tmp_path / "sharded" / "s.rox")
     os.makedirs(os.path.dirname(sharded))
@@ -724,3 +726,30 @@ def test_a_source_with_no_tokens_says_so(tmp_path):
         f"{path}: it holds no tokens (1 shard(s), 0 tokens written); write documents to it, or "
         "leave it out of the sources"
     )
+
+
+def test_a_later_longer_phase_keeps_the_chunk_fitted_to_small_shards(tmp_path):
+    """The chunk fitted to small shards must not depend on seq_len: a phase with longer
+    windows added at a restore changed it (600 -> 1125 tokens), moved the batches served
+    before and refused the state; and estimate_steps used another chunk than the run."""
+    from grain_rox import write_rox
+
+    path = str(tmp_path / "s.rox")
+    write_rox([np.arange(72_000, dtype=np.uint32) % 5000 + 1], path, separator=0,
+              max_shard_bytes=4800, block_size=4800)  # fmt: skip
+    first = TokenPipeline(path, phases=[Phase(None, 8, 16)], seed=0)
+    later = TokenPipeline(path, phases=[Phase(5, 8, 16), Phase(None, 8, 700)], seed=0)
+    assert first.plan.orders[0].chunk_tokens == later.plan.orders[0].chunk_tokens
+    for k in range(5):
+        np.testing.assert_array_equal(
+            first.map_dataset()[k]["inputs"], later.map_dataset()[k]["inputs"]
+        )
+    with MultiHostDataLoadIterator(first) as it:
+        for _ in range(5):
+            next(it)
+        state = it.get_state()
+    with MultiHostDataLoadIterator(later) as it:
+        it.set_state(state)
+        assert np.asarray(next(it)["inputs"]).shape == (8, 700)
+    once = TokenPipeline(path, seq_len=16, global_batch_size=8, seed=0, num_epochs=1)
+    assert first.estimate_steps(seq_len=16, batch_size=8) == once.num_batches

@@ -68,10 +68,11 @@ def chunk_tokens_for(shard_tokens: Sequence[int], seq_len: int, *, packed: bool)
     """The chunk size of a source's blocks or packed order (``seq_len``: the longest): the
     usual one (:func:`auto_chunk_tokens`; for packed rows :func:`packing_chunk_tokens`) unless
     it leaves more than ``TAIL_SHARE_ALLOWED`` of the tokens in shard tails. Then, among
-    smaller sizes down to ``seq_len + 1`` tokens (twice that for packed rows): the largest
-    that leaves no more than that (larger chunks mean fewer windows across a join), else the
-    one losing least, counting the pair across each chunk join (not trained); for packed rows
-    always the one losing least, counting about one row of padding a chunk.
+    smaller sizes (down to 64 tokens; for packed rows twice ``seq_len + 1``): the largest that
+    leaves no more than that (larger chunks mean fewer windows across a join), else the one
+    losing least, counting the pair across each chunk join (not trained); for packed rows
+    always the one losing least, counting about one row of padding a chunk. The blocks
+    order's choice does not depend on ``seq_len``, so a phase added later never changes it.
 
     >>> chunk_tokens_for([10**8], 1024, packed=False)  # one large shard: the usual 64K
     65536
@@ -87,7 +88,7 @@ def chunk_tokens_for(shard_tokens: Sequence[int], seq_len: int, *, packed: bool)
     )
     if tail_share(shard_tokens, usual) <= TAIL_SHARE_ALLOWED:
         return usual
-    least = max(64, (2 if packed else 1) * (seq_len + 1))
+    least = max(64, 2 * (seq_len + 1)) if packed else 64
     sizes, share = _tail_shares(shard_tokens, least, usual)
     if not packed and (fits := np.flatnonzero(share <= TAIL_SHARE_ALLOWED)).size:
         return int(sizes[fits[0]])
@@ -100,7 +101,7 @@ def _tail_shares(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Chunk sizes in ``[least, most]``, largest first, and the share of a source's tokens
     each leaves in shard tails. Candidates: powers of two, and the sizes that cut one of the
-    three most common shard sizes (the largest too) into 1 to 64 equal chunks."""
+    three shard sizes holding the most tokens (the largest too) into 1 to 64 equal chunks."""
     tokens = np.asarray(shard_tokens, dtype=np.int64)
     sizes, counts = np.unique(tokens[tokens > 0], return_counts=True)
     candidates = {most >> i for i in range(32) if most >> i >= least} | {most}
@@ -228,7 +229,7 @@ def source_orders(
         )
         if not raw and (share := tail_share(shard_tokens, chunk)) > TAIL_SHARE_ALLOWED:
             _log.warning(
-                "%s (%d shards): %.1f%% of its tokens lie in shard tails shorter than a chunk "
+                "%s (%d shard(s)): %.1f%% of its tokens lie in shard tails shorter than a chunk "
                 "of %d tokens and are never served%s; write fewer, larger shards, or pass a "
                 "smaller chunk_tokens",
                 _source_label(name, corpus),
