@@ -711,6 +711,16 @@ def test_inputs_expand_to_every_file_a_user_named(tmp_path, capsys):
         "in/a.txt", "in/linked/s.txt", "in/sub/b.txt", "in/sub/deeper/c.txt", "in/z.txt"
     ]  # fmt: skip
     assert rel(expand_inputs([str(root / "su*")])) == ["in/sub/b.txt", "in/sub/deeper/c.txt"]
+    # "in/**" matches directories and the files in them: each file read once (it was twice)
+    assert rel(expand_inputs([str(root / "**")])) == named
+    # a directory named again, or under one named, adds nothing (it was "holds no files")
+    assert rel(expand_inputs([str(root), str(root / "sub")])) == named
+    assert rel(expand_inputs([str(root / "a.txt")] * 2)) == ["in/a.txt", "in/a.txt"]  # as asked
+    # reached through a link, a link back up is still a loop (it read the link's parent)
+    (tmp_path / "via").symlink_to(root / "sub", target_is_directory=True)
+    (root / "sub" / "up").symlink_to("..", target_is_directory=True)
+    assert rel(expand_inputs([str(tmp_path / "via")])) == ["via/b.txt", "via/deeper/c.txt"]
+    (root / "sub" / "up").unlink()
     (root / "empty").mkdir()
     assert rel(expand_inputs([str(root / "e*")])) == []  # matched, and holds nothing
     with pytest.raises(FileNotFoundError, match=r"the input directory .*empty' holds no files"):

@@ -17,6 +17,7 @@ file skipped at WARNING (its path and why).
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import os
@@ -71,59 +72,96 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
 
     Everything that is not a directory is listed, special files too: :func:`read_files`
     counts those it skips instead of dropping them unseen. A dataset saved with HF
-    ``save_to_disk`` is one input, wherever it is found. A directory is listed once, however
-    many links lead to it, and a link back to a directory that holds it (a loop) is not
-    followed.
+    ``save_to_disk`` is one input, wherever it is found. A file that a directory or a glob
+    lists again (``d/**`` matches ``d/sub`` and ``d/sub/f.txt``; links lead to one directory
+    twice) is read once, and a link back to a directory that holds it (a loop) is not
+    followed; a file named twice by hand is read twice, as asked.
     """
     files: list[str] = []
-    listed: set[str] = set()  # real paths of the directories listed
+    seen = _Seen()
     for spec in inputs:
         if os.path.lexists(spec) or not any(c in spec for c in "*?["):
-            files.extend(_expand_path(spec, listed, named=True))
+            files.extend(_expand_path(spec, seen, named=True))
             continue
         matched = sorted(glob.glob(spec, recursive=True))
         if not matched:
             raise FileNotFoundError(f"the input glob {spec!r} matched no files")
         for path in matched:
-            files.extend(_expand_path(path, listed, named=False))
+            files.extend(_expand_path(path, seen, named=False))
     return files
 
 
-def _expand_path(path: str, listed: set[str], *, named: bool) -> list[str]:
+class _Seen:
+    """What an expansion has listed: directories and found files, by real path."""
+
+    def __init__(self) -> None:
+        self.directories: set[str] = set()
+        self.files: set[str] = set()
+
+    def first(self, path: str) -> bool:
+        """Whether a found file is listed for the first time (and mark it listed)."""
+        real = os.path.realpath(path)
+        if real in self.files:
+            return False
+        self.files.add(real)
+        return True
+
+
+def _expand_path(path: str, seen: _Seen, *, named: bool) -> list[str]:
     """The inputs ``path`` stands for (``named``: given by the user, not matched by a glob:
-    an empty directory is then an error)."""
+    a directory with no files is then an error, and a file is taken even if listed)."""
+    if not named and _loops(path):  # a glob follows links round a loop until the OS stops it
+        return []
     if is_hf_dataset_dir(path):
-        return [path]  # a HuggingFace dataset saved with save_to_disk: one input
+        return [path] if seen.first(path) or named else []  # save_to_disk: one input
     if os.path.isdir(path):
-        found = _walk(path, listed)
-        if not found and named:
+        before = os.path.realpath(path) in seen.directories
+        found = _walk(path, seen)
+        if not found and named and not before:
             raise FileNotFoundError(f"the input directory {path!r} holds no files")
         return found
     if os.path.lexists(path):
-        return [path]
+        return [path] if seen.first(path) or named else []
     raise FileNotFoundError(f"input {path!r} does not exist")
 
 
-def _walk(directory: str, listed: set[str]) -> list[str]:
-    """Files under ``directory``: its own (sorted), then each subdirectory's (sorted), hidden
-    entries skipped, a saved HF dataset kept as one input; a directory already listed, or a
-    link back to one that holds it, is not read again."""
+def _loops(path: str) -> bool:
+    """Whether ``path`` is a link that resolves round a loop (too many levels of links)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
+
+
+def _walk(directory: str, seen: _Seen) -> list[str]:
+    """Files under ``directory`` not listed yet: its own (sorted), then each subdirectory's
+    (sorted), hidden entries skipped, a saved HF dataset kept as one input; a directory
+    already listed, or a link back to one that holds it, is not read again."""
     real = os.path.realpath(directory)
-    if real in listed:
+    if real in seen.directories:
         return []
-    listed.add(real)
+    seen.directories.add(real)
     with os.scandir(directory) as entries:
         visible = sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
-    found = [e.path for e in visible if not e.is_dir(follow_symlinks=True)]
+    found = [
+        e.path for e in visible if not e.is_dir(follow_symlinks=True) and seen.first(e.path)
+    ]
     for entry in visible:
         if not entry.is_dir(follow_symlinks=True):
             continue
-        if entry.is_symlink():
+        if entry.is_symlink():  # a loop back up: to a directory that holds this one, where
+            # it really is or along the path it was reached by
             target = os.path.realpath(entry.path)
-            here = os.path.abspath(entry.path)
-            if os.path.commonpath([target, here]) == target:  # a loop back up
+            if any(
+                os.path.commonpath([target, where]) == target
+                for where in (real, os.path.abspath(entry.path))
+            ):
                 continue
-        found.extend([entry.path] if is_hf_dataset_dir(entry.path) else _walk(entry.path, listed))
+        if is_hf_dataset_dir(entry.path):
+            found.extend([entry.path] if seen.first(entry.path) else [])
+        else:
+            found.extend(_walk(entry.path, seen))
     return found
 
 
