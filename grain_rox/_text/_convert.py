@@ -144,9 +144,7 @@ def _walk(directory: str, seen: _Seen) -> list[str]:
     seen.directories.add(real)
     with os.scandir(directory) as entries:
         visible = sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
-    found = [
-        e.path for e in visible if not e.is_dir(follow_symlinks=True) and seen.first(e.path)
-    ]
+    found = [e.path for e in visible if not e.is_dir(follow_symlinks=True) and seen.first(e.path)]
     for entry in visible:
         if not entry.is_dir(follow_symlinks=True):
             continue
