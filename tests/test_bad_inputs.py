@@ -652,10 +652,19 @@ def test_a_utf8_bom_is_not_text(tmp_path):
     error pointing at Python's utf-8-sig, and became three tokens of a text file."""
     (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "a"}\n{"text": "b"}\n')
     (tmp_path / "b.txt").write_bytes(b"\xef\xbb\xbfhello")
-    for name, tokens in (("a.jsonl", [97, 256, 98, 256]), ("b.txt", [*b"hello", 256])):
+    (tmp_path / "c.json").write_bytes(b'\xef\xbb\xbf[{"text": "c"}]')
+    for name, tokens in (
+        ("a.jsonl", [97, 256, 98, 256]),
+        ("b.txt", [*b"hello", 256]),
+        ("c.json", [99, 256]),
+    ):
         out = str(tmp_path / f"{name}.rox")
         assert main(["convert", str(tmp_path / name), "-o", out, "--no-progress"]) == 0
         assert tokens_of(out) == tokens
+    bad = tmp_path / "d.txt"  # an error still names the file's own byte offset
+    bad.write_bytes(b"\xef\xbb\xbfab\xff")
+    with pytest.raises(ValueError, match=r"d\.txt is not UTF-8: byte offset 5 holds 0xff"):
+        list(read_files([str(bad)]))
 
 
 def test_a_line_longer_than_a_read_is_joined_once():

@@ -37,13 +37,13 @@ from grain_rox._text._text_files import (
     chain,
     compression_of,
     decode,
+    without_bom,
 )
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf", "array_record")
 ON_BINARY = ("skip", "error")
 ON_NULL = ("error", "skip")
 ENCODING_ERRORS = ("strict", "replace")
-UTF8_BOM = b"\xef\xbb\xbf"
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
@@ -340,13 +340,11 @@ def _file_documents(
         )
         return
     stats.files_read += 1
-    if head.startswith(UTF8_BOM):  # how some editors mark UTF-8: not text, so not tokens
-        head = head[len(UTF8_BOM) :]
     if kind == "jsonl":
         yield from jsonl_documents(path, chain(head, chunks), text_column, encoding_errors, stats)
     else:
         data = head + b"".join(chunks)
-        yield decode(data, path, encoding_errors)
+        yield without_bom(decode(data, path, encoding_errors))
 
 
 def read_documents(

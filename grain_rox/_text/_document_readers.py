@@ -27,6 +27,7 @@ from grain_rox._text._text_files import (
     chain,
     decode,
     lines,
+    without_bom,
     without_lone_surrogates,
 )
 
@@ -168,8 +169,8 @@ def jsonl_documents(
 ) -> Iterator[str]:
     """Records of a JSONL file, or of a JSON file that is one list of records."""
     first = next(chunks)
-    if first.lstrip()[:1] == b"[":  # one JSON list of records
-        text = decode(first + b"".join(chunks), path, errors)
+    if first.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] == b"[":  # one JSON list of records
+        text = without_bom(decode(first + b"".join(chunks), path, errors))
         try:
             records = json.loads(text)
         except json.JSONDecodeError as e:
@@ -186,6 +187,8 @@ def jsonl_documents(
     records_seen = 0
     for lineno, (offset, raw) in enumerate(lines(chain(first, chunks)), 1):
         line = decode(raw, path, errors, base=offset, line=lineno)
+        if lineno == 1:
+            line = without_bom(line)
         if not line.strip():
             continue
         where = f"{path}:{lineno}"

@@ -106,6 +106,16 @@ def without_lone_surrogates(text: str) -> str:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
+def without_bom(text: str) -> str:
+    """``text`` without the byte order mark some editors open a UTF-8 file with (not text,
+    so not tokens; removed after decoding, so errors keep the file's byte offsets).
+
+    >>> without_bom("\ufeffhello"), without_bom("hello")
+    ('hello', 'hello')
+    """
+    return text.removeprefix("\ufeff")
+
+
 def decode(data: bytes, path: str, errors: str, *, base: int = 0, line: int = 0) -> str:
     try:
         return data.decode("utf-8", errors=errors)
