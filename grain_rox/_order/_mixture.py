@@ -337,8 +337,11 @@ def _grouping(weights: Sequence[int]) -> _Group:
     it chose stay; the groups apportion by the exact weights."""
     live = [i for i, w in enumerate(weights) if w]
     shape = {i: max(1, weights[i] & _TIE_MASK) for i in live}
-    if _flat_error([shape[i] for i in live]) < CONTRACT:
-        return _Group(tuple(live), tuple(weights[i] for i in live))
+    flat = _Group(tuple(live), tuple(weights[i] for i in live))
+    # flat where both weights keep the contract ([16, 1, 1, 1, 5]: 1.49999999907 quantised,
+    # exactly 3/2 exact: grouped)
+    if max(_flat_error([shape[i] for i in live]), _flat_error(flat.weights)) < CONTRACT:
+        return flat
     items = sorted(((shape[i], i) for i in live), key=lambda t: (-t[0], t[1]))
     tree = _tree(items, 0.0)
     assert isinstance(tree, _Group)
