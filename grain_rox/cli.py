@@ -18,6 +18,7 @@ conversion's start and end, a verify's), per-file and per-shard detail (debug).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -231,11 +232,7 @@ def _path_spec(paths: list[str]) -> str | list[str]:
 def _limited(docs: Iterator[str], limit: int | None) -> Iterator[str]:
     """The first ``limit`` documents (all without one), reading none past them (the next
     record was read, and a malformed one there failed a conversion that did not need it)."""
-    if limit is None:
-        yield from docs
-        return
-    for _, doc in zip(range(limit), docs, strict=False):
-        yield doc
+    return docs if limit is None else itertools.islice(docs, limit)
 
 
 def _inputs_in_words(args: argparse.Namespace, files: list[str], token_docs: bool) -> str:

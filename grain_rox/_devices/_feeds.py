@@ -247,7 +247,8 @@ class PipelineFeed:
                     f"run can continue with phases of seq_len <= {grown[0]} only (the default "
                     "order='blocks' has no such limit)"
                 )
-            if "holes" in changed:
+            earlier = "holes" in changed or "2**30ths" in str(changed.get("phases", ("",))[0])
+            if earlier:
                 hint = (
                     ". This run continues exactly only with the grain_rox release that saved "
                     "the state"
