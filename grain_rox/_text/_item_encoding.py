@@ -223,8 +223,8 @@ def _one_token(value: Any, name: str, dtype: np.dtype) -> int | float:
     if dtype.kind in "ui" and isinstance(number, float):
         if not number.is_integer():
             raise ValueError(
-                f"write_rox: {name}={number!r} is not a whole number but the tokens are {dtype}; "
-                "pass an integer token id"
+                f"{name}={number!r} is not a whole number but the tokens are {dtype}: it would "
+                f"be stored as {int(number)}; pass {name}= an integer token id"
             )
         number = int(number)
     return number
@@ -250,14 +250,7 @@ def separator_token(separator: Any, dtype: np.dtype, tok: Tokenizer | None) -> i
             )
         return np.frombuffer(bytes(separator), dtype)[0].item()
     if isinstance(separator, (int, np.integer, float, np.floating)):
-        value = separator.item() if isinstance(separator, np.generic) else separator
-        if dtype.kind in "ui" and isinstance(value, float):
-            if not value.is_integer():
-                raise ValueError(
-                    f"separator={value!r} is not a whole number but the tokens are {dtype}: it "
-                    f"would be stored as {int(value)}; pass separator= an integer token id"
-                )
-            value = int(value)
+        value = _one_token(separator, "separator", dtype)
         check_dtype_range(np.asarray([value]), dtype, f"separator {value!r}")
         if dtype.kind not in "ui":
             with np.errstate(over="ignore"):
