@@ -220,15 +220,10 @@ class RoxCorpus:
         >>> open_rox(path).trailing_padding()
         [(2, 0)]
         """
-        out: list[tuple[int, Any]] = []
-        for header, record in zip(self._headers, self._records, strict=True):
-            manifest = self._manifests.get(manifest_path_for(header.path))
-            pad = None if manifest is None else manifest.pad_id
-            if record is None or pad is None:
-                out.append((0, None))
-            else:
-                out.append((min(record.trailing_padding, header.num_tokens), pad))
-        return out
+        return [
+            (0, None) if pad is None else (min(record.trailing_padding, header.num_tokens), pad)
+            for header, record, pad in self._padded_records()
+        ]
 
     def padding_spans(self) -> list[tuple[list[tuple[int, int]], Any]]:
         """Each shard's ``([(token offset, count), ...], pad id)`` of the padding appends to
@@ -244,14 +239,21 @@ class RoxCorpus:
         >>> open_rox(path).padding_spans()
         [([(6, 2)], 0)]
         """
-        out: list[tuple[list[tuple[int, int]], Any]] = []
+        return [
+            ([(int(a), int(n)) for a, n in record.padding_spans], pad)
+            if pad is not None and record.padding_spans
+            else ([], None)
+            for _, record, pad in self._padded_records()
+        ]
+
+    def _padded_records(self) -> list[tuple[ShardHeader, Any, Any]]:
+        """Each shard's header, manifest record and the pad id its manifest names (the pad
+        None where there is no manifest or no record: no padding is known)."""
+        out = []
         for header, record in zip(self._headers, self._records, strict=True):
             manifest = self._manifests.get(manifest_path_for(header.path))
-            pad = None if manifest is None else manifest.pad_id
-            if record is None or pad is None or not record.padding_spans:
-                out.append(([], None))
-            else:
-                out.append(([(int(a), int(n)) for a, n in record.padding_spans], pad))
+            pad = None if manifest is None or record is None else manifest.pad_id
+            out.append((header, record, pad))
         return out
 
     @property
