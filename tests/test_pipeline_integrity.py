@@ -478,13 +478,19 @@ def test_an_output_dtype_that_would_change_token_ids_is_refused(make_rox):
 # ---- block padding is not served ---------------------------------------------------------------
 
 
+def served_tokens(corpus) -> list[int]:
+    """Each shard's tokens its readers serve (the lengths of its served stretches)."""
+    from grain_rox._format._served import served_stretches
+
+    return [sum(b - a for a, b in shard) for shard in served_stretches(corpus)]
+
+
 def test_the_padding_of_a_writes_last_block_is_not_served(tmp_path):
     """A write pads its last block with the pad id (here the EOS, 256): one epoch of a
     TokenPipeline serves the documents' tokens only (it served 67% padding, each pad token a
     one-token segment, on this corpus), under every order but 0.1's lanes (kept as written,
     to continue its runs exactly); a state saved while the padding was read is refused."""
     from grain_rox import open_rox, write_rox
-    from grain_rox._format._served import served_tokens
 
     path = str(tmp_path / "notes.rox")
     written = write_rox([f"note {i}: some text." for i in range(40)], path, tokenizer="bytes")
@@ -525,7 +531,7 @@ def test_an_append_records_the_padding_it_leaves_mid_stream(tmp_path):
     records where (padding_spans), so exactly each write's padding is left out, the
     documents' EOS kept, and real tokens equal to the pad id too."""
     from grain_rox import open_rox, write_rox
-    from grain_rox._format._served import served_stretches, served_tokens
+    from grain_rox._format._served import served_stretches
 
     path = str(tmp_path / "a.rox")
     kw = {"separator": 7, "block_size": 16}  # 8 uint16 tokens a block; pad = separator = 7
@@ -628,7 +634,6 @@ def test_padding_is_found_per_set_and_for_a_nan_pad(tmp_path):
     """One source of two sets with other pad ids leaves out each set's padding (the shared
     pad id was None: all of it was served); a float set padded with NaN too (NaN != NaN)."""
     from grain_rox import open_rox, write_rox
-    from grain_rox._format._served import served_tokens
 
     doc = np.arange(1, 5000, dtype=np.uint16)
     write_rox([doc], str(tmp_path / "a.rox"), separator=0)

@@ -20,20 +20,6 @@ from grain_rox._format._manifest import pad_run
 from grain_rox._format._rox_corpus import RoxCorpus
 
 
-def served_tokens(corpus: RoxCorpus) -> list[int]:
-    """Each shard's tokens a reader serves: all of them but the padding writes left in it.
-
-    >>> import tempfile, os, numpy as np
-    >>> from grain_rox import open_rox, write_rox
-    >>> path = os.path.join(tempfile.mkdtemp(), "p.rox")
-    >>> _ = write_rox([np.arange(1, 6, dtype=np.uint16)], path, separator=0, block_size=16)
-    >>> corpus = open_rox(path)
-    >>> corpus.tokens(0, corpus.num_tokens).tolist(), served_tokens(corpus)
-    ([1, 2, 3, 4, 5, 0, 0, 0], [6])
-    """
-    return [sum(b - a for a, b in shard) for shard in served_stretches(corpus)]
-
-
 def served_stretches(corpus: RoxCorpus) -> list[list[tuple[int, int]]]:
     """Each shard's served stretches ``[start, stop)`` (token offsets in the shard): one,
     empty where nothing is served, for a shard with no padding left mid-stream; one per gap
