@@ -199,6 +199,7 @@ class PipelineFeed:
         }
         changed.update({k: (v, None) for k, v in saved.items() if k not in now and k not in apart})
         history = history_problems(saved.get("phases", []), now["phases"], decoded["step"])
+        earlier = False  # refused for what an earlier release served: only it continues
         if history:
             changed["phases"] = (history, "")
         else:  # phases saved before mixing was exact continue where their counts agree
@@ -213,6 +214,7 @@ class PipelineFeed:
                 i for i in legacy_counts_differ(self.pipeline.schedule, steps) if i in older
             ]
             if differ:
+                earlier = True
                 changed["phases"] = (
                     f"phases {differ} mixed by weights quantised to 2**30ths by an earlier "
                     "grain_rox, whose counts at this step differ from the exact weights' "
@@ -226,6 +228,7 @@ class PipelineFeed:
             and "holes" not in saved
             and _read_holes(saved.get("phases", []), decoded["step"])
         ):
+            earlier = True
             changed["holes"] = (
                 "read one token short a window by an earlier grain_rox (each lost its last "
                 "pair), and this run has read some: resuming would replay or skip a few windows",
@@ -247,7 +250,6 @@ class PipelineFeed:
                     f"run can continue with phases of seq_len <= {grown[0]} only (the default "
                     "order='blocks' has no such limit)"
                 )
-            earlier = "holes" in changed or "2**30ths" in str(changed.get("phases", ("",))[0])
             if earlier:
                 hint = (
                     ". This run continues exactly only with the grain_rox release that saved "
