@@ -229,10 +229,11 @@ def check_read_only_records(source: Any, *, indices: Sequence[int] | None = None
             if not isinstance(leaf, np.ndarray) or not _edit(leaf):
                 continue
             for other, before in snapshot.items():
-                mine = np.asarray(at(record, other, what=this))
-                if other != path and not np.array_equal(mine, before):
+                if other == path:
+                    continue
+                if not np.array_equal(np.asarray(at(record, other, what=this)), before):
                     raise AssertionError(
-                        f"record {i} of {kind}: editing {list(path)} in place changed "
+                        f"{this}: editing {list(path)} in place changed "
                         f"{list(other)} of the same record (they share memory: return "
                         "read-only arrays or independent copies)"
                     )
@@ -240,7 +241,7 @@ def check_read_only_records(source: Any, *, indices: Sequence[int] | None = None
             for other, before in snapshot.items():
                 if not np.array_equal(np.asarray(at(again, other, what=this)), before):
                     raise AssertionError(
-                        f"record {i} of {kind}: editing {list(path)} in place changed a new "
+                        f"{this}: editing {list(path)} in place changed a new "
                         f"read of record {i} {list(other)} (records must be read-only arrays "
                         "or independent copies)"
                     )
@@ -249,6 +250,5 @@ def check_read_only_records(source: Any, *, indices: Sequence[int] | None = None
                     assert_tree_equal(source[j], before_j, what=f"{kind}[{j}]")
                 except AssertionError as e:
                     raise AssertionError(
-                        f"record {i} of {kind}: editing {list(path)} in place changed another "
-                        f"record: {e}"
+                        f"{this}: editing {list(path)} in place changed another record: {e}"
                     ) from None
