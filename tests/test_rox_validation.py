@@ -165,6 +165,15 @@ def test_valid_empty_shard_opens_with_len_zero(shard_file):
             corpus[0]
 
 
+def test_block_size_comes_from_the_first_shard_with_blocks(shard_file):
+    """An empty first shard made the corpus report (and `inspect` print) a block size of 0."""
+    shard_file(make_shard([], "uint16"), "a.rox")
+    full = shard_file(make_shard([u16(1, 2, 3, 4), u16(5, 6, 7, 8)], "uint16"), "b.rox")
+    with open_rox(os.path.join(os.path.dirname(full), "*.rox")) as corpus:
+        assert (corpus.block_size, corpus.block_tokens, corpus.num_tokens) == (8, 4, 8)
+        assert corpus.uniform_blocks is True
+
+
 def test_tokens_empty_range_at_end_of_empty_shard(shard_file):
     with open_rox(shard_file(make_shard([]))) as corpus:
         assert corpus.tokens(0, 0).shape == (0,)

@@ -147,8 +147,9 @@ class RoxCorpus:
 
     @property
     def block_size(self) -> int:
-        """Bytes per block, as roxxel defines it: the length of shard 0's first block."""
-        return self._headers[0].first_block_bytes
+        """Bytes per block, as roxxel defines it: the length of the first block (of the
+        first shard that has one; 0 when none has)."""
+        return next((h.first_block_bytes for h in self._headers if h.num_blocks), 0)
 
     @property
     def block_tokens(self) -> int:
