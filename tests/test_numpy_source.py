@@ -219,6 +219,28 @@ def test_identity_is_content_a_copy_restores_a_same_size_edit_does_not(npy_pair,
     assert repr(NumpySource({"x": xp, "y": yp})) != repr(src)
 
 
+def test_an_edit_in_place_that_puts_the_mtime_back_is_refused(npy_pair):
+    """Size, inode and mtime kept (``rsync -t --inplace``, ``os.utime``): the open source served
+    the new bytes and a new source got the old fingerprint, so an old state restored onto them.
+    The ctime, which no user can set, gives the edit away."""
+    xp, yp, data, _ = npy_pair
+    old = os.stat(xp).st_mtime_ns - 10**10  # well past the 2 s "racy" window
+    os.utime(xp, ns=(old, old))
+    src = NumpySource({"x": xp, "y": yp})
+    before = repr(src)
+    assert np.array_equal(src.get_batch([1])["x"], data[1:2])
+    edited = data.copy()
+    edited[1] += 1
+    with open(xp, "r+b") as f:  # the same size, one row changed
+        f.seek(os.path.getsize(xp) - edited.nbytes)
+        f.write(edited.tobytes())
+    os.utime(xp, ns=(old, old))
+    time.sleep(0.11)  # past the open source's recheck interval
+    with pytest.raises(ValueError, match=r"train_data.npy changed after this NumpySource was made"):
+        src.get_batch([1])
+    assert repr(NumpySource({"x": xp, "y": yp})) != before
+
+
 def test_a_file_replaced_after_opening_is_refused_when_reopened(npy_pair):
     xp, yp, data, _ = npy_pair
     src = NumpySource({"x": xp, "y": yp})

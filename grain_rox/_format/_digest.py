@@ -24,27 +24,29 @@ def facts_digest(facts: Any) -> str:
 
 FULL_HASH_BYTES = 256 << 20  # a source's files up to this size are hashed whole (~0.2 s)
 SAMPLE_BYTES, BLOCK = 64 << 20, 16 << 10  # larger ones: 64 MiB in evenly spaced blocks
-_digests: dict[tuple[str, int, int, int, int, int], str] = {}
+_digests: dict[tuple[str, int, int, int, int, int, int], str] = {}
 _digests_lock = threading.Lock()
 RACY_NS = 2_000_000_000  # a file modified this recently may change again within its mtime
 
 
-def _racy(stat_key: tuple[int, int, int, int]) -> bool:
+def _racy(stat_key: tuple[int, int, int, int, int]) -> bool:
     """Whether a file's mtime is too recent to vouch for its content: a rewrite within the
     filesystem's timestamp granularity keeps size, inode and mtime (git's "racy" case)."""
     return time.time_ns() - stat_key[3] < RACY_NS
 
 
-def stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
-    """What identifies a file's version cheaply: (device, inode, size, mtime_ns)."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+def stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What identifies a file's version cheaply: (device, inode, size, mtime_ns, ctime_ns).
+    The ctime, as in git's index: an edit in place that puts the mtime back (``os.utime``,
+    ``rsync -t --inplace``) keeps size, inode and mtime, but the system sets the ctime."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def content_digest(f: IO[bytes], path: str, *, share: int = 1) -> str:
     """SHA-1 of the open file ``f``'s content: all of it up to ``FULL_HASH_BYTES / share``;
     beyond, its size and ``SAMPLE_BYTES / share`` (at least 2 blocks) read in evenly spaced
     blocks, first and last included (``share``: how many files of one source split the
-    budget). Cached per (path, device, inode, size, mtime_ns, share), so reopening an
+    budget). Cached per (path, device, inode, size, mtime_ns, ctime_ns, share), so reopening an
     unchanged file costs one ``stat`` (files modified in the last 2 s are hashed each time).
 
     >>> import tempfile, os
@@ -74,13 +76,15 @@ def content_digest(f: IO[bytes], path: str, *, share: int = 1) -> str:
             f.seek(int(i * step))
             h.update(f.read(BLOCK))
     digest = h.hexdigest()
-    if not _racy(key[1:5]):
+    if not _racy(key[1:6]):
         with _digests_lock:
             _digests[key] = digest
     return digest
 
 
-def file_changed(now: tuple[int, int, int, int], opened: tuple[int, int, int, int]) -> bool:
+def file_changed(
+    now: tuple[int, int, int, int, int], opened: tuple[int, int, int, int, int]
+) -> bool:
     """Whether a file's stat ``now`` fails to vouch that it still holds what it held when its
     stat was ``opened`` (then its content digest decides)."""
     return now != opened or _racy(opened)
@@ -89,12 +93,12 @@ def file_changed(now: tuple[int, int, int, int], opened: tuple[int, int, int, in
 def check_unchanged(
     f: IO[bytes],
     path: str,
-    opened: tuple[int, int, int, int],
+    opened: tuple[int, int, int, int, int],
     digest: str,
     *,
     what: str,
     share: int = 1,
-) -> tuple[int, int, int, int]:
+) -> tuple[int, int, int, int, int]:
     """The stat of the open file ``f`` if it still holds the content ``digest`` it held when
     ``what`` opened it (stat ``opened``); a ValueError naming the file otherwise. A file with
     the same stat costs nothing; one with another stat (a copy, a ``touch``) is re-hashed.

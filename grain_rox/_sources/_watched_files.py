@@ -52,7 +52,7 @@ class WatchedFiles(Generic[Key]):
     def __init__(self, paths: Mapping[Key, str], *, what: str) -> None:
         self.paths = dict(paths)
         self.what = what
-        self.opened: dict[Key, tuple[int, int, int, int]] = {}  # each file's last checked stat
+        self.opened: dict[Key, tuple[int, int, int, int, int]] = {}  # each file's last checked stat
         self.digests: dict[Key, str] = {}  # and its content digest when the source was made
         for key, path in self.paths.items():
             with open(path, "rb") as f:
