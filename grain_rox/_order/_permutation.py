@@ -135,6 +135,10 @@ def record_indices(indices: object, length: int, what: str) -> np.ndarray:
     Traceback (most recent call last):
     ...
     TypeError: row indices must be ints, not float64 ([1.7]); pass whole numbers
+    >>> record_indices(np.array([2**64 - 1], np.uint64), 5, "row")
+    Traceback (most recent call last):
+    ...
+    IndexError: rows [18446744073709551615] are out of range for 5 rows (valid: -5 to 4)
     """
     rows = np.asarray(indices).reshape(-1)
     if rows.size and (rows.dtype.kind not in "iu" or rows.dtype == np.bool_):
@@ -142,16 +146,21 @@ def record_indices(indices: object, length: int, what: str) -> np.ndarray:
             f"{what} indices must be ints, not {rows.dtype} ({rows[:5].tolist()}); pass whole "
             "numbers"
         )
+    if rows.dtype == np.uint64:  # checked as they are: from 2**63 on, int64 would wrap them
+        _refuse_out_of_range(indices, rows >= length, length, what)
     rows = rows.astype(np.int64)
     rows = np.where(rows < 0, rows + length, rows)
-    bad = (rows < 0) | (rows >= length)
+    _refuse_out_of_range(indices, (rows < 0) | (rows >= length), length, what)
+    return rows
+
+
+def _refuse_out_of_range(indices: object, bad: np.ndarray, length: int, what: str) -> None:
     if bad.any():
         shown = np.asarray(indices).reshape(-1)[bad][:5].tolist()
         raise IndexError(
             f"{what}s {shown} are out of range for {length} {what}s (valid: {-length} to "
             f"{length - 1})"
         )
-    return rows
 
 
 def derive_key(*parts: int) -> int:

@@ -159,6 +159,8 @@ class GlobalBatchSource:
         ``step_limit - first_step`` and has no end to count from."""
         if self.num_batches is not None:
             return record_index(index, self._len, "batch", "batches")
+        if isinstance(index, (bool, np.bool_)):
+            raise TypeError(f"batch index {index!r} is a bool; pass an int")
         index = operator.index(index)
         last = self.step_limit - 1 - self.first_step
         endless = (

@@ -300,7 +300,7 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Fixed-shape records ``indices`` stacked into one array (one copy of the bytes)."""
-        rows = np.asarray(indices, dtype=np.int64).reshape(-1)
+        rows = record_indices(indices, len(self), "record")
         if self.shape is None:
             arrays = self._getitems(rows.tolist())
             lengths = [a.size for a in arrays]

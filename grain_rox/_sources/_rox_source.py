@@ -17,7 +17,7 @@ import numpy as np
 from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_unchanged
 from grain_rox._format._served import served_spans
-from grain_rox._order._permutation import int_arg, record_index
+from grain_rox._order._permutation import int_arg, record_index, record_indices
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._output_dtype import check_output_dtype
 from grain_rox._sources._segments import maxtext_record, segment_features
@@ -141,7 +141,7 @@ class RoxTokenSource:
         >>> RoxTokenSource(path, seq_len=4).get_batch([1, 0])["inputs"].tolist()
         [[5, 6, 7, 8], [1, 2, 3, 4]]
         """
-        records = self._getitems([int(i) for i in np.asarray(indices).reshape(-1)])
+        records = self._getitems(record_indices(indices, self._len, "window").tolist())
         if not records:
             raise ValueError("get_batch needs at least one index")
         return {k: np.stack([r[k] for r in records]) for k in records[0]}

@@ -42,8 +42,9 @@ def check_random_access_source(
     ``negative_indices``) negative indices counted from the end, like a list or a
     ``grain.MapDataset`` (``negative_indices=False``: a negative index is an ``IndexError``,
     as for ``grain.sources.RangeDataSource``); an index past either end is an ``IndexError``
-    naming it and a float is refused; ``_getitems`` / ``__getitems__`` (when present)
-    equal per-record reads; reads from several threads at once equal reads from one. An
+    naming it (a uint64 past int64 included) and a float or bool is refused; ``_getitems`` /
+    ``__getitems__`` (when present) equal per-record reads, and they and ``get_batch`` refuse
+    the same bad indices; reads from several threads at once equal reads from one. An
     endless source (``len == sys.maxsize``) is read at a few small indices only.
 
     Args:
@@ -80,7 +81,8 @@ def check_random_access_source(
             ways += [i - n, np.int64(i - n)]
         for way in ways:
             assert_tree_equal(source[way], record, what=f"{kind}[{way!r}] (of {kind}[{i}])")
-    bad = [ENDLESS] if n >= ENDLESS else [n, -n - 1] if negative_indices else [n, -1]
+    bad: list[Any] = [ENDLESS] if n >= ENDLESS else [n, -n - 1] if negative_indices else [n, -1]
+    bad.append(np.uint64(2**64 - 1))  # wraps to -1 where cast to int64 unchecked
     for index in bad:
         try:
             source[index]
@@ -95,32 +97,52 @@ def check_random_access_source(
             ) from None
         else:
             raise AssertionError(f"{kind}[{index}] (len {n}) returned a record, not IndexError")
-    try:
-        source[1.0]
-    except Exception:
-        pass
-    else:
-        raise AssertionError(f"{kind}[1.0] returned a record: a float is not an index")
+    for not_index in (1.0, True):
+        try:
+            source[not_index]
+        except Exception:
+            pass
+        else:
+            raise AssertionError(
+                f"{kind}[{not_index!r}] returned a record: a {type(not_index).__name__} is not "
+                "an index"
+            )
     asked = indices[::-1] + indices[:1]
     # as source[i] reads them: numpy ints, and (with negative_indices) counted from the end
     spelled: list[Any] = [np.int64(i) if k % 2 else i for k, i in enumerate(asked)]
     if negative_indices and n < ENDLESS:
         spelled = [i - n if k % 3 == 1 else i for k, i in enumerate(spelled)]
-    for method in ("_getitems", "__getitems__"):
-        if hasattr(source, method):
+    for method in ("_getitems", "__getitems__", "get_batch"):
+        if not hasattr(source, method):
+            continue
+        if method != "get_batch":  # records as source[i] reads them (get_batch stacks them)
             got = list(getattr(source, method)(spelled))
             if len(got) != len(asked):
                 raise AssertionError(f"{kind}.{method}({spelled}) gave {len(got)} records")
             for i, way, record in zip(asked, spelled, got, strict=True):
                 assert_tree_equal(record, records[i], what=f"{kind}.{method}([..{way!r}..])")
+        for not_index in (1.0, True):
             try:
-                getattr(source, method)([1.0])
+                getattr(source, method)([not_index])
             except Exception:
                 pass
             else:
                 raise AssertionError(
-                    f"{kind}.{method}([1.0]) returned records: a float is not an index"
+                    f"{kind}.{method}([{not_index!r}]) returned records: a "
+                    f"{type(not_index).__name__} is not an index"
                 )
+        try:
+            getattr(source, method)(np.array([2**64 - 1], np.uint64))
+        except IndexError:
+            pass
+        except Exception as e:
+            raise AssertionError(
+                f"{kind}.{method}([2**64 - 1] as uint64) raised {type_name(e)}: {e}, not IndexError"
+            ) from None
+        else:
+            raise AssertionError(
+                f"{kind}.{method}([2**64 - 1] as uint64) returned records, not IndexError"
+            )
     many = indices * 4
     random.Random(0).shuffle(many)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
