@@ -143,6 +143,27 @@ def test_data_loader_checkpoint_through_the_iterator(corpus, tmp_path):
     manager.close()
 
 
+def test_a_plain_data_loader_iterator_restores_through_our_handler(corpus, tmp_path):
+    """A ``grain.DataLoader`` iterator, not wrapped: its state is bytes, and the restore handed
+    it text (``AttributeError: 'str' object has no attribute 'decode'``) after every save had
+    worked."""
+    pipe = make_pipe(corpus)
+    it = iter(pipe.data_loader())
+    for _ in range(4):
+        next(it)
+    manager = ocp.CheckpointManager(str(tmp_path / "plain"))
+    manager.save(4, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+    manager.wait_until_finished()
+    expected = [next(it)["targets"] for _ in range(3)]
+    fresh = iter(pipe.data_loader())
+    manager.restore(4, args=ocp.args.Composite(data=RoxCheckpointRestore(fresh)))
+    assert [np.array_equal(next(fresh)["targets"], e) for e in expected] == [True] * 3
+    other = iter(make_pipe(corpus, seed=12).data_loader())
+    with pytest.raises(ValueError, match="does not match"):
+        manager.restore(4, args=ocp.args.Composite(data=RoxCheckpointRestore(other)))
+    manager.close()
+
+
 def test_a_batches_state_restores_on_another_process_count(tmp_path):
     """Per-process states of a sharded ``.batches()`` input are all the same global position:
     files saved by 2 processes restore on 1 (the 2 files are those 2 processes would write)."""

@@ -79,8 +79,12 @@ def _text(raw: Any) -> str:
 
 
 def _set_state(item: Any, text: str) -> None:
-    """Hand a saved state back: a Grain dataset iterator takes the dict, others the text."""
-    item.set_state(json.loads(text) if isinstance(item, grain.DatasetIterator) else text)
+    """Hand a saved state back as the item gives its own: a Grain dataset iterator takes the
+    dict, a ``grain.DataLoader`` iterator bytes, others the text."""
+    if isinstance(item, grain.DatasetIterator):
+        item.set_state(json.loads(text))
+    else:
+        item.set_state(text.encode("utf-8") if isinstance(item.get_state(), bytes) else text)
 
 
 class RoxCheckpointHandler(ocp.CheckpointHandler):
