@@ -164,6 +164,23 @@ def test_a_plain_data_loader_iterator_restores_through_our_handler(corpus, tmp_p
     manager.close()
 
 
+def test_a_state_that_does_not_fit_a_bare_grain_iterator_says_so(tmp_path):
+    """Restored through our handler onto a plain Grain dataset's iterator, a ``.batches()``
+    state failed with Grain's bare ``KeyError: 'next_index'``."""
+    from grain_rox import NumpySource
+
+    rows = NumpySource(np.arange(120, dtype=np.int32).reshape(40, 3))
+    it = iter(rows.batches(4, seed=1).to_iter_dataset())
+    next(it)
+    manager = ocp.CheckpointManager(str(tmp_path / "misfit"))
+    manager.save(1, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+    manager.wait_until_finished()
+    plain = iter(grain.MapDataset.source(rows).shuffle(seed=1).batch(4).to_iter_dataset())
+    with pytest.raises(ValueError, match=r"does not fit this input's iterator, whose state looks"):
+        manager.restore(1, args=ocp.args.Composite(data=RoxCheckpointRestore(plain)))
+    manager.close()
+
+
 def test_a_batches_state_restores_on_another_process_count(tmp_path):
     """Per-process states of a sharded ``.batches()`` input are all the same global position:
     files saved by 2 processes restore on 1 (the 2 files are those 2 processes would write)."""

@@ -337,6 +337,24 @@ def test_pipeline_and_grain_states_do_not_mix(tmp_path, pipeline):
         it.set_state(grain_state)
 
 
+def test_a_batches_state_on_a_plain_grain_dataset_says_what_does_not_fit(tmp_path):
+    """Grain's own error was a bare ``KeyError: 'next_index'``."""
+    source = make_numpy(tmp_path, rows())
+    state = device_state(source)[0]
+    plain = grain.MapDataset.source(source).shuffle(seed=1).batch(8).to_iter_dataset(NO_THREADS)
+    with (
+        MultiHostDataLoadIterator(plain, prefetch=1) as it,
+        pytest.raises(
+            ValueError,
+            match=r"^cannot restore this data state: its Grain position \{'identity': .* does not "
+            r"fit this input's iterator, whose state looks like \{'next_index': 0\} \(Grain: "
+            r"KeyError: 'next_index'\)\. It was saved from another input",
+        ),
+    ):
+        it.set_state(state)
+    assert it.step == 0
+
+
 def edited(state: bytes, **changes) -> bytes:
     decoded = {**json.loads(state), **changes}
     return json.dumps({k: v for k, v in decoded.items() if v is not ...}).encode()

@@ -41,6 +41,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from grain_rox._devices._feeds import misfit_state
+
 GLOBAL_STATE_FILE = "data_state.json"
 
 
@@ -82,7 +84,11 @@ def _set_state(item: Any, text: str) -> None:
     """Hand a saved state back as the item gives its own: a Grain dataset iterator takes the
     dict, a ``grain.DataLoader`` iterator bytes, others the text."""
     if isinstance(item, grain.DatasetIterator):
-        item.set_state(json.loads(text))
+        state = json.loads(text)
+        try:
+            item.set_state(state)
+        except (KeyError, IndexError, TypeError) as e:  # Grain's own, on a misfit state
+            raise misfit_state(item, state, e) from e
     else:
         item.set_state(text.encode("utf-8") if isinstance(item.get_state(), bytes) else text)
 

@@ -296,6 +296,10 @@ class GrainFeed:
         if position is not None:
             try:
                 it.set_state(position)
+            except (KeyError, IndexError, TypeError) as e:  # Grain's own, on a misfit state
+                misfit = misfit_state(it, position, e)
+                _close(it)
+                raise misfit from e
             except BaseException:
                 _close(it)
                 raise
@@ -404,6 +408,23 @@ class GrainFeed:
                 "of input with the same data and config"
             )
         return saved["bytes"].encode("utf-8") if from_loader else saved
+
+
+def misfit_state(it: Any, position: Any, error: BaseException) -> ValueError:
+    """Say that a saved Grain position does not fit the iterator ``it`` (Grain's own error, on
+    which ``it.set_state(position)`` failed, is a bare ``KeyError: 'next_index'``), showing
+    both shapes of state."""
+    try:
+        now = it.get_state()
+    except Exception:  # the iterator is past saying: show the saved part alone
+        now = "?"
+    return ValueError(
+        f"cannot restore this data state: its Grain position {position!r:.200} does not fit "
+        f"this input's iterator, whose state looks like {now!r:.200} (Grain: "
+        f"{type(error).__name__}: {error}). It was saved from another input (e.g. a grain_rox "
+        ".batches() dataset, which records what it reads, against a plain Grain dataset); "
+        "restore it on the same input with the same data and config"
+    )
 
 
 def _close(it: Any) -> None:
