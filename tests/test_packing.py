@@ -148,3 +148,18 @@ def test_segment_ids_mask_attention_in_a_flax_layer(make_rox):
     np.testing.assert_array_equal(np.asarray(out)[others], np.asarray(base)[others])
     assert not np.allclose(np.asarray(out)[victim], np.asarray(base)[victim])
     del jax
+
+
+def test_ids_that_int32_cannot_hold_are_refused_naming_the_document():
+    """The packed batches are int32: an id from 2**31 on wrapped (3,000,000,000 was served as
+    -1,294,967,296); ids that fit pass unchanged, whatever their dtype."""
+    fits = [np.array([2**31 - 1, 5, 0, 7], np.int64), np.array([4, 2, 0], np.uint32)]
+    batch = next(iter(pack_documents(fits, seq_len=8, batch_size=1, num_epochs=1, shuffle=False)))
+    assert batch["inputs"].dtype == np.int32
+    assert batch["inputs"][0, :5].tolist() == [2**31 - 1, 5, 0, 4, 2]
+    wide = [np.array([1, 2, 0]), np.array([3_000_000_000, 5, 0], np.int64)]
+    with pytest.raises(ValueError, match=r"document 1 holds the id 3000000000 in its tokens"):
+        list(pack_documents(wide, seq_len=8, batch_size=1, num_epochs=1, shuffle=False))
+    floats = [{"inputs": np.array([1.5, 2.0]), "targets": np.array([2.0, 3.0])}]
+    with pytest.raises(ValueError, match=r"document 0's inputs are float64, not integer token"):
+        list(pack_documents(floats, seq_len=8, batch_size=1, num_epochs=1, shuffle=False))

@@ -110,6 +110,33 @@ class PackingStats(ProcessLocal):
         )
 
 
+def _as_int32(values: np.ndarray, index: int, what: str) -> np.ndarray:
+    """``values`` as int32, the packed batches' dtype, or a ValueError naming the document
+    where an id does not fit (a cast would wrap it: 3,000,000,000 became -1,294,967,296).
+
+    >>> _as_int32(np.array([2**31], np.int64), 4, "tokens")
+    Traceback (most recent call last):
+    ...
+    ValueError: pack_documents: document 4 holds the id 2147483648 in its tokens, which int32 ...
+    """
+    if np.can_cast(values.dtype, np.int32) or not values.size:
+        return values.astype(np.int32)
+    if values.dtype.kind not in "iu":
+        raise ValueError(
+            f"pack_documents: document {index}'s {what} are {values.dtype}, not integer token "
+            "ids (a cast to int32 would drop fractions); pass token ids"
+        )
+    info = np.iinfo(np.int32)
+    low, high = values.min(), values.max()
+    if low < info.min or high > info.max:
+        raise ValueError(
+            f"pack_documents: document {index} holds the id {high if high > info.max else low} "
+            f"in its {what}, which int32 (the packed batches' dtype) cannot hold; token ids of "
+            "a vocabulary fit (below 2**31): check the data, or map the ids to a smaller range"
+        )
+    return values.astype(np.int32)
+
+
 class _AsDocument(grain.transforms.MapWithIndex):
     """Record ``index`` as a list of ``{"inputs", "targets"}`` int32 pieces of at most
     ``seq_len`` each: a token array (bare, or under ``key``) gives ``inputs`` = tokens[:-1],
@@ -123,7 +150,9 @@ class _AsDocument(grain.transforms.MapWithIndex):
         self.stats = stats
         self._warned = False
 
-    def _pairs(self, record: Any) -> tuple[dict[str, Any], np.ndarray, np.ndarray, bool]:
+    def _pairs(
+        self, index: int, record: Any
+    ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, bool]:
         """(other features, inputs, targets, whether the record was a bare token document)."""
         if isinstance(record, np.ndarray):
             tokens = record
@@ -132,8 +161,8 @@ class _AsDocument(grain.transforms.MapWithIndex):
         elif INPUTS in record and TARGETS in record:
             # one dtype for every document: Grain's packer casts to the first one's dtype
             rest = {k: v for k, v in record.items() if k not in (INPUTS, TARGETS)}
-            inputs = np.asarray(record[INPUTS], np.int32)
-            targets = np.asarray(record[TARGETS], np.int32)
+            inputs = _as_int32(np.asarray(record[INPUTS]), index, INPUTS)
+            targets = _as_int32(np.asarray(record[TARGETS]), index, TARGETS)
             return rest, inputs, targets, False
         else:
             raise KeyError(
@@ -145,11 +174,11 @@ class _AsDocument(grain.transforms.MapWithIndex):
                 f"a document must be a 1-D integer token array, got {tokens.dtype} of shape "
                 f"{tokens.shape}; tokenize text first (HFEagerSource(tokenize=...))"
             )
-        tokens = tokens.astype(np.int32)
+        tokens = _as_int32(tokens, index, "tokens")
         return {}, tokens[:-1], tokens[1:], True
 
     def map_with_index(self, index: int, record: Any) -> list[dict[str, Any]]:
-        rest, inputs, targets, bare = self._pairs(record)
+        rest, inputs, targets, bare = self._pairs(index, record)
         n, length = inputs.shape[0], self.seq_len
         if n <= length:
             return [{**rest, INPUTS: inputs, TARGETS: targets}]
