@@ -398,6 +398,35 @@ def test_hf_filtered_files_with_nulls_serve_exact_ints_after_the_suggested_filte
     assert {a.dtype.name for a in served} == {"int64"}  # not float64 with NaN
 
 
+def test_hf_filtered_fixed_size_lists_with_nulls_serve_exact_ints(tmp_path):
+    """A fixed-size list column (``Sequence(..., length=n)``) kept its nulls in the Arrow table
+    under a filter: a null element in a row filtered out made the rows beside it float64
+    (2**53 + 1 came out as 2**53), and a null row made the first read raise AttributeError."""
+    datasets = pytest.importorskip("datasets")
+    import pyarrow as pa
+
+    from grain_rox import HFEagerSource
+
+    big = 2**53 + 1
+    table = pa.table(
+        {
+            "rows": pa.array([[1, 2], None, [5, 6], [7, 8]], pa.list_(pa.int32(), 2)),
+            "cells": pa.array([[big, 2], [None, 4], [big + 2, 6], [9, 9]], pa.list_(pa.int64(), 2)),
+            "keep": pa.array([1, 0, 1, 1], pa.int8()),
+        }
+    )
+    datasets.Dataset(table).save_to_disk(str(tmp_path / "fixed"))
+    kept = datasets.load_from_disk(str(tmp_path / "fixed")).filter(lambda r: r["keep"] == 1)
+    source = HFEagerSource(kept, include_keys=["rows", "cells"])  # an indices map: nulls stay
+    served = [source[i] for i in range(len(source))]
+    assert [r["rows"].tolist() for r in served] == [[1, 2], [5, 6], [7, 8]]
+    assert [r["cells"].tolist() for r in served] == [[big, 2], [big + 2, 6], [9, 9]]
+    assert {r["cells"].dtype.name for r in served} == {"int64"}
+    batch = source.get_batch([0, 1])
+    assert batch["cells"].dtype.name == "int64"
+    assert batch["cells"].tolist() == [[big, 2], [big + 2, 6]]
+
+
 def _stream_null(path: str, column: str, where: str) -> str:
     return (
         f"{path}: column {column!r} has a missing value (None) {where} (of this host's stream, "

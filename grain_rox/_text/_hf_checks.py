@@ -261,9 +261,13 @@ def without_nulls(array: Any) -> Any:
     kind = array.type
     if is_number(kind):
         return pc.fill_null(array, pa.scalar(0).cast(kind)) if array.null_count else array
+    if pa.types.is_fixed_size_list(kind):  # every row keeps its slots, a null row's too
+        size = kind.list_size
+        slots = array.values.slice(array.offset * size, len(array) * size)
+        return pa.FixedSizeListArray.from_arrays(without_nulls(slots), size)
     large = pa.types.is_large_list(kind)
     if not (pa.types.is_list(kind) or large):
-        return array  # fixed-size lists keep their slots
+        return array
     lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
     offsets = pa.array(
         np.concatenate([[0], np.cumsum(lengths)]), pa.int64() if large else pa.int32()
