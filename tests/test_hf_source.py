@@ -249,6 +249,38 @@ def test_saved_dataset_directories_load_and_hub_ids_are_refused(table, tmp_path)
         HFEagerSource("stanfordnlp/imdb")
 
 
+def test_a_saved_dataset_rewritten_later_is_refused_by_the_source_and_its_workers(tmp_path):
+    """``save_to_disk`` of other rows into the directory a source was made on: the source and
+    a pickled copy (what a Grain worker gets) served the new rows under the old fingerprint."""
+    saved = str(tmp_path / "saved")
+    datasets.Dataset.from_dict({"y": list(range(10))}).save_to_disk(saved)
+    source = HFEagerSource(saved)
+    assert source.get_batch([0, 1, 2])["y"].tolist() == [0, 1, 2]
+    datasets.Dataset.from_dict({"y": list(range(100, 110))}).save_to_disk(saved)
+    changed = r"data-00000-of-00001\.arrow changed after this HFEagerSource was made"
+    with pytest.raises(ValueError, match=changed):
+        pickle.loads(pickle.dumps(source)).get_batch([0])  # a worker: checked at its first read
+    source._watch_at = 0.0  # (the next check, due 0.1 s after the last)
+    with pytest.raises(ValueError, match=changed):
+        source[0]
+
+
+def test_a_format_transform_is_refused_not_left_unapplied(table, tmp_path):
+    """The source reads the Arrow columns: a dataset's transform was dropped without a word
+    (memory-mapped), or failed in the Arrow copy's JSON (in memory)."""
+
+    def times_100(batch):
+        return {"label": [v * 100 for v in batch["label"]]}
+
+    datasets.Dataset.from_dict(table).save_to_disk(str(tmp_path / "saved"))
+    mapped = datasets.load_from_disk(str(tmp_path / "saved"))
+    for dataset in (mapped, datasets.Dataset.from_dict(table)):
+        with pytest.raises(ValueError, match=r"format transform \(times_100, from set_transform"):
+            HFEagerSource(dataset.with_transform(times_100))
+    done = HFEagerSource(mapped.map(times_100, batched=True), include_keys=["label"])
+    assert done[3]["label"].item() == 300  # the way the error names
+
+
 def test_batches_cover_each_epoch_once_reshuffle_and_do_not_depend_on_the_shard_count():
     source = HFEagerSource(data={"x": list(range(50)), "y": [[i, -i] for i in range(50)]})
     ds = source.batches(8, seed=3, num_epochs=3)

@@ -27,17 +27,19 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from grain_rox._format._digest import content_digest, facts_digest
+from grain_rox._format._digest import facts_digest
 from grain_rox._order._permutation import record_index, record_indices
 from grain_rox._sources._batches import BatchesMixin
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._process_local import ProcessLocal, process_local
+from grain_rox._sources._watched_files import WatchedFiles
 from grain_rox._text._hf_checks import (
     check_nulls_arg,
     find_nulls,
@@ -77,10 +79,20 @@ def _chunk_layout(table: Any) -> list[list[int]] | None:
     return [[chunk.offset, len(chunk)] for chunk in table.table.column(0).chunks]
 
 
-def _file_digest(path: str, *, share: int) -> str:
-    """Content digest of one Arrow file of a source (whole up to a budget, sampled beyond)."""
-    with open(path, "rb") as f:
-        return content_digest(f, path, share=share)
+def _refuse_transform(dataset: Any) -> None:
+    """A dataset with a format transform (``set_transform``/``with_transform``) serves its rows
+    through it; this source reads the Arrow columns themselves (in Grain workers too), so it
+    would serve the rows untransformed: refused, with the two ways that keep the transform."""
+    transform = (dataset.format.get("format_kwargs") or {}).get("transform")
+    if transform is not None or dataset.format.get("type") == "custom":
+        name = getattr(transform, "__name__", repr(transform))
+        raise ValueError(
+            f"HFEagerSource: the dataset has a format transform ({name}, from set_transform or "
+            "with_transform), which HFEagerSource does not apply: it reads the Arrow columns "
+            "themselves, in Grain workers too, and would serve the rows untransformed. Apply "
+            "it once with dataset.map(f, batched=True) before making the source, or per record "
+            "after it: grain.MapDataset.source(HFEagerSource(dataset)).map(f)"
+        )
 
 
 def _dataset_from(spec: Any) -> Any:
@@ -221,11 +233,13 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         _columns=lambda: None,  # numpy views of the maps: rebuilt in each process
         _formatted_view=lambda: None,
         _cleanup=lambda: None,  # only the process that made a copy deletes it
+        _watch_at=lambda: 0.0,  # when the data files are checked next (at the first read)
     )
     _lock: threading.Lock
     _columns: dict[str, ArrowColumn] | None
     _formatted_view: Any
     _cleanup: Any
+    _watch_at: float
 
     def __init__(
         self,
@@ -261,6 +275,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}")
         if len(dataset) == 0:
             raise ValueError("the dataset is empty: a Grain source needs at least one row")
+        _refuse_transform(dataset)
         keep = kept_columns(list(dataset.column_names), include_keys, exclude_keys)
         self.nulls = check_nulls_arg(nulls)
         self.skipped_rows = 0  # rows left out for a missing value (nulls="skip")
@@ -278,6 +293,8 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             dataset = datasets.load_from_disk(target)
         self.columns = keep
         self.files = [f["filename"] for f in dataset.cache_files]
+        # each file's stat and content digest: a file rewritten later is refused at a read
+        self._watched = WatchedFiles(dict(enumerate(self.files)), what="HFEagerSource")
         self.features = {c: str(dataset.features[c]) for c in keep}
         self._num_rows = len(dataset)
         # Which rows of the Arrow files are served (select/shuffle write an indices file,
@@ -295,7 +312,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         self._formatted_columns = [c for c in keep if c not in self._arrow_columns]
 
     def _fingerprint(self) -> str:
-        facts = [_file_digest(f, share=len(self.files)) for f in self.files] + [
+        facts = [self._watched.digests[i] for i in range(len(self.files))] + [
             self._num_rows,
             self.columns,
             self.features,
@@ -326,7 +343,13 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         )
 
     def _check(self, indices: Sequence[int]) -> list[int]:
-        return record_indices(indices, self._num_rows, "row").tolist()
+        rows = record_indices(indices, self._num_rows, "row").tolist()
+        now = time.monotonic()
+        if now >= self._watch_at:  # one stat a file, at most every 0.1 s (a worker's first
+            self._watch_at = now + 0.1  # read at once): a rewritten file serves other rows
+            for key in self._watched.paths:
+                self._watched.recheck(key)
+        return rows
 
     def _arrow(self) -> dict[str, ArrowColumn]:
         """Numpy readers of the Arrow columns, built once per process (nothing copied)."""
