@@ -758,3 +758,31 @@ def test_a_later_longer_phase_keeps_the_chunk_fitted_to_small_shards(tmp_path):
         assert np.asarray(next(it)["inputs"]).shape == (8, 700)
     once = TokenPipeline(path, seq_len=16, global_batch_size=8, seed=0, num_epochs=1)
     assert first.estimate_steps(seq_len=16, batch_size=8) == once.num_batches
+
+
+def test_the_rows_num_epochs_leaves_out_of_its_last_batch_are_logged(tmp_path, caplog):
+    """Batches are whole, so the rows after the last whole batch are not served: said at INFO
+    level where that is under 1% of the rows, as a warning above (a small corpus, packed rows
+    shuffled: whole documents that were silently never trained)."""
+    import logging
+
+    from grain_rox import write_rox
+
+    path = str(tmp_path / "c.rox")
+    write_rox([np.arange(1, 4000, dtype=np.uint16)], path, separator=0)
+    with caplog.at_level(logging.INFO, logger="grain_rox"):
+        pipe = TokenPipeline(path, seq_len=16, global_batch_size=48, num_epochs=1)
+        assert pipe.num_batches == 5
+    rows = pipe.plan.orders[0].windows_per_epoch
+    assert rows == 5 * 48 + 7
+    [record] = [r for r in caplog.records if "num_epochs" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"num_epochs=1: the last 7 of its {rows} rows (fewer than a batch of 48) are not served, "
+        f"so that every batch is whole (2.8%); pass a global_batch_size that divides {rows}, or "
+        "more epochs"
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="grain_rox"):
+        assert TokenPipeline(path, seq_len=16, global_batch_size=19, num_epochs=1).num_batches == 13
+    assert "num_epochs" not in caplog.text  # 247 rows: 13 whole batches, nothing left

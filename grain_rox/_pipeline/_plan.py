@@ -356,6 +356,27 @@ class PipelinePlan:
         return check_step(step, argument, self.num_batches, self.step_limit)
 
 
+def _whole_batches(num_epochs: int, rows_per_epoch: int, batch_size: int) -> int:
+    """The batches of ``num_epochs`` epochs: whole ones; the rows left over (fewer than a
+    batch) are logged, as a warning where they are over 1% of the rows (a small corpus)."""
+    rows = rows_per_epoch * num_epochs
+    total, left = divmod(rows, batch_size)
+    if left:
+        _log.log(
+            logging.WARNING if left > rows / 100 else logging.INFO,
+            "num_epochs=%d: the last %d of its %d rows (fewer than a batch of %d) are not "
+            "served, so that every batch is whole (%.1f%%); pass a global_batch_size that "
+            "divides %d, or more epochs",
+            num_epochs,
+            left,
+            rows,
+            batch_size,
+            100 * left / rows,
+            rows,
+        )
+    return total
+
+
 def resolve_plan(
     pipeline: TokenPipeline, corpora: Mapping[str, RoxCorpus] | None = None
 ) -> PipelinePlan:
@@ -377,7 +398,8 @@ def resolve_plan(
     schedule = pipeline.schedule
     total = schedule.total_steps
     if pipeline.num_epochs is not None:
-        total = orders[0].windows_per_epoch * pipeline.num_epochs // schedule.phases[0].batch_size
+        total = _whole_batches(pipeline.num_epochs, orders[0].windows_per_epoch,
+                               schedule.phases[0].batch_size)  # fmt: skip
     has_segments = all(e is not None for e in eos_ids)
     tokens = tokens_layout(
         eos_ids=eos_ids if has_segments else [],
