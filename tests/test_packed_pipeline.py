@@ -519,3 +519,25 @@ def test_grain_worker_processes_serve_the_same_packed_batches(random_corpus):
             break
     else:
         pytest.fail("the loader ended early")
+
+
+def test_shards_shorter_than_two_rows_are_refused_saying_why_and_how(make_rox):
+    """Packing chooses no chunk under two rows: shards all shorter than that were refused as
+    "no shard holds a whole chunk of 65536 tokens ... pass a smaller chunk_tokens", a chunk
+    nobody had passed. A chunk_tokens given by hand packs them."""
+    docs = [np.arange(1, 1 + n, dtype=np.uint16) for n in (30, 50, 70)]
+    paths = [make_rox(f"small{k}", docs[k:] + docs[:k], separator=0) for k in range(3)]
+    with pytest.raises(ValueError) as info:
+        _ = TokenPipeline(paths, seq_len=512, global_batch_size=2, packing="best_fit").plan
+    assert str(info.value) == (
+        f"{paths[0]}: its shards ([153, 153, 153] tokens, the largest first) are all shorter "
+        "than two packed rows (2 * (seq_len + 1) = 1026 tokens), the least chunk packing "
+        "chooses by itself (a chunk is packed on its own, in one shard); write fewer, larger "
+        "shards, or pass chunk_tokens= (at most the largest shard) to pack anyway, with about "
+        "one row of padding a chunk"
+    )
+    pipe = TokenPipeline(paths, seq_len=512, global_batch_size=2, packing="best_fit",
+                         chunk_tokens=153, num_epochs=1)  # fmt: skip
+    batches = [pipe.batch_source()[k] for k in range(pipe.num_batches)]
+    trained = sum(int((b["targets_segmentation"] != 0).sum()) for b in batches)
+    assert trained == 3 * (30 + 50 + 70)  # every pair inside every document of every shard

@@ -227,6 +227,16 @@ def source_orders(
             if raw
             else chunk_tokens_for(shard_tokens, longest, packed=pipeline.packing is not None)
         )
+        least = 2 * (longest + 1)  # the least chunk packing chooses by itself: two rows
+        if pipeline.packing and not pipeline.chunk_tokens and max(shard_tokens) < least:
+            raise ValueError(
+                f"{_source_label(name, corpus)}: its shards "
+                f"({sorted(shard_tokens, reverse=True)[:5]} tokens, the largest first) are all "
+                f"shorter than two packed rows (2 * (seq_len + 1) = {least} tokens), the least "
+                "chunk packing chooses by itself (a chunk is packed on its own, in one shard); "
+                "write fewer, larger shards, or pass chunk_tokens= (at most the largest shard) "
+                "to pack anyway, with about one row of padding a chunk"
+            )
         if not raw and (share := tail_share(shard_tokens, chunk)) > TAIL_SHARE_ALLOWED:
             _log.warning(
                 "%s (%d shard(s)): %.1f%% of its tokens lie in shard tails shorter than a chunk "
