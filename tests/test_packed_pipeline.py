@@ -541,3 +541,32 @@ def test_shards_shorter_than_two_rows_are_refused_saying_why_and_how(make_rox):
     batches = [pipe.batch_source()[k] for k in range(pipe.num_batches)]
     trained = sum(int((b["targets_segmentation"] != 0).sum()) for b in batches)
     assert trained == 3 * (30 + 50 + 70)  # every pair inside every document of every shard
+
+
+def test_a_longer_phase_added_at_a_restore_says_how_to_keep_the_packed_chunk(make_rox):
+    """The packed chunk follows the longest seq_len, so a longer phase added at a restore
+    changed it and the refusal gave no reason; passing the saved chunk_tokens continues."""
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 60000, rng.integers(1, 400), dtype=np.uint16) for _ in range(1500)]
+    path = make_rox("longer", docs, separator=0)
+    first = TokenPipeline(path, phases=[Phase(None, 8, 64)], seed=0, packing="best_fit")
+    chunk = first.plan.orders[0].chunk_tokens
+    phases = [Phase(10, 8, 64), Phase(None, 8, 2048)]
+    with MultiHostDataLoadIterator(first) as it:
+        for _ in range(5):
+            next(it)
+        state = it.get_state()
+        expected = [np.asarray(next(it)["inputs"]) for _ in range(5)]
+    later = TokenPipeline(path, phases=phases, seed=0, packing="best_fit")
+    assert later.plan.orders[0].chunk_tokens != chunk
+    with MultiHostDataLoadIterator(later) as it, pytest.raises(ValueError) as info:
+        it.set_state(state)
+    assert str(info.value).endswith(
+        ". Packed rows take a chunk chosen from the longest seq_len of the phases (and the "
+        f"shards); to keep this run's chunk with the phases now given, pass chunk_tokens={chunk}"
+    )
+    kept = TokenPipeline(path, phases=phases, seed=0, packing="best_fit", chunk_tokens=chunk)
+    with MultiHostDataLoadIterator(kept) as it:
+        it.set_state(state)
+        got = [np.asarray(next(it)["inputs"]) for _ in range(5)]
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))

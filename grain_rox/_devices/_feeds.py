@@ -250,6 +250,18 @@ class PipelineFeed:
                     f"run can continue with phases of seq_len <= {grown[0]} only (the default "
                     "order='blocks' has no such limit)"
                 )
+            chunks = changed.get("chunk_tokens")
+            if chunks is not None and saved.get("packing") and not self.pipeline.chunk_tokens:
+                kept = set(chunks[0].values()) if isinstance(chunks[0], dict) else set()
+                hint = (
+                    ". Packed rows take a chunk chosen from the longest seq_len of the phases "
+                    "(and the shards); to keep this run's chunk with the phases now given, pass "
+                    + (
+                        f"chunk_tokens={kept.pop()}"
+                        if len(kept) == 1
+                        else f"the chunk each source saved ({chunks[0]}), one pipeline a source"
+                    )
+                )
             if earlier:
                 hint = (
                     ". This run continues exactly only with the grain_rox release that saved "
