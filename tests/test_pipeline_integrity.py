@@ -786,3 +786,24 @@ def test_the_rows_num_epochs_leaves_out_of_its_last_batch_are_logged(tmp_path, c
     with caplog.at_level(logging.INFO, logger="grain_rox"):
         assert TokenPipeline(path, seq_len=16, global_batch_size=19, num_epochs=1).num_batches == 13
     assert "num_epochs" not in caplog.text  # 247 rows: 13 whole batches, nothing left
+
+
+def test_a_small_chunk_tokens_passed_by_hand_says_what_its_joins_cost(tmp_path, caplog):
+    """The pair across each chunk join is not trained: chunk_tokens=2 trained half the pairs,
+    and 1 none, without a word (the tail warning counts shard tails only)."""
+    import logging
+
+    from grain_rox import write_rox
+
+    path = str(tmp_path / "c.rox")
+    write_rox([np.arange(1, 1200, dtype=np.uint16)], path, separator=0)
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        _ = TokenPipeline(path, seq_len=8, global_batch_size=2, chunk_tokens=4).plan
+    assert caplog.messages == [
+        f"{path}: chunk_tokens=4 leaves the pair across each chunk join untrained, 25.0% of its "
+        "pairs; pass a chunk_tokens of at least 100, or none (chosen from the data)"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        _ = TokenPipeline(path, seq_len=8, global_batch_size=2, chunk_tokens=100).plan
+    assert caplog.messages == []

@@ -237,6 +237,15 @@ def source_orders(
                 "write fewer, larger shards, or pass chunk_tokens= (at most the largest shard) "
                 "to pack anyway, with about one row of padding a chunk"
             )
+        if pipeline.chunk_tokens and 1 / chunk > TAIL_SHARE_ALLOWED:
+            _log.warning(
+                "%s: chunk_tokens=%d leaves the pair across each chunk join untrained, %.1f%% "
+                "of its pairs; pass a chunk_tokens of at least %d, or none (chosen from the data)",
+                _source_label(name, corpus),
+                chunk,
+                100 / chunk,
+                math.ceil(1 / TAIL_SHARE_ALLOWED),
+            )
         if not raw and (share := tail_share(shard_tokens, chunk)) > TAIL_SHARE_ALLOWED:
             _log.warning(
                 "%s (%d shard(s)): %.1f%% of its tokens lie in shard tails shorter than a chunk "
