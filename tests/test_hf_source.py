@@ -663,3 +663,19 @@ def test_in_memory_copies_are_shared_by_content_and_deleted_with_their_sources(t
     del other
     gc.collect()
     assert os.listdir(cache) == []
+
+
+def test_files_whose_columns_differ_in_type_say_what_arrow_said(tmp_path):
+    """datasets wraps Arrow's error as "An error occurred while generating the dataset", and
+    the hint blamed incomplete files: the message now carries the cause, and the hint both."""
+    pq.write_table(pa.table({"x": pa.array([1, 2], pa.int8())}), str(tmp_path / "a.parquet"))
+    pq.write_table(pa.table({"x": pa.array([1000, 3], pa.int64())}), str(tmp_path / "b.parquet"))
+    files = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    with pytest.raises(ValueError) as info:
+        HFEagerSource(data_files=files)
+    message = str(info.value)
+    assert message.startswith(f"cannot read data files {files} as parquet (")
+    assert "from ArrowInvalid: Integer value 1000 not in range: -128 to 127" in message
+    assert message.endswith(
+        "check that each is a complete parquet file, and that their columns hold the same types"
+    )

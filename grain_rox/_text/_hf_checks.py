@@ -121,9 +121,14 @@ def unreadable(
         if problem is not None:
             return ValueError(problem)
     detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    root, depth = error, 0  # what the library's error wraps (datasets says only "An error
+    while (inner := root.__cause__ or root.__context__) is not None and depth < 8:  # occurred")
+        root, depth = inner, depth + 1
+    if root is not error and str(root) and str(root) not in detail:
+        detail += f", from {type(root).__name__}: {str(root)[:300]}"
     return ValueError(
         f"cannot read data files {list(files)} as {kind} ({detail}); check that each is a "
-        f"complete {kind} file"
+        f"complete {kind} file, and that their columns hold the same types"
     )
 
 
