@@ -114,7 +114,10 @@ class NumpySource(ProcessLocal, BatchesMixin):
     changes after the source was made is refused, naming it: when a worker (re)opens it, on
     every batch read (one ``stat`` per file) and within 0.1 s on the per-row path. Replace
     data files by writing a new file and renaming it over the old one: a file truncated in
-    place while it is memory-mapped can crash the reading process (``SIGBUS``).
+    place while it is memory-mapped can crash the reading process (``SIGBUS``). An array in
+    memory is served as it is at each read, uncopied, and its fingerprint taken when the
+    source is made: do not edit it afterwards (pass a copy, or save it and pass the path), or
+    the source serves rows its fingerprint, and any state saved from it, do not name.
 
     >>> import numpy as np, tempfile, os
     >>> d = tempfile.mkdtemp()
