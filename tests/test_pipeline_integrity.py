@@ -778,7 +778,8 @@ def test_the_rows_num_epochs_leaves_out_of_its_last_batch_are_logged(tmp_path, c
     [record] = [r for r in caplog.records if "num_epochs" in r.getMessage()]
     assert record.levelno == logging.WARNING
     assert record.getMessage() == (
-        f"num_epochs=1: the last 7 of its {rows} rows (fewer than a batch of 48) are not served, "
+        f"{path}: num_epochs=1: the last 7 of its {rows} rows (fewer than a batch of 48) are "
+        "not served, "
         f"so that every batch is whole (2.8%); pass a global_batch_size that divides {rows}, or "
         "more epochs"
     )

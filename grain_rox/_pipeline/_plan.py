@@ -238,13 +238,11 @@ def source_orders(
                 "to pack anyway, with about one row of padding a chunk"
             )
         if pipeline.chunk_tokens and 1 / chunk > TAIL_SHARE_ALLOWED:
-            _log.warning(
-                "%s: chunk_tokens=%d leaves the pair across each chunk join untrained, %.1f%% "
-                "of its pairs; pass a chunk_tokens of at least %d, or none (chosen from the data)",
-                _source_label(name, corpus),
-                chunk,
-                100 / chunk,
-                math.ceil(1 / TAIL_SHARE_ALLOWED),
+            _log_once(
+                logging.WARNING,
+                f"{_source_label(name, corpus)}: chunk_tokens={chunk} leaves the pair across each "
+                f"chunk join untrained, {100 / chunk:.1f}% of its pairs; pass a chunk_tokens of "
+                f"at least {math.ceil(1 / TAIL_SHARE_ALLOWED)}, or none (chosen from the data)",
             )
         if not raw and (share := tail_share(shard_tokens, chunk)) > TAIL_SHARE_ALLOWED:
             _log.warning(
@@ -375,23 +373,28 @@ class PipelinePlan:
         return check_step(step, argument, self.num_batches, self.step_limit)
 
 
-def _whole_batches(num_epochs: int, rows_per_epoch: int, batch_size: int) -> int:
+_logged: set[str] = set()  # what this process has said once (a pipeline is made again for
+# each iterator, restore and worker: the same words each time would bury the first)
+
+
+def _log_once(level: int, message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        _log.log(level, message)
+
+
+def _whole_batches(label: str, num_epochs: int, rows_per_epoch: int, batch_size: int) -> int:
     """The batches of ``num_epochs`` epochs: whole ones; the rows left over (fewer than a
     batch) are logged, as a warning where they are over 1% of the rows (a small corpus)."""
     rows = rows_per_epoch * num_epochs
     total, left = divmod(rows, batch_size)
     if left:
-        _log.log(
+        _log_once(
             logging.WARNING if left > rows / 100 else logging.INFO,
-            "num_epochs=%d: the last %d of its %d rows (fewer than a batch of %d) are not "
-            "served, so that every batch is whole (%.1f%%); pass a global_batch_size that "
-            "divides %d, or more epochs",
-            num_epochs,
-            left,
-            rows,
-            batch_size,
-            100 * left / rows,
-            rows,
+            f"{label}: num_epochs={num_epochs}: the last {left} of its {rows} rows (fewer than "
+            f"a batch of {batch_size}) are not served, so that every batch is whole "
+            f"({100 * left / rows:.1f}%); pass a global_batch_size that divides {rows}, or "
+            "more epochs",
         )
     return total
 
@@ -417,8 +420,9 @@ def resolve_plan(
     schedule = pipeline.schedule
     total = schedule.total_steps
     if pipeline.num_epochs is not None:
-        total = _whole_batches(pipeline.num_epochs, orders[0].windows_per_epoch,
-                               schedule.phases[0].batch_size)  # fmt: skip
+        name, corpus = next(iter(corpora.items()))
+        total = _whole_batches(_source_label(name, corpus), pipeline.num_epochs,
+                               orders[0].windows_per_epoch, schedule.phases[0].batch_size)  # fmt: skip
     has_segments = all(e is not None for e in eos_ids)
     tokens = tokens_layout(
         eos_ids=eos_ids if has_segments else [],
