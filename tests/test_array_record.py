@@ -334,6 +334,8 @@ def test_stacking_documents_of_different_lengths_names_the_records(tmp_path):
     assert src.get_batch([0, 1, 3]).shape == (3, 3)
     with pytest.raises(ValueError, match=r"record 0 has 3 tokens but records \[2, 4\] differ"):
         src.get_batch([0, 2, 3, 4])
+    with pytest.raises(ValueError, match=r"^get_batch needs at least one index: no documents"):
+        src.get_batch([])  # (np.stack said "need at least one array to stack")
 
 
 def test_identity_is_content_and_a_rewritten_file_is_refused(tmp_path):

@@ -679,3 +679,10 @@ def test_files_whose_columns_differ_in_type_say_what_arrow_said(tmp_path):
     assert message.endswith(
         "check that each is a complete parquet file, and that their columns hold the same types"
     )
+
+
+def test_an_empty_batch_is_refused_saying_so(table):
+    """np.stack's "need at least one array to stack" for a numeric column, float32 for text."""
+    for keys in (["ids"], ["label"], ["text"]):
+        with pytest.raises(ValueError, match=r"^get_batch needs at least one index: no rows"):
+            HFEagerSource(datasets.Dataset.from_dict(table), include_keys=keys).get_batch([])

@@ -302,6 +302,8 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
         """Fixed-shape records ``indices`` stacked into one array (one copy of the bytes)."""
         rows = record_indices(indices, len(self), "record")
         if self.shape is None:
+            if not rows.size:
+                raise ValueError("get_batch needs at least one index: no documents give no shape")
             arrays = self._getitems(rows.tolist())
             lengths = [a.size for a in arrays]
             if len(set(lengths)) > 1:

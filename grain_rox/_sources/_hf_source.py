@@ -397,6 +397,8 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         """Rows ``indices`` stacked per column (one Arrow call); ragged or text columns are
         errors naming the column (and the rows whose shapes differ)."""
         rows = self._check(indices)
+        if not rows:
+            raise ValueError("get_batch needs at least one index: no rows give no shapes")
         formatted = self._formatted(rows)
         arrow = self._arrow()
         out = {}
