@@ -253,15 +253,19 @@ def test_a_saved_dataset_rewritten_later_is_refused_by_the_source_and_its_worker
     """``save_to_disk`` of other rows into the directory a source was made on: the source and
     a pickled copy (what a Grain worker gets) served the new rows under the old fingerprint."""
     saved = str(tmp_path / "saved")
-    datasets.Dataset.from_dict({"y": list(range(10))}).save_to_disk(saved)
+    datasets.Dataset.from_dict({"y": list(range(20))}).save_to_disk(saved, num_shards=10)
     source = HFEagerSource(saved)
     assert source.get_batch([0, 1, 2])["y"].tolist() == [0, 1, 2]
-    datasets.Dataset.from_dict({"y": list(range(100, 110))}).save_to_disk(saved)
-    changed = r"data-00000-of-00001\.arrow changed after this HFEagerSource was made"
+    edited = datasets.Dataset.from_dict({"y": [*range(19), 119]})
+    edited.save_to_disk(saved, num_shards=10)  # the last file's last row: a worker checks all
+    changed = r"data-00009-of-00010\.arrow changed after this HFEagerSource was made"
     with pytest.raises(ValueError, match=changed):
         pickle.loads(pickle.dumps(source)).get_batch([0])  # a worker: checked at its first read
-    source._watch_at = 0.0  # (the next check, due 0.1 s after the last)
     with pytest.raises(ValueError, match=changed):
+        for _ in range(2):  # in this process, later checks take 8 files in turn
+            source._watch_at = 0.0  # (each check is due 0.1 s after the last)
+            source[0]
+    with pytest.raises(ValueError, match=changed):  # at once again: a refusal is no check
         source[0]
 
 

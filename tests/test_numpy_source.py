@@ -321,3 +321,34 @@ def test_batches_read_through_a_subclass_get_batch():
     rows = Doubled(np.arange(10)).batches(5, shuffle=False)
     assert rows[0].tolist() == [0, 2, 4, 6, 8]  # the override, not the plain rows
     assert NumpySource(np.arange(10)).batches(5, shuffle=False)[1].tolist() == [5, 6, 7, 8, 9]
+
+
+def test_a_recent_file_is_hashed_at_most_every_half_second_and_once_after(tmp_path, monkeypatch):
+    """A file written in the last 2 s has a stat that cannot vouch for it (a rewrite within
+    the file system's timestamp tick keeps it), so checks hash it; every 0.1 s check hashed it
+    whole (an HF source's Arrow copy, written just before: 1.4 s of 3 s stalled)."""
+    from grain_rox._format import _digest
+    from grain_rox._sources import _watched_files
+
+    path = tmp_path / "rows.bin"
+    path.write_bytes(b"x" * 1000)
+    files = _watched_files.WatchedFiles({0: str(path)}, what="Demo")
+    hashes = []
+    real = _digest.content_digest
+    monkeypatch.setattr(
+        _digest, "content_digest", lambda *a, **k: hashes.append(1) or real(*a, **k)
+    )
+    for _ in range(10):
+        files.recheck(0)
+    assert hashes == []  # hashed when the source was made, under 0.5 s ago
+    monkeypatch.setattr(_watched_files, "RECENT_RECHECK_S", 0.0)
+    files.recheck(0)
+    assert len(hashes) == 1
+    for module in (_digest, _watched_files):  # the 2 s have passed
+        monkeypatch.setattr(module, "racy", lambda stat: False)
+    for _ in range(3):
+        files.recheck(0)
+    assert len(hashes) == 2  # once after the window; from then on the stat vouches
+    path.write_bytes(b"y" * 1000)
+    with pytest.raises(ValueError, match=r"rows.bin changed after this Demo was made"):
+        files.recheck(0)

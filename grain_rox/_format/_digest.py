@@ -29,7 +29,7 @@ _digests_lock = threading.Lock()
 RACY_NS = 2_000_000_000  # a file modified this recently may change again within its mtime
 
 
-def _racy(stat_key: tuple[int, int, int, int, int]) -> bool:
+def racy(stat_key: tuple[int, int, int, int, int]) -> bool:
     """Whether a file's mtime is too recent to vouch for its content: a rewrite within the
     filesystem's timestamp granularity keeps size, inode and mtime (git's "racy" case)."""
     return time.time_ns() - stat_key[3] < RACY_NS
@@ -76,7 +76,7 @@ def content_digest(f: IO[bytes], path: str, *, share: int = 1) -> str:
             f.seek(int(i * step))
             h.update(f.read(BLOCK))
     digest = h.hexdigest()
-    if not _racy(key[1:6]):
+    if not racy(key[1:6]):
         with _digests_lock:
             _digests[key] = digest
     return digest
@@ -87,7 +87,7 @@ def file_changed(
 ) -> bool:
     """Whether a file's stat ``now`` fails to vouch that it still holds what it held when its
     stat was ``opened`` (then its content digest decides)."""
-    return now != opened or _racy(opened)
+    return now != opened or racy(opened)
 
 
 def check_unchanged(
@@ -98,10 +98,12 @@ def check_unchanged(
     *,
     what: str,
     share: int = 1,
+    rehash: bool = False,
 ) -> tuple[int, int, int, int, int]:
     """The stat of the open file ``f`` if it still holds the content ``digest`` it held when
     ``what`` opened it (stat ``opened``); a ValueError naming the file otherwise. A file with
-    the same stat costs nothing; one with another stat (a copy, a ``touch``) is re-hashed.
+    the same stat costs nothing (unless ``rehash``); one with another stat (a copy, a
+    ``touch``) is re-hashed.
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "a.bin")
@@ -118,7 +120,7 @@ def check_unchanged(
     ValueError: ... changed after this source was made (3 -> 3 bytes, new content): ...
     """
     now = stat_key(os.fstat(f.fileno()))
-    if file_changed(now, opened) and content_digest(f, path, share=share) != digest:
+    if (rehash or file_changed(now, opened)) and content_digest(f, path, share=share) != digest:
         raise ValueError(
             f"{path} changed after {what} was made ({opened[2]} -> {now[2]} bytes, new "
             f"content): it no longer holds the data {what} (and any state saved from it) "

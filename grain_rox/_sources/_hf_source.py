@@ -79,6 +79,9 @@ def _chunk_layout(table: Any) -> list[list[int]] | None:
     return [[chunk.offset, len(chunk)] for chunk in table.table.column(0).chunks]
 
 
+_WATCHED_PER_CHECK = 8  # data files stat-ed by a read's check after the first
+
+
 def _refuse_transform(dataset: Any) -> None:
     """A dataset with a format transform (``set_transform``/``with_transform``) serves its rows
     through it; this source reads the Arrow columns themselves (in Grain workers too), so it
@@ -213,7 +216,11 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         lists, is an error naming the column and row; ``"skip"``: such rows are left out
         (counted in ``skipped_rows`` and logged).
 
-    Images become ``uint8`` arrays and nested features nested dicts.
+    Images become ``uint8`` arrays and nested features nested dicts. The repr's fingerprint
+    is a digest of the Arrow files' content and the rows served; a data file whose content
+    changes after the source was made is refused, naming it (checked at each process's first
+    read, then every 0.1 s, a few files at a time). A format transform (``with_transform``) is
+    refused: the Arrow columns are read as they are.
 
     >>> import datasets
     >>> ds = datasets.Dataset.from_dict({"ids": [[1, 2], [3, 4]], "label": [0, 1], "t": ["a", "b"]})
@@ -234,12 +241,14 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         _formatted_view=lambda: None,
         _cleanup=lambda: None,  # only the process that made a copy deletes it
         _watch_at=lambda: 0.0,  # when the data files are checked next (at the first read)
+        _watch_next=lambda: -1,  # which file the next check starts at (-1: all, first)
     )
     _lock: threading.Lock
     _columns: dict[str, ArrowColumn] | None
     _formatted_view: Any
     _cleanup: Any
     _watch_at: float
+    _watch_next: int
 
     def __init__(
         self,
@@ -345,11 +354,21 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
     def _check(self, indices: Sequence[int]) -> list[int]:
         rows = record_indices(indices, self._num_rows, "row").tolist()
         now = time.monotonic()
-        if now >= self._watch_at:  # one stat a file, at most every 0.1 s (a worker's first
-            self._watch_at = now + 0.1  # read at once): a rewritten file serves other rows
-            for key in self._watched.paths:
-                self._watched.recheck(key)
+        if now >= self._watch_at:
+            self._watch(now)
         return rows
+
+    def _watch(self, now: float) -> None:
+        """Refuse reads once a data file changed (it would serve other rows than the
+        fingerprint names): a process's first read checks every file (one ``stat`` each: a
+        worker maps the files by path), later reads a few files in turn, every 0.1 s."""
+        keys = list(self._watched.paths)
+        first = self._watch_next < 0
+        start = max(self._watch_next, 0)
+        for i in range(len(keys) if first else min(len(keys), _WATCHED_PER_CHECK)):
+            self._watched.recheck(keys[(start + i) % len(keys)])
+        self._watch_next = start if first else (start + _WATCHED_PER_CHECK) % len(keys)
+        self._watch_at = now + 0.1  # (only once checked: a refused read is refused again)
 
     def _arrow(self) -> dict[str, ArrowColumn]:
         """Numpy readers of the Arrow columns, built once per process (nothing copied)."""

@@ -26,6 +26,7 @@ ValueError: ... changed after this DemoSource was made (3 -> 3 bytes, new conten
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Hashable, Mapping
 from typing import IO, Generic, TypeVar
 
@@ -33,11 +34,13 @@ from grain_rox._format._digest import (
     check_unchanged,
     content_digest,
     file_changed,
+    racy,
     reopen,
     stat_key,
 )
 
 Key = TypeVar("Key", bound=Hashable)
+RECENT_RECHECK_S = 0.5  # a recent file (see WatchedFiles.recheck) is hashed at most this often
 
 
 class WatchedFiles(Generic[Key]):
@@ -54,14 +57,20 @@ class WatchedFiles(Generic[Key]):
         self.what = what
         self.opened: dict[Key, tuple[int, int, int, int, int]] = {}  # each file's last checked stat
         self.digests: dict[Key, str] = {}  # and its content digest when the source was made
+        # files whose stat cannot vouch for them yet (written in the last 2 s): when each was
+        # last hashed (monotonic), as hashing one on every check would read it 20 times a second
+        self.recent: dict[Key, float] = {}
         for key, path in self.paths.items():
             with open(path, "rb") as f:
                 self.opened[key] = stat_key(os.fstat(f.fileno()))
                 self.digests[key] = content_digest(f, path, share=len(self.paths))
+            if racy(self.opened[key]):
+                self.recent[key] = time.monotonic()
 
-    def check(self, key: Key, f: IO[bytes]) -> None:
+    def check(self, key: Key, f: IO[bytes], *, rehash: bool = False) -> None:
         """Refuse the open file ``f`` (file ``key``) if its content is not the one the source
-        was made on; remember its new stat when only that moved (a copy, a ``touch``)."""
+        was made on (hashed when its stat moved, or ``rehash``); remember its new stat when
+        only that moved (a copy, a ``touch``)."""
         self.opened[key] = check_unchanged(
             f,
             self.paths[key],
@@ -69,7 +78,12 @@ class WatchedFiles(Generic[Key]):
             self.digests[key],
             what=f"this {self.what}",
             share=len(self.paths),
+            rehash=rehash,
         )
+        if racy(self.opened[key]):
+            self.recent[key] = time.monotonic()
+        else:
+            self.recent.pop(key, None)
 
     def reopen(self, key: Key) -> IO[bytes]:
         """File ``key`` opened again and checked, at its start (the caller closes it); a file
@@ -89,13 +103,22 @@ class WatchedFiles(Generic[Key]):
         left alone: what the source opened keeps the bytes it held."""
         path = self.paths[key]
         try:
-            changed = file_changed(stat_key(os.stat(path)), self.opened[key])
+            now = stat_key(os.stat(path))
         except OSError:
             return
+        hashed = self.recent.get(key)
+        rehash = False
+        if now == self.opened[key] and hashed is not None:
+            # a recent file: its stat cannot vouch for it, so it is hashed, but at most every
+            # RECENT_RECHECK_S while recent, and once more after (a rewrite within the file
+            # system's timestamp tick keeps the stat)
+            changed = rehash = not racy(now) or time.monotonic() - hashed >= RECENT_RECHECK_S
+        else:
+            changed = file_changed(now, self.opened[key])
         if changed:
             try:
                 f = open(path, "rb")
             except OSError:
                 return
             with f:
-                self.check(key, f)
+                self.check(key, f, rehash=rehash)
