@@ -531,11 +531,14 @@ def test_shards_shorter_than_two_rows_are_refused_saying_why_and_how(make_rox):
         _ = TokenPipeline(paths, seq_len=512, global_batch_size=2, packing="best_fit").plan
     assert str(info.value) == (
         f"{paths[0]}: its shards ([153, 153, 153] tokens, the largest first) are all shorter "
-        "than two packed rows (2 * (seq_len + 1) = 1026 tokens), the least chunk packing "
-        "chooses by itself (a chunk is packed on its own, in one shard); write fewer, larger "
-        "shards, or pass chunk_tokens= (at most the largest shard) to pack anyway, with about "
-        "one row of padding a chunk"
+        "than 1026 tokens, the least chunk packing chooses by itself (two rows of seq_len + 1, "
+        "at least 64; a chunk is packed on its own, in one shard); write fewer, larger shards, "
+        "or pass chunk_tokens= (at most the largest shard) to pack anyway, with about one row "
+        "of padding a chunk"
     )
+    tiny = [make_rox(f"tiny{k}", docs[:1], separator=0) for k in range(3)]  # 31 tokens each
+    with pytest.raises(ValueError, match=r"are all shorter than 64 tokens, the least chunk"):
+        _ = TokenPipeline(tiny, seq_len=8, global_batch_size=2, packing="best_fit").plan
     pipe = TokenPipeline(paths, seq_len=512, global_batch_size=2, packing="best_fit",
                          chunk_tokens=153, num_epochs=1)  # fmt: skip
     batches = [pipe.batch_source()[k] for k in range(pipe.num_batches)]

@@ -64,6 +64,15 @@ def tail_share(shard_tokens: Sequence[int], chunk: int) -> float:
     return sum(t % chunk for t in shard_tokens) / total if total else 0.0
 
 
+def least_packed_chunk(seq_len: int) -> int:
+    """The least chunk packing chooses by itself: two rows of ``seq_len + 1``, at least 64.
+
+    >>> least_packed_chunk(8), least_packed_chunk(1024)
+    (64, 2050)
+    """
+    return max(64, 2 * (seq_len + 1))
+
+
 def chunk_tokens_for(shard_tokens: Sequence[int], seq_len: int, *, packed: bool) -> int:
     """The chunk size of a source's blocks or packed order (``seq_len``: the longest): the
     usual one (:func:`auto_chunk_tokens`; for packed rows :func:`packing_chunk_tokens`) unless
@@ -88,7 +97,7 @@ def chunk_tokens_for(shard_tokens: Sequence[int], seq_len: int, *, packed: bool)
     )
     if tail_share(shard_tokens, usual) <= TAIL_SHARE_ALLOWED:
         return usual
-    least = max(64, 2 * (seq_len + 1)) if packed else 64
+    least = least_packed_chunk(seq_len) if packed else 64
     sizes, share = _tail_shares(shard_tokens, least, usual)
     if not packed and (fits := np.flatnonzero(share <= TAIL_SHARE_ALLOWED)).size:
         return int(sizes[fits[0]])
@@ -227,13 +236,13 @@ def source_orders(
             if raw
             else chunk_tokens_for(shard_tokens, longest, packed=pipeline.packing is not None)
         )
-        least = 2 * (longest + 1)  # the least chunk packing chooses by itself: two rows
+        least = least_packed_chunk(longest)
         if pipeline.packing and not pipeline.chunk_tokens and max(shard_tokens) < least:
             raise ValueError(
                 f"{_source_label(name, corpus)}: its shards "
                 f"({sorted(shard_tokens, reverse=True)[:5]} tokens, the largest first) are all "
-                f"shorter than two packed rows (2 * (seq_len + 1) = {least} tokens), the least "
-                "chunk packing chooses by itself (a chunk is packed on its own, in one shard); "
+                f"shorter than {least} tokens, the least chunk packing chooses by itself (two "
+                "rows of seq_len + 1, at least 64; a chunk is packed on its own, in one shard); "
                 "write fewer, larger shards, or pass chunk_tokens= (at most the largest shard) "
                 "to pack anyway, with about one row of padding a chunk"
             )
