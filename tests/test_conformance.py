@@ -374,8 +374,6 @@ class Flawed:
         return f"Flawed({self.flaw!r}, pid={os.getpid()})" if self.flaw == "pid" else "Flawed()"
 
     def __getitem__(self, index: int) -> np.ndarray:
-        if isinstance(index, (bool, np.bool_)):
-            raise TypeError(f"row index {index!r} is a bool")
         if self.flaw == "wraps":
             index %= len(self.rows)
         elif not -len(self.rows) <= index < len(self.rows):

@@ -568,6 +568,11 @@ def test_a_longer_phase_added_at_a_restore_says_how_to_keep_the_packed_chunk(mak
         ". Packed rows take a chunk chosen from the longest seq_len of the phases (and the "
         f"shards); to keep this run's chunk with the phases now given, pass chunk_tokens={chunk}"
     )
+    other = TokenPipeline(make_rox("longer2", docs[::-1], separator=0), phases=phases, seed=0,
+                          packing="best_fit")  # fmt: skip
+    with MultiHostDataLoadIterator(other) as it, pytest.raises(ValueError) as info:
+        it.set_state(state)
+    assert "data: saved" in str(info.value) and "pass chunk_tokens" not in str(info.value)
     kept = TokenPipeline(path, phases=phases, seed=0, packing="best_fit", chunk_tokens=chunk)
     with MultiHostDataLoadIterator(kept) as it:
         it.set_state(state)

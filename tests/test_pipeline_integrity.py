@@ -808,3 +808,11 @@ def test_a_small_chunk_tokens_passed_by_hand_says_what_its_joins_cost(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="grain_rox"):
         _ = TokenPipeline(path, seq_len=8, global_batch_size=2, chunk_tokens=100).plan
     assert caplog.messages == []
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):  # packed: the padding it costs
+        _ = TokenPipeline(path, seq_len=63, global_batch_size=2, chunk_tokens=150,
+                          packing="best_fit").plan  # fmt: skip
+    assert caplog.messages == [
+        f"{path}: chunk_tokens=150 holds about 2.3 rows of 64 tokens, and packing each chunk on "
+        "its own leaves about one row of padding a chunk: some 30% of the rows' tokens; pass a "
+        "chunk_tokens of at least 1024, or none (chosen from the data)"
+    ]

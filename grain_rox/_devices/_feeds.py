@@ -251,16 +251,17 @@ class PipelineFeed:
                     "order='blocks' has no such limit)"
                 )
             chunks = changed.get("chunk_tokens")
-            if chunks is not None and saved.get("packing") and not self.pipeline.chunk_tokens:
-                kept = set(chunks[0].values()) if isinstance(chunks[0], dict) else set()
+            kept = set(chunks[0].values()) if chunks and isinstance(chunks[0], dict) else set()
+            if (
+                len(kept) == 1  # one chunk for all sources, which chunk_tokens= can give
+                and set(changed) <= {"chunk_tokens", "max_seq_len"}  # the phases only, else
+                and saved.get("packing")
+                and not self.pipeline.chunk_tokens
+            ):
                 hint = (
                     ". Packed rows take a chunk chosen from the longest seq_len of the phases "
                     "(and the shards); to keep this run's chunk with the phases now given, pass "
-                    + (
-                        f"chunk_tokens={kept.pop()}"
-                        if len(kept) == 1
-                        else f"the chunk each source saved ({chunks[0]}), one pipeline a source"
-                    )
+                    f"chunk_tokens={kept.pop()}"
                 )
             if earlier:
                 hint = (

@@ -52,6 +52,8 @@ def auto_chunk_tokens(num_tokens: int) -> int:
 # than this share of its tokens in them (small files, or shards just under a few chunks), a
 # chunk that fits its shards better is chosen; whatever is left over this share is logged.
 TAIL_SHARE_ALLOWED = 0.01
+# a packed chunk passed by hand under this many rows is logged with the padding it costs
+PACKED_CHUNK_ROWS = 16
 
 
 def tail_share(shard_tokens: Sequence[int], chunk: int) -> float:
@@ -246,7 +248,18 @@ def source_orders(
                 "write fewer, larger shards, or pass chunk_tokens= (at most the largest shard) "
                 "to pack anyway, with about one row of padding a chunk"
             )
-        if pipeline.chunk_tokens and 1 / chunk > TAIL_SHARE_ALLOWED:
+        row = longest + 1
+        padding = row / (chunk + row)  # packing each chunk on its own leaves about a row
+        if pipeline.chunk_tokens and pipeline.packing and chunk < PACKED_CHUNK_ROWS * row:
+            _log_once(
+                logging.WARNING,
+                f"{_source_label(name, corpus)}: chunk_tokens={chunk} holds about "
+                f"{chunk / row:.1f} rows of {row} tokens, and packing each chunk on its own "
+                f"leaves about one row of padding a chunk: some {100 * padding:.0f}% of the "
+                f"rows' tokens; pass a chunk_tokens of at least {PACKED_CHUNK_ROWS * row}, or "
+                "none (chosen from the data)",
+            )
+        elif pipeline.chunk_tokens and 1 / chunk > TAIL_SHARE_ALLOWED:
             _log_once(
                 logging.WARNING,
                 f"{_source_label(name, corpus)}: chunk_tokens={chunk} leaves the pair across each "
@@ -254,15 +267,13 @@ def source_orders(
                 f"at least {math.ceil(1 / TAIL_SHARE_ALLOWED)}, or none (chosen from the data)",
             )
         if not raw and (share := tail_share(shard_tokens, chunk)) > TAIL_SHARE_ALLOWED:
-            _log.warning(
-                "%s (%d shard(s)): %.1f%% of its tokens lie in shard tails shorter than a chunk "
-                "of %d tokens and are never served%s; write fewer, larger shards, or pass a "
-                "smaller chunk_tokens",
-                _source_label(name, corpus),
-                len(corpus.shards),
-                100 * share,
-                chunk,
-                " (chunk_tokens as passed)" if pipeline.chunk_tokens else "",
+            _log_once(
+                logging.WARNING,
+                f"{_source_label(name, corpus)} ({len(corpus.shards)} shard(s)): "
+                f"{100 * share:.1f}% of its tokens lie in shard tails shorter than a chunk of "
+                f"{chunk} tokens and are never served"
+                f"{' (chunk_tokens as passed)' if pipeline.chunk_tokens else ''}; write fewer, "
+                "larger shards, or pass a smaller chunk_tokens",
             )
         usable = sum((t // chunk) * chunk for t in shard_tokens)
         seed = _source_seed(int(pipeline.seed), name)
