@@ -147,6 +147,34 @@ def test_a_shard_rewritten_after_a_process_read_it_is_refused_at_its_next_read(b
     np.testing.assert_array_equal(corpus.tokens(0, 50), before)  # cached: still the old bytes
 
 
+def test_a_corpus_read_in_a_forked_child_makes_its_own_connection(bucket, local_set):
+    """A ``fork()``ed child (multiprocessing's default on Linux: ``Pool``, other loaders'
+    workers) reused the parent's fsspec filesystem, which refuses ("This class is not
+    fork-safe"): six retries, then an error blaming the network."""
+    import os
+
+    url, server = bucket
+    spec = f"{url}/fork/prose.rox"
+    upload(spec, server)
+    corpus = open_rox(spec, storage_options=server.storage_options)
+    corpus.tokens(0, 10)  # the parent's filesystem made and used
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one read of blocks the parent never fetched
+        try:
+            os.environ["GRAIN_ROX_OBJECT_ATTEMPTS"] = "1"
+            out = corpus.tokens(150_000, 150_005).tolist()
+        except BaseException as e:
+            out = f"{type(e).__name__}: {e}"
+        os.write(write, json.dumps(out).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        got = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    assert got == open_rox(local_set).tokens(150_000, 150_005).tolist()
+
+
 def test_a_rewrite_between_open_and_the_first_read_is_refused_in_the_opening_process(bucket):
     url, server = bucket
     spec = f"{url}/st/prose.rox"

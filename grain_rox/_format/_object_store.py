@@ -222,11 +222,13 @@ class ObjectStore:
         self.protocol = protocol
         self.storage_options = dict(storage_options or {})
         self._fs: Any = None
+        self._pid = 0  # the process that made _fs
 
     @property
     def fs(self) -> Any:
-        """The fsspec filesystem (made on first use)."""
-        if self._fs is None:
+        """The fsspec filesystem (made on first use, and again in a ``fork()``ed child: the
+        parent's refuses use there, "This class is not fork-safe")."""
+        if self._fs is None or self._pid != os.getpid():
             try:
                 import fsspec
             except ImportError:
@@ -235,10 +237,16 @@ class ObjectStore:
                     "pip install 'grain_rox[gcs]' (gs://) or 'grain_rox[s3]' (s3://)"
                 ) from None
             self._fs = fsspec.filesystem(self.protocol, **self.storage_options)
+            self._pid = os.getpid()
         return self._fs
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"protocol": self.protocol, "storage_options": self.storage_options, "_fs": None}
+        return {
+            "protocol": self.protocol,
+            "storage_options": self.storage_options,
+            "_fs": None,
+            "_pid": 0,
+        }
 
     def url(self, path: str) -> str:
         """The full URL of a path the filesystem returned (it strips the scheme)."""
