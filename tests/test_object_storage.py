@@ -175,6 +175,27 @@ def test_a_corpus_read_in_a_forked_child_makes_its_own_connection(bucket, local_
     assert got == open_rox(local_set).tokens(150_000, 150_005).tolist()
 
 
+def test_reads_at_a_shards_edges_are_those_of_a_local_shard(bucket, local_set):
+    """A window past a bucket shard's tokens came back holding its block index as tokens, and
+    a negative start or bound was read from token 0: reads at the edges now match the local
+    shard's (numpy's rules: an IndexError past the end, negatives counted from it)."""
+    url, server = bucket
+    spec = f"{url}/edges/prose.rox"
+    upload(spec, server)
+    remote = open_rox(spec, storage_options=server.storage_options)
+    local = open_rox(local_set)
+    n = local.shards[0].num_tokens
+    for read in (
+        lambda c: c.gather(0, np.array([-1, 5, -n + 7]), 4),
+        lambda c: c.shard_slice(0, -4, n),
+        lambda c: c.shard_slice(0, -n - 9, 3),
+    ):
+        np.testing.assert_array_equal(read(remote), read(local))
+    for corpus in (remote, local):
+        with pytest.raises(IndexError):
+            corpus.gather(0, np.array([n - 3]), 8)
+
+
 def test_a_rewrite_between_open_and_the_first_read_is_refused_in_the_opening_process(bucket):
     url, server = bucket
     spec = f"{url}/st/prose.rox"

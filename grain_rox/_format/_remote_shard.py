@@ -202,7 +202,16 @@ def gather_remote(requests: list[tuple[RemoteShard, np.ndarray, int]]) -> list[n
     spans = []
     for shard, starts, width in requests:
         item = shard.header.dtype.itemsize
-        spans.append([(a * item, (a + width) * item) for a in np.asarray(starts).tolist()])
+        windows = max(0, shard.header.num_tokens - width + 1)  # as a local shard's window view:
+        at = np.asarray(starts, dtype=np.int64).reshape(-1)  # a negative start counts from
+        at = np.where(at < 0, at + windows, at)  # the last window, one past is an IndexError
+        if at.size and (at.min() < 0 or at.max() >= windows):
+            bad = np.asarray(starts).reshape(-1)[(at < 0) | (at >= windows)][:5].tolist()
+            raise IndexError(
+                f"window starts {bad} are out of range for {shard.ref.url}: it holds {windows} "
+                f"windows of {width} tokens ({shard.header.num_tokens} tokens)"
+            )
+        spans.append([(a * item, (a + width) * item) for a in at.tolist()])
     out = []
     for (shard, _, width), got in zip(
         requests, read_remote([r[0] for r in requests], spans), strict=True
@@ -217,12 +226,13 @@ def gather_remote(requests: list[tuple[RemoteShard, np.ndarray, int]]) -> list[n
 def spans_remote(
     requests: list[tuple[RemoteShard, list[tuple[int, int]]]],
 ) -> list[list[np.ndarray]]:
-    """Token spans ``[a, b)`` (clipped to each shard, like numpy slices) of several remote
-    shards in one round trip (see :func:`read_remote`)."""
+    """Token spans ``[a, b)`` (read as numpy slices read them: a negative bound counts from
+    the end, both are clipped to the shard) of several remote shards in one round trip (see
+    :func:`read_remote`)."""
     ranges = []
     for shard, spans in requests:
         item, n = shard.header.dtype.itemsize, shard.header.num_tokens
-        clipped = [(min(max(a, 0), n), min(max(b, 0), n)) for a, b in spans]
+        clipped = [slice(a, b).indices(n)[:2] for a, b in spans]
         ranges.append([(a * item, max(a, b) * item) for a, b in clipped])
     got = read_remote([shard for shard, _ in requests], ranges)
     return [
