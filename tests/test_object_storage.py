@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import threading
 
 import numpy as np
@@ -131,6 +132,20 @@ def test_an_object_rewritten_after_open_is_refused_not_mixed(bucket):
     upload(spec, server, docs=DOCS[::-1], if_exists="overwrite")
     with pytest.raises(RoxFormatError, match="rewritten after the corpus was opened"):
         copy.tokens(0, 10)
+
+
+def test_an_object_removed_after_open_is_refused_naming_it(bucket):
+    """A removal gave a bare FileNotFoundError with the store's inner path, no fix."""
+    url, server = bucket
+    spec = f"{url}/rm/prose.rox"
+    written = upload(spec, server)
+    corpus = open_rox(spec, storage_options=server.storage_options)
+    batches = TokenPipeline(corpus, seq_len=128, global_batch_size=8).map_dataset()
+    server.filesystem().rm_file(written.paths[0].split("://", 1)[1])
+    removed = re.escape(f"{written.paths[0]}: the object was removed after the corpus was opened")
+    for read in (lambda: corpus.tokens(0, 10), lambda: batches[0]):
+        with pytest.raises(RoxFormatError, match=f"^{removed}. Fix: restore it, or reopen"):
+            read()
 
 
 def test_a_shard_rewritten_after_a_process_read_it_is_refused_at_its_next_read(bucket):

@@ -112,7 +112,15 @@ class RemoteShard:
         now: ObjectInfo | None = None,
     ) -> None:
         if now is None:  # the object's facts now, unless the caller looked several up at once
-            now = ref.store.info(ref.url)
+            try:
+                now = ref.store.info(ref.url)
+            except FileNotFoundError:
+                raise RoxFormatError(
+                    ref.url,
+                    "the object was removed after the corpus was opened",
+                    "restore it, or reopen the corpus (open_rox) / make a new pipeline; a "
+                    "checkpoint made on the data as opened cannot continue without it",
+                ) from None
         if (now.size, now.version) != (ref.info.size, ref.info.version):
             raise RoxFormatError(
                 ref.url,

@@ -364,9 +364,12 @@ class RoxCorpus:
         for s, ref in refs:
             stores.setdefault(id(ref.store), []).append((s, ref))
         for group in stores.values():
-            infos = group[0][1].store.infos([ref.url for _, ref in group])
+            try:
+                infos = group[0][1].store.infos([ref.url for _, ref in group])
+            except FileNotFoundError:  # one was removed: each looked up alone, to name it
+                infos = {}
             for s, ref in group:
-                self._map(s, infos[ref.url])
+                self._map(s, infos.get(ref.url))
 
     def shard_tokens(self, s: int) -> np.ndarray:
         """Shard ``s``'s whole token region as a zero-copy view of its memory map.
