@@ -125,8 +125,8 @@ def resolve_shard_paths(
         s = os.fspath(spec)
         if is_url(s):
             entries = [s]
-        elif _has_glob(s):
-            entries = sorted(glob.glob(s))
+        elif _has_glob(s):  # (a set's manifest beside its shards is no shard)
+            entries = sorted(p for p in glob.glob(s) if not p.endswith(".manifest.json"))
             if not entries:
                 raise FileNotFoundError(f"no .rox shard matches the glob {s!r}")
         else:

@@ -55,7 +55,10 @@ def resolve_url(
 
 def _resolve_url(store: ObjectStore, entry: str, roxxel_names: bool) -> tuple[list[str], str]:
     if "*" in entry or "?" in entry:
-        found = [u for u in store.glob(entry) if u.endswith(".rox")]
+        # as a local path's glob (Python's, not recursive, as roxxel's): ** is *, one level
+        # (fsspec's ** would descend into every prefix below, other sets included)
+        pattern = re.sub(r"\*\*+", "*", entry.split("://", 1)[1])
+        found = [u for u in store.glob(f"{store.protocol}://{pattern}") if u.endswith(".rox")]
         return found, f"the glob {entry!r} (no .rox object matches)"
     if entry.endswith("/") or store.isdir(entry):
         prefix = entry.rstrip("/")
