@@ -16,7 +16,7 @@ there is no host work to overlap and no prefetch thread.
 
 >>> import numpy as np
 >>> from grain_rox import NumpySource
->>> whole = batches_feed(NumpySource(np.arange(12)).batches(4, seed=1, shard=(1, 2)))
+>>> whole = batches_feed(NumpySource(np.arange(12)).batches(4, seed=1))
 >>> whole.shard, len(whole), len(whole.rows(0))
 ((0, 1), 3, 4)
 """
@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grain
+import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
@@ -75,6 +76,15 @@ def batches_feed(ds: Any) -> BatchSource:
     batches = dataset_source(source_map)
     if not isinstance(source_map, grain.MapDataset) or not isinstance(batches, BatchSource):
         raise ValueError(f"placement='device' takes {_ACCEPTED}; got {type(ds).__name__}")
+    mine = (jax.process_index(), jax.process_count())
+    if batches.shard != mine:  # the host path reads the shard's rows as this process's
+        raise ValueError(
+            f"placement='device': the dataset's shard={batches.shard} is not this process's "
+            f"share {mine}; the devices serve each global batch whole and split it over the "
+            "mesh, as the host path splits shard=(jax.process_index(), jax.process_count()). "
+            "Make the dataset with that shard (or none, on one process), or pass "
+            "placement='host'"
+        )
     return BatchSource(
         batches.source,
         batches.batch_size,
