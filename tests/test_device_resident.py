@@ -296,7 +296,7 @@ def test_inputs_the_devices_cannot_hold_are_refused(root):
     with pytest.raises(ValueError, match="placement='gpu' must be one of"):
         MultiHostDataLoadIterator(shuffled_batches(source, 8), placement="gpu")
     other_share = shuffled_batches(source, 16, shard=(1, 2))  # not this process's rows:
-    with pytest.raises(ValueError, match=r"shard=\(1, 2\) is not this process's share \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"shard=\(1, 2\) is neither this process's share"):
         MultiHostDataLoadIterator(other_share, placement="device")  # (it served all 16)
     assert MultiHostDataLoadIterator(other_share, placement="auto").placement == "host"
 

@@ -77,13 +77,12 @@ def batches_feed(ds: Any) -> BatchSource:
     if not isinstance(source_map, grain.MapDataset) or not isinstance(batches, BatchSource):
         raise ValueError(f"placement='device' takes {_ACCEPTED}; got {type(ds).__name__}")
     mine = (jax.process_index(), jax.process_count())
-    if batches.shard != mine:  # the host path reads the shard's rows as this process's
+    if batches.shard not in ((0, 1), mine):  # the host path reads a shard's rows as its own
         raise ValueError(
-            f"placement='device': the dataset's shard={batches.shard} is not this process's "
-            f"share {mine}; the devices serve each global batch whole and split it over the "
-            "mesh, as the host path splits shard=(jax.process_index(), jax.process_count()). "
-            "Make the dataset with that shard (or none, on one process), or pass "
-            "placement='host'"
+            f"placement='device': the dataset's shard={batches.shard} is neither this "
+            f"process's share {mine} nor the whole batch (0, 1); the devices serve each global "
+            "batch whole and split it over the mesh. Make the dataset with one of those "
+            "shards, or pass placement='host'"
         )
     return BatchSource(
         batches.source,
