@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import select
+import signal
 import threading
 
 import numpy as np
@@ -184,9 +186,12 @@ def test_a_corpus_read_in_a_forked_child_makes_its_own_connection(bucket, local_
         os.write(write, json.dumps(out).encode())
         os._exit(0)
     os.close(write)
-    with os.fdopen(read) as pipe:
-        got = json.loads(pipe.read())
+    ready, _, _ = select.select([read], [], [], 120)  # a child stuck on a lock: fail, not hang
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        got = json.loads(pipe.read() or '"no answer in 120 s"')
     assert got == open_rox(local_set).tokens(150_000, 150_005).tolist()
 
 
