@@ -111,6 +111,44 @@ def document_pieces(
     return start, np.minimum(seq_len + 1, stops[doc] - start)
 
 
+class _Rooms:
+    """The room left in each of ``rows`` rows (0 until set), with the lowest row that has at
+    least ``n`` found in O(log rows): a binary tree of maxima over the rows.
+
+    >>> rooms = _Rooms(5)
+    >>> rooms.set(1, 3); rooms.set(3, 7); rooms.set(4, 7)
+    >>> rooms.first_with(4), rooms.first_with(2), rooms.first_with(8), rooms.most
+    (3, 1, -1, 7)
+    """
+
+    def __init__(self, rows: int) -> None:
+        self.leaves = 1 << max(0, rows - 1).bit_length()
+        self.tree = [0] * (2 * self.leaves)
+
+    @property
+    def most(self) -> int:
+        return self.tree[1]
+
+    def set(self, row: int, room: int) -> None:
+        tree = self.tree
+        i = self.leaves + row
+        tree[i] = room
+        i >>= 1
+        while i:
+            tree[i] = max(tree[2 * i], tree[2 * i + 1])
+            i >>= 1
+
+    def first_with(self, n: int) -> int:
+        """The lowest row with room >= ``n`` (``n`` >= 1), or -1."""
+        tree = self.tree
+        if tree[1] < n or n < 1:
+            return -1
+        i = 1
+        while i < self.leaves:
+            i = 2 * i if tree[2 * i] >= n else 2 * i + 1
+        return i - self.leaves
+
+
 def pack_chunk(
     ends: np.ndarray, chunk_len: int, *, seq_len: int, rows: int, packing: str = "best_fit"
 ) -> PackedChunk:
@@ -132,8 +170,11 @@ def pack_chunk(
     extra: list[tuple[int, int, int]] = []  # (row, start, length) of split parts
     split = 0
     best = packing == "best_fit"
-    # best fit: rows with room, keyed room * rows + row, kept sorted (least room first)
+    # best fit: rows with room, keyed room * rows + row, kept sorted (least room first);
+    # first fit: the lowest row with room enough, found in a tree of rooms (a scan of the
+    # open rows took 1.9 s a 64K-token chunk at seq_len 8)
     keys: list[int] = []
+    rooms = None if best else _Rooms(rows)
     for i in range(full, len(lengths)):
         n = lengths[i]
         r = -1
@@ -142,7 +183,8 @@ def pack_chunk(
             if at < len(keys):
                 r = keys.pop(at) % rows
         else:
-            r = next((j for j in range(opened) if room[j] >= n), -1)
+            assert rooms is not None
+            r = rooms.first_with(n)
         if r < 0 and opened < rows:
             r = opened
             opened += 1
@@ -151,7 +193,11 @@ def pack_chunk(
             split += 1
             a = starts[i]
             while True:
-                r = (keys[-1] % rows if keys else -1) if best else room.index(max(room))
+                if best:
+                    r = keys[-1] % rows if keys else -1
+                else:
+                    assert rooms is not None
+                    r = rooms.first_with(rooms.most)  # the first of the roomiest
                 if r >= 0 and room[r] >= n:
                     if best:
                         keys.remove(room[r] * rows + r)
@@ -163,12 +209,16 @@ def pack_chunk(
                     keys.pop()
                 extra.append((r, a, part))
                 room[r] = 0
+                if rooms is not None:
+                    rooms.set(r, 0)
                 a, n = a + part - 1, n - part + 1
             starts[i], lengths[i] = a, n
         row_of.append(r)
         room[r] -= n
         if best and room[r] > 0:
             bisect.insort(keys, room[r] * rows + r)
+        if rooms is not None:
+            rooms.set(r, room[r])
     row_of += [e[0] for e in extra]
     starts += [e[1] for e in extra]
     lengths += [e[2] for e in extra]
