@@ -283,6 +283,31 @@ def test_two_documents_with_one_key_are_an_error_naming_the_key(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("if_exists", ["error", "overwrite"])
+def test_one_member_written_beside_a_set_joins_it_as_the_local_writer_does(tmp_path, if_exists):
+    """Writing x_0009.rox (no max_shard_bytes) beside a set x_0000..: the local writer adds
+    it and keeps the others; Beam's commit listed only its own shard and deleted the rest."""
+    docs = ["a" * 3000] * 4
+    for kind in ("local", "beam"):
+        out = tmp_path / kind
+        write_rox(docs, out / "x.rox", tokenizer="bytes", max_shard_bytes=8 << 10)
+        member = str(out / ("x_0009.rox" if if_exists == "error" else "x_0001.rox"))
+        new = ["new member doc 1", "new member doc 2"]
+        if kind == "local":
+            write_rox(new, member, tokenizer="bytes", if_exists=if_exists)
+        else:
+            with beam.Pipeline() as p:
+                keyed = [((0, i), t) for i, t in enumerate(new)]
+                _ = p | beam.Create(keyed) | WriteRox(member, tokenizer="bytes",
+                                                      if_exists=if_exists)  # fmt: skip
+    assert shard_files(tmp_path / "beam") == shard_files(tmp_path / "local")
+    assert len(shard_files(tmp_path / "beam")) == (7 if if_exists == "error" else 6)
+    assert manifest_facts(str(tmp_path / "beam" / "x.manifest.json")) == manifest_facts(
+        str(tmp_path / "local" / "x.manifest.json")
+    )
+    assert main(["verify", str(tmp_path / "beam")]) == 0
+
+
 def test_options_are_checked_when_the_transforms_are_made(tmp_path):
     write_rox(["x"], tmp_path / "e.rox")
     with pytest.raises(FileExistsError, match=r"e\.rox exists") as exists:

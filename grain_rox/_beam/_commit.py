@@ -53,9 +53,15 @@ from grain_rox._format._shard_set import (
     stat_matches,
 )
 from grain_rox._text._item_encoding import TokenLayout, plan_layout
-from grain_rox._text._shard_files import FinishedShard, IfExists, ShardFile, ShardSetWriter
+from grain_rox._text._shard_files import (
+    FinishedShard,
+    IfExists,
+    ShardFile,
+    ShardSetWriter,
+    is_set_member,
+)
 from grain_rox._text._tokenizers import get_tokenizer
-from grain_rox._text._write_manifest import build_manifest
+from grain_rox._text._write_manifest import build_manifest, check_append_compatible
 
 
 class WrittenShard(NamedTuple):
@@ -187,12 +193,21 @@ def commit_shards(
         done = _already_published(mpath, run_id)
         if done is not None:
             return done
+        # one member of a set (x_0050.rox, no max_shard_bytes) joins it, the others stay
+        member = is_set_member(path, max_shard_bytes)
         resumed = _resumed(mpath, run_id)
         if resumed is None:
             roll_back_interrupted(mpath)
             disk = scan_set(mpath)
             shard_writer(path, max_shard_bytes, layout, if_exists, disk)  # refuses as write_rox
-            previous = previous_set(mpath, disk, strict=False)
+            previous = previous_set(
+                mpath,
+                disk,
+                strict=member,
+                replaced=os.path.basename(path) if member and if_exists == "overwrite" else None,
+            )
+            if member and previous.dtype:  # a grain_rox manifest: the same dtype, EOS, ...
+                check_append_compatible(previous, mpath, layout)
         else:
             previous, disk = resumed, scan_set(mpath)
         finished = [FinishedShard(w.file_size, w.raw_size, w.sha256, w.mtime_ns) for w in shards]
@@ -200,7 +215,7 @@ def commit_shards(
         docs = {k: w.num_documents for k, w in enumerate(shards)}
         final = build_manifest(
             previous,
-            {},
+            previous.shards if member else {},
             cast(Sequence[ShardFile], files),
             finished,
             docs,
