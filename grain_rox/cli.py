@@ -18,6 +18,7 @@ conversion's start and end, a verify's), per-file and per-shard detail (debug).
 from __future__ import annotations
 
 import argparse
+import difflib
 import itertools
 import json
 import logging
@@ -254,15 +255,11 @@ def _convert(args: argparse.Namespace) -> int:
             f"{args.block_size}): a shard holds whole blocks, at least one; pass at least "
             f"{args.block_size}, e.g. 64MiB"
         )
-    if args.runner is not None:
-        return _convert_on_beam(args)
-    tok = get_tokenizer(args.tokenizer or "bytes")
     files = [] if args.builtin else expand_inputs(args.inputs)
-    stats = ReadStats()
     token_docs = bool(files) and (
         args.fmt == "array_record" or all(detect_format(f) == "array_record" for f in files)
     )
-    if args.record_dtype is not None and not token_docs:
+    if args.record_dtype is not None and not token_docs:  # (on Beam too: it was ignored there)
         read = f"the built-in corpus {args.builtin!r} is text" if args.builtin else (
             f"{', '.join(args.inputs)} {'is' if len(args.inputs) == 1 else 'are'} read as text "
             f"(format {args.fmt})"
@@ -271,6 +268,10 @@ def _convert(args: argparse.Namespace) -> int:
             f"--record-dtype {args.record_dtype} applies to ArrayRecord token documents only, "
             f"and {read}; drop --record-dtype, or pass ArrayRecord files"
         )
+    if args.runner is not None:
+        return _convert_on_beam(args)
+    tok = get_tokenizer(args.tokenizer or "bytes")
+    stats = ReadStats()
     label = f"built-in '{args.builtin}'" if args.builtin else ", ".join(args.inputs)[:60]
     desc = f"converting {label} ({tok.name})"
     show = not args.no_progress
@@ -417,7 +418,49 @@ def _beam_args(parser: argparse.ArgumentParser, args: argparse.Namespace, extra:
             f"unrecognized arguments: {' '.join(bad)} (give Beam options as --name=value, "
             "e.g. --direct_num_workers=2)"
         )
+    misspelt = _misspelt_options(parser, extra)
+    if misspelt:  # Beam drops what it does not know with a log line: the run would go on
+        parser.error(
+            "unrecognized arguments: "
+            + ", ".join(f"{arg} (did you mean {ours}?)" for arg, ours in misspelt)
+            + "; grain-rox convert's options are spelled with dashes, Beam's with underscores"
+        )
     args.beam_args = extra
+
+
+def _misspelt_options(parser: argparse.ArgumentParser, extra: list[str]) -> list[tuple[str, str]]:
+    """The arguments for Beam that Beam does not know and that look like a convert option
+    (``--max_shard_bytes``, ``--tokeniser``), each with the option it looks like."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    ours = [
+        o
+        for a in subparsers.choices["convert"]._actions
+        for o in a.option_strings
+        if o.startswith("--")
+    ]
+    unknown = _unknown_to_beam(extra)
+    found = []
+    for arg in unknown:
+        name = arg.split("=", 1)[0].replace("_", "-")
+        close = [name] if name in ours else difflib.get_close_matches(name, ours, n=1, cutoff=0.8)
+        if close:
+            found.append((arg, close[0]))
+    return found
+
+
+def _unknown_to_beam(extra: list[str]) -> list[str]:
+    """The arguments Beam's pipeline options do not parse (all of them if Beam cannot say):
+    Beam itself logs "Discarding unparseable args" and runs on without them."""
+    try:
+        from apache_beam.options import pipeline_options as beam_options
+
+        beam_parser = beam_options._BeamArgumentParser(allow_abbrev=False)
+        kinds = {str(c): c for c in beam_options.PipelineOptions.__subclasses__()}
+        for kind in kinds.values():
+            kind._add_argparse_args(beam_parser)
+        return list(beam_parser.parse_known_args(extra)[1])
+    except Exception:  # no Beam, or another version's internals: judge every argument
+        return list(extra)
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -308,6 +308,30 @@ def test_one_member_written_beside_a_set_joins_it_as_the_local_writer_does(tmp_p
     assert main(["verify", str(tmp_path / "beam")]) == 0
 
 
+def test_convert_options_mistyped_for_beam_are_refused_not_dropped(tmp_path, capsys):
+    """Beam drops the options it does not know with a log line: a mistyped grain-rox option
+    (or one spelled Beam's way) ran on without it, exit 0; --record-dtype on text was ignored
+    on Beam only."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("some text to tokenize\n")
+    convert = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "o.rox"), "--no-progress"]
+    beam_run = ["--runner", "DirectRunner"]
+    with pytest.raises(SystemExit) as exited:
+        main([*convert, *beam_run, "--tokeniser=cl100k_base", "--max_shard_bytes=4KiB"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "grain-rox: error: unrecognized arguments: --tokeniser=cl100k_base (did you mean "
+        "--tokenizer?), --max_shard_bytes=4KiB (did you mean --max-shard-bytes?); grain-rox "
+        "convert's options are spelled with dashes, Beam's with underscores"
+    )
+    assert main([*convert, *beam_run, "--record-dtype", "uint16"]) == 2
+    assert "--record-dtype uint16 applies to ArrayRecord token documents only" in (
+        capsys.readouterr().err
+    )
+    assert not os.path.exists(tmp_path / "o.rox")
+    assert main([*convert, *beam_run, "--direct_num_workers=1", "--job_name=ok"]) == 0
+
+
 def test_options_are_checked_when_the_transforms_are_made(tmp_path):
     write_rox(["x"], tmp_path / "e.rox")
     with pytest.raises(FileExistsError, match=r"e\.rox exists") as exists:
