@@ -418,7 +418,7 @@ def _beam_args(parser: argparse.ArgumentParser, args: argparse.Namespace, extra:
             f"unrecognized arguments: {' '.join(bad)} (give Beam options as --name=value, "
             "e.g. --direct_num_workers=2)"
         )
-    misspelt = _misspelt_options(parser, extra)
+    misspelt = _misspelt_options(parser, extra) if extra else []  # (Beam imported only then)
     if misspelt:  # Beam drops what it does not know with a log line: the run would go on
         parser.error(
             "unrecognized arguments: "
