@@ -45,11 +45,10 @@ def _stretches(corpus: RoxCorpus, trailing: list[tuple[int, Any]]) -> list[list[
     ends = _served_ends(corpus, trailing)
     inner = corpus.padding_spans()
     checks = [
-        (s, [(a, a + n) for a, n in spans if n > 0 and a + n <= ends[s]])
+        (s, within)
         for s, (spans, _) in enumerate(inner)
-        if spans
+        if (within := [(a, a + n) for a, n in spans if n > 0 and a + n <= ends[s]])
     ]
-    checks = [(s, spans) for s, spans in checks if spans]
     out = [[(0, end)] for end in ends]
     if not checks:
         return out
