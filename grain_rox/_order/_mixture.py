@@ -165,9 +165,9 @@ def _seat_order(w: Sequence[int], c0: Sequence[int], c1: Sequence[int]) -> np.nd
     ]
     rank = np.empty(len(w), dtype=np.int64)
     rank[sorted(range(len(w)), key=lambda i: (-ratio[i], i))] = np.arange(len(w))
-    key = np.asarray([float(e) for e in exact], dtype=np.float64)[part] / (2.0 * seat + 1.0)
-    if not any(exact):  # weights from before exact ones (tests build such): theirs is all
-        key = np.asarray(w, dtype=np.float64)[part] / (2.0 * seat + 1.0)
+    # weights from before exact ones (tests build such) have no exact part: theirs is all
+    priority = exact if any(exact) else w
+    key = np.asarray([float(x) for x in priority], dtype=np.float64)[part] / (2.0 * seat + 1.0)
     order = np.lexsort((part, rank[part], -key))
     part, seat, key = part[order], seat[order], key[order]
     close = np.flatnonzero(np.abs(np.diff(key)) <= key[1:] * 1e-12)
