@@ -62,8 +62,21 @@ def tail_share(shard_tokens: Sequence[int], chunk: int) -> float:
     >>> round(tail_share([100_000, 60_000], 65536), 4)  # 34,464 + 60,000 of 160,000 tokens
     0.5904
     """
-    total = sum(shard_tokens)
-    return sum(t % chunk for t in shard_tokens) / total if total else 0.0
+    return float(_shares(*_distinct_sizes(shard_tokens), [chunk])[0])
+
+
+def _distinct_sizes(shard_tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct sizes of a source's non-empty shards, and how many shards have each."""
+    tokens = np.asarray(shard_tokens, dtype=np.int64)
+    return np.unique(tokens[tokens > 0], return_counts=True)
+
+
+def _shares(sizes: np.ndarray, counts: np.ndarray, chunks: Sequence[int]) -> np.ndarray:
+    """The share of the tokens of shards of ``sizes`` (``counts`` of each) that each of
+    ``chunks`` leaves in shard tails: by distinct size, a chunk at a time (a million shards
+    of a thousand sizes take a few ms a chunk, not a (chunks, shards) array)."""
+    total = max(1, int((sizes * counts).sum()))
+    return np.array([int(((sizes % c) * counts).sum()) for c in chunks], np.int64) / total
 
 
 def least_packed_chunk(seq_len: int) -> int:
@@ -113,19 +126,14 @@ def _tail_shares(
     """Chunk sizes in ``[least, most]``, largest first, and the share of a source's tokens
     each leaves in shard tails. Candidates: powers of two, and the sizes that cut one of the
     three shard sizes holding the most tokens (the largest too) into 1 to 64 equal chunks."""
-    tokens = np.asarray(shard_tokens, dtype=np.int64)
-    sizes, counts = np.unique(tokens[tokens > 0], return_counts=True)
+    sizes, counts = _distinct_sizes(shard_tokens)
     candidates = {most >> i for i in range(32) if most >> i >= least} | {most}
     if sizes.size:
         common = sizes[np.argsort(-(sizes * counts), kind="stable")[:3]].tolist()
         for size in {*common, int(sizes[-1])}:
             candidates |= {size // k for k in range(1, 65) if least <= size // k <= most}
     ordered = np.asarray(sorted(candidates, reverse=True), dtype=np.int64)
-    total = max(1, int((sizes * counts).sum()))
-    # by distinct shard size, a candidate at a time: a million shards of a thousand sizes
-    # take a few ms a candidate, not a (candidates, shards) array
-    tails = np.array([int(((sizes % c) * counts).sum()) for c in ordered.tolist()], np.int64)
-    return ordered, tails / total
+    return ordered, _shares(sizes, counts, ordered.tolist())
 
 
 def packing_chunk_tokens(shard_tokens: Sequence[int], seq_len: int) -> int:
