@@ -246,8 +246,11 @@ def source_orders(
             if raw
             else chunk_tokens_for(shard_tokens, longest, packed=pipeline.packing is not None)
         )
-        least = least_packed_chunk(longest)
-        if pipeline.packing and not pipeline.chunk_tokens and max(shard_tokens) < least:
+        if (
+            pipeline.packing
+            and not pipeline.chunk_tokens
+            and max(shard_tokens) < (least := least_packed_chunk(longest))
+        ):
             raise ValueError(
                 f"{_source_label(name, corpus)}: its shards "
                 f"({sorted(shard_tokens, reverse=True)[:5]} tokens, the largest first) are all "
@@ -257,8 +260,8 @@ def source_orders(
                 "to pack anyway, with about one row of padding a chunk"
             )
         row = longest + 1
-        padding = row / (chunk + row)  # packing each chunk on its own leaves about a row
         if pipeline.chunk_tokens and pipeline.packing and chunk < PACKED_CHUNK_ROWS * row:
+            padding = row / (chunk + row)  # packing each chunk on its own leaves about a row
             _log_once(
                 logging.WARNING,
                 f"{_source_label(name, corpus)}: chunk_tokens={chunk} holds about "
