@@ -144,10 +144,9 @@ def _walk(directory: str, seen: _Seen) -> list[str]:
     seen.directories.add(real)
     with os.scandir(directory) as entries:
         visible = sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
-    found = [e.path for e in visible if not e.is_dir(follow_symlinks=True) and seen.first(e.path)]
-    for entry in visible:
-        if not entry.is_dir(follow_symlinks=True):
-            continue
+    kinds = [(e, e.is_dir(follow_symlinks=True)) for e in visible]  # (a stat per link, once)
+    found = [e.path for e, folder in kinds if not folder and seen.first(e.path)]
+    for entry in (e for e, folder in kinds if folder):
         if entry.is_symlink():  # a loop back up: to a directory that holds this one, where
             # it really is or along the path it was reached by
             target = os.path.realpath(entry.path)
