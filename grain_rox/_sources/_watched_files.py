@@ -64,8 +64,7 @@ class WatchedFiles(Generic[Key]):
             with open(path, "rb") as f:
                 self.opened[key] = stat_key(os.fstat(f.fileno()))
                 self.digests[key] = content_digest(f, path, share=len(self.paths))
-            if racy(self.opened[key]):
-                self.recent[key] = time.monotonic()
+            self._note_recent(key)
 
     def check(self, key: Key, f: IO[bytes], *, rehash: bool = False) -> None:
         """Refuse the open file ``f`` (file ``key``) if its content is not the one the source
@@ -80,6 +79,10 @@ class WatchedFiles(Generic[Key]):
             share=len(self.paths),
             rehash=rehash,
         )
+        self._note_recent(key)
+
+    def _note_recent(self, key: Key) -> None:
+        """Note file ``key`` as recent (hashed just now) while its stat cannot vouch for it."""
         if racy(self.opened[key]):
             self.recent[key] = time.monotonic()
         else:
