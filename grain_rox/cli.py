@@ -255,7 +255,10 @@ def _convert(args: argparse.Namespace) -> int:
             f"{args.block_size}): a shard holds whole blocks, at least one; pass at least "
             f"{args.block_size}, e.g. 64MiB"
         )
-    files = [] if args.builtin else expand_inputs(args.inputs)
+    # the inputs: for a Beam run listed here only to check --record-dtype (its workers list
+    # them; a large tree is not walked twice)
+    listed = not args.builtin and (args.runner is None or args.record_dtype is not None)
+    files = expand_inputs(args.inputs) if listed else []
     token_docs = bool(files) and (
         args.fmt == "array_record" or all(detect_format(f) == "array_record" for f in files)
     )
