@@ -261,6 +261,40 @@ def test_a_shard_object_replaced_after_the_write_is_refused_at_open(bucket):
     assert all(rec["object_tag"] for rec in manifest["shards"].values())
 
 
+def test_a_set_copied_in_by_another_tool_says_that_only_verify_checks_its_bytes(
+    bucket, local_set, caplog
+):
+    """A copy (gsutil cp, aws s3 sync) has no content hashes in its manifest: a shard changed
+    after the copy was served without a word. Now said once, with the fix; verify refuses."""
+    import logging
+    import os
+
+    url, server = bucket
+    fs = server.filesystem()
+    folder = os.path.dirname(local_set)
+    names = sorted(n for n in os.listdir(folder) if n.startswith("prose"))
+    for name in names:
+        with open(os.path.join(folder, name), "rb") as f:
+            fs.pipe_file(f"{url}/cp/{name}".split("://", 1)[1], f.read())
+    shard = f"{url}/cp/prose_0000.rox".split("://", 1)[1]
+    data = bytearray(fs.cat_file(shard))
+    data[5000:5010] = b"XXXXXXXXXX"  # changed after the copy, the same size
+    fs.pipe_file(shard, bytes(data))
+    spec = f"{url}/cp/prose.rox"
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        open_rox(spec, storage_options=server.storage_options)
+        open_rox(spec, storage_options=server.storage_options)
+    said = [m for m in caplog.messages if "records no content hashes" in m]
+    assert said == [
+        f"{url}/cp/prose.manifest.json records no content hashes for its objects (a set copied "
+        "into the bucket by another tool, not published by write_rox): a shard changed since "
+        "the copy is served until grain-rox verify checks every shard against the manifest's "
+        "sha256; run it once, or publish the set with write_rox / grain-rox convert"
+    ]
+    with server.environment():
+        assert main(["verify", spec]) == 1
+
+
 def test_a_concurrent_writer_replacing_a_shard_mid_write_is_caught(bucket, monkeypatch):
     url, server = bucket
     spec = f"{url}/race/prose.rox"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import logging
 import os
 from typing import Any, NamedTuple
 
@@ -135,10 +136,23 @@ def _open_objects(
     return {ref.url: (ref, *open_object(ref, tail)) for ref, tail in zip(refs, tails, strict=True)}
 
 
+_log = logging.getLogger("grain_rox")
+_untagged: set[str] = set()  # manifests of copied sets this process has warned of
+
+
 def _check_object_tag(ref: ObjectRef, record: ShardRecord, manifest_path: str) -> None:
     """Raise if a shard object's content hash is not the one its manifest recorded when the
     set was published (the object was replaced since, or by a concurrent writer)."""
     now = ref.info.content_tag
+    if not record.object_tag and manifest_path not in _untagged:  # copied in by another tool
+        _untagged.add(manifest_path)
+        _log.warning(
+            "%s records no content hashes for its objects (a set copied into the bucket by "
+            "another tool, not published by write_rox): a shard changed since the copy is "
+            "served until grain-rox verify checks every shard against the manifest's sha256; "
+            "run it once, or publish the set with write_rox / grain-rox convert",
+            manifest_path,
+        )
     if record.object_tag and now and now != record.object_tag:
         raise RoxFormatError(
             ref.url,
