@@ -355,6 +355,35 @@ def test_a_batches_state_on_a_plain_grain_dataset_says_what_does_not_fit(tmp_pat
     assert it.step == 0
 
 
+def test_a_plain_grain_dataset_state_says_it_holds_a_position_only(tmp_path, caplog):
+    """Grain's own dataset state is a position: restored onto other data or another seed it
+    was taken without a word. It still is (Grain decides), but now says so, and our
+    .batches() states, which name their data, say nothing."""
+    import logging
+
+    source = make_numpy(tmp_path, rows())
+
+    def plain(seed: int):
+        ds = grain.MapDataset.source(source).shuffle(seed=seed).batch(8)
+        return MultiHostDataLoadIterator(ds.to_iter_dataset(NO_THREADS), prefetch=1)
+
+    with plain(1) as it:
+        next(it)
+        state = it.get_state()
+    with caplog.at_level(logging.WARNING, logger="grain_rox"), plain(2) as it:
+        it.set_state(state)
+    assert caplog.messages == [
+        "MultiHostDataLoadIterator.set_state: this Grain dataset's state holds a position only "
+        "(step 1), not its data or order, so a restore onto other data or another seed goes "
+        "unnoticed; build the dataset on a grain_rox source's .batches() (or mix_datasets / "
+        "pack_documents), whose states name both"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="grain_rox"), device_iter(source) as it:
+        it.set_state(device_state(source)[0])
+    assert caplog.messages == []
+
+
 def edited(state: bytes, **changes) -> bytes:
     decoded = {**json.loads(state), **changes}
     return json.dumps({k: v for k, v in decoded.items() if v is not ...}).encode()

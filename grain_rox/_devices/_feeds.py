@@ -393,6 +393,15 @@ class GrainFeed:
                 )
         else:
             position = self._position_in(position, loader)
+            if not loader and not _names_its_data(position):
+                _log.warning(
+                    "MultiHostDataLoadIterator.set_state: this Grain dataset's state holds a "
+                    "position only (step %d), not its data or order, so a restore onto other "
+                    "data or another seed goes unnoticed; build the dataset on a grain_rox "
+                    "source's .batches() (or mix_datasets / pack_documents), whose states "
+                    "name both",
+                    step,
+                )
         check_step(step, self.length, limit=sys.maxsize, what="this Grain input")
         return position
 
@@ -438,6 +447,20 @@ def misfit_state(it: Any, position: Any, error: BaseException) -> ValueError:
         ".batches() dataset, which records what it reads, against a plain Grain dataset); "
         "restore it on the same input with the same data and config"
     )
+
+
+def _names_its_data(state: Any) -> bool:
+    """Whether a Grain dataset state carries a grain_rox identity (``{"identity", "state"}``
+    at some level: ``.batches()``, ``mix_datasets``, ``pack_documents``).
+
+    >>> _names_its_data({"next_index": 3}), _names_its_data([{"identity": {}, "state": {}}])
+    (False, True)
+    """
+    if isinstance(state, dict):
+        return {"identity", "state"} <= set(state) or any(map(_names_its_data, state.values()))
+    if isinstance(state, list):
+        return any(map(_names_its_data, state))
+    return False
 
 
 def _close(it: Any) -> None:
