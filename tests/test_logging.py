@@ -177,11 +177,19 @@ def test_a_restore_logs_the_step_and_the_input_and_a_refusal_logs_nothing(make_r
     kind = type(rows).__name__
     assert json.loads(grain_state)["step"] == 1
     assert records(caplog) == [
+        (  # a plain Grain dataset's state names no data: said at its restore
+            "grain_rox",
+            "WARNING",
+            "MultiHostDataLoadIterator.set_state: this Grain dataset's state holds a position "
+            "only (step 1), not its data or order, so a restore onto other data or another "
+            "seed goes unnoticed; build the dataset on a grain_rox source's .batches() (or "
+            "mix_datasets / pack_documents), whose states name both",
+        ),
         (
             "grain_rox",
             "INFO",
             f"MultiHostDataLoadIterator.set_state: resuming at step 1; input: a Grain input ({kind})",
-        )
+        ),
     ]
 
 
