@@ -243,11 +243,14 @@ def rox_maker(
     """``MultiHostDataLoadIterator(pipe, **kwargs)``; each batch through ``then`` if given."""
 
     split = kwargs.pop("split_producer", None)
+    by_call = kwargs.pop("place_by_call", None)
 
     def make() -> Feed:
         it = grain_rox.MultiHostDataLoadIterator(pipe, data_sharding=sharding, **kwargs)
         if split is not None and hasattr(it, "_split_producer"):
             it._split_producer = split  # reading and placing in one thread or two
+        if by_call is not None and hasattr(it, "_place_by_call"):
+            it._place_by_call = by_call  # placed by a jitted call or by jax.device_put
         if then is None:
             return Feed(lambda: next(it), it.close)
         return Feed(lambda: then(next(it)), it.close)
@@ -369,6 +372,10 @@ def described(batch: int, seq_len: int) -> dict[str, str]:
         "default_one": "grain_rox default, reading and placing in one thread",
         "windows1_one": 'grain_rox `layout="windows"`, `segmentation=False`, one thread',
         "fast_one": "grain_rox fast path, reading and placing in one thread",
+        "default_put": "grain_rox default, placed by `jax.device_put` (not one jitted call)",
+        "windows1_put": 'grain_rox `layout="windows"`, `segmentation=False`, placed by '
+        "`jax.device_put`",
+        "fast_put": "grain_rox fast path, placed by `jax.device_put`",
     }
 
 
@@ -393,10 +400,13 @@ def targets(roxxel: list[float], floor6: list[float]) -> dict[str, Target]:
         "windows": ratio_at_least(1.0),
         "windows1": ratio_at_least(1.0),
         "windows1_one": ratio_at_least(1.0),
+        "windows1_put": ratio_at_least(1.0),
         "fast": judge_fast,
         "fast_one": judge_fast,
+        "fast_put": judge_fast,
         "default": judge_default,
         "default_one": judge_default,
+        "default_put": judge_default,
     }
 
 
@@ -420,6 +430,7 @@ def bench_shape(
         "floor_step": floor_maker(gather, False, sharding, then=window_step()),
         "default": rox_maker(pipe(), sharding),
         "default_one": rox_maker(pipe(), sharding, split_producer=False),
+        "default_put": rox_maker(pipe(), sharding, place_by_call=False),
     }
     if extra["host_features"] is True:
         makers["host_features"] = rox_maker(pipe(), sharding, features_on_device=False)
@@ -429,6 +440,7 @@ def bench_shape(
     windows1 = pipe(layout="windows", segmentation=False)
     makers["windows1"] = rox_maker(windows1, sharding)
     makers["windows1_one"] = rox_maker(windows1, sharding, split_producer=False)
+    makers["windows1_put"] = rox_maker(windows1, sharding, place_by_call=False)
     fast = extra["tokens"]
     if isinstance(fast, str):
         skipped["fast"] = fast
@@ -436,6 +448,7 @@ def bench_shape(
         consume = jax.jit(lambda b: reduce_features(fast.unpack(b)))
         makers["fast"] = rox_maker(fast, sharding, then=consume)
         makers["fast_one"] = rox_maker(fast, sharding, then=consume, split_producer=False)
+        makers["fast_put"] = rox_maker(fast, sharding, then=consume, place_by_call=False)
     packed = extra["packed"]
     if isinstance(packed, str):
         skipped["packed"] = skipped["packed_host"] = packed
@@ -526,8 +539,9 @@ class Stall:
         return max(1, round((target_ms - (t1 - per_iter * k)) / per_iter))
 
     def run(self, key: str, iters: int, how: str) -> Callable[[], dict[str, float]]:
-        """``how``: "resident", "fed" (the iterator as configured by default) or "one"
-        (reading and placing in one thread)."""
+        """``how``: "resident", "fed" (the iterator as configured by default), "one"
+        (reading and placing in one thread) or "put" (placed by ``jax.device_put``, not one
+        jitted call)."""
         step, n = self.step(key, iters), self.cfg.stall_steps
 
         def go() -> dict[str, float]:
@@ -537,6 +551,8 @@ class Stall:
             with grain_rox.MultiHostDataLoadIterator(pipe, data_sharding=self.sharding) as it:
                 if how == "one" and hasattr(it, "_split_producer"):
                     it._split_producer = False
+                if how == "put" and hasattr(it, "_place_by_call"):
+                    it._place_by_call = False
                 return {"ms": self.ms(step, lambda: next(it), n)}
 
         return go
@@ -546,7 +562,7 @@ class Stall:
         contenders = {
             f"{key} {how}": self.run(key, iters, how)
             for key in self.pipes
-            for how in ("resident", "fed", "one")
+            for how in ("resident", "fed", "one", "put")
         }
         warm_up(contenders)  # compiles each step
         runs = {k: v["ms"] for k, v in interleave(self.cfg.rounds, contenders).items()}
@@ -564,7 +580,7 @@ class Stall:
             if key not in self.pipes:
                 parts.append(f"{label} n/a")
                 continue
-            for how, named in (("fed", ""), ("one", ", one thread")):
+            for how, named in (("fed", ""), ("one", ", one thread"), ("put", ", device_put")):
                 stall = paired(f"{key} {how}", f"{key} resident")
                 verdict = f" ({'PASS' if stall <= 2 else 'MISS'}: <= 2%)" if target_ms == 3 else ""
                 parts.append(f"{label}{named} {stall:+.1f}%{verdict}")

@@ -140,8 +140,10 @@ class PipelineFeed:
             # six outputs, each its own array, even where two features are equal: one output
             # fewer would save a fixed cost on an accelerator, but a step that donates the
             # batch would then donate one buffer twice (an error; on CPU, a crash)
+            # (in_shardings: the same call takes a host batch over and derives its features)
             self.derive = jax.jit(
                 lambda batch: tokens.unpack(batch[TOKENS], out_dtype=out_dtype),
+                in_shardings=sharding,
                 out_shardings=sharding,
             )
         self.identity = pipeline.describe()
