@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from jax.sharding import Mesh
 
 from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline, write_rox
 from grain_rox._sources._segments import MAXTEXT_FEATURES
@@ -241,19 +242,27 @@ def test_the_iterator_sends_one_array_and_derives_the_features_on_the_devices(co
         )
 
 
+@pytest.mark.parametrize("devices", [1, 8], ids=["one_device_by_call", "8_devices_device_put"])
 @pytest.mark.parametrize("on_device", [True, False], ids=["device_features", "host_features"])
-def test_a_step_may_donate_the_batch(corpora, on_device):
+def test_a_step_may_donate_the_batch(corpora, on_device, devices):
     """Every feature is its own device array, equal features included (the positions, and
     the segments where no join masks a target): a step that donates the batch must not
-    donate one buffer twice (an error, then a crash on CPU), in every phase's shape."""
+    donate one buffer twice (an error, then a crash on CPU), in every phase's shape, placed
+    by one jitted call (one device) or by device_put (several)."""
     phases = [Phase(3, 16, 16), Phase(None, 8, 24)]
     pipe = TokenPipeline(corpora["a"], phases=phases, seed=2)
     host = pipe.map_dataset()
     step = jax.jit(lambda batch: {k: v + 1 for k, v in batch.items()}, donate_argnums=0)
-    with MultiHostDataLoadIterator(pipe, features_on_device=on_device) as it:
+    mesh = Mesh(np.asarray(jax.devices()[:devices]), ("data",))
+    with MultiHostDataLoadIterator(pipe, mesh=mesh, features_on_device=on_device) as it:
+        assert it._place_by_call is (devices == 1)
         for k in range(5):
             batch = next(it)
-            buffers = {id(v) for v in batch.values()}
+            buffers = (
+                {v.unsafe_buffer_pointer() for v in batch.values()}
+                if devices == 1
+                else {id(v) for v in batch.values()}
+            )
             assert len(buffers) == len(MAXTEXT_FEATURES), sorted(batch)
             out = jax.block_until_ready(step(batch))
             assert all(v.is_deleted() for v in batch.values())  # donated
