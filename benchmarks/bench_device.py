@@ -105,6 +105,7 @@ VOCAB = 50257  # GPT-2's: stored as uint16
 EOS = 0
 MEAN_DOC_TOKENS = 1500
 SHAPES = ((32, 1024), (256, 2048))
+_ONLY_CONTENDERS: set[str] | None = None  # --contenders: the throughput rows to run (None: all)
 STEP_MS = (3.0, 7.0)
 WORKERS = 4
 
@@ -460,6 +461,11 @@ def bench_shape(
     else:
         skipped["roxxel"] = "roxxel is not installed"
 
+    if _ONLY_CONTENDERS is not None:
+        skipped.update(
+            {k: "not asked for (--contenders)" for k in makers if k not in _ONLY_CONTENDERS}
+        )
+        makers = {k: m for k, m in makers.items() if k in _ONLY_CONTENDERS}
     runs = measure(cfg, makers, f"({batch}, {seq_len})")
     judged = targets(runs.get("roxxel", []), runs["floor6"])
     return [
@@ -749,7 +755,23 @@ def main() -> int:
     parser.add_argument("--tokens", type=float, default=None, help="corpus size in tokens")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved runs (>= 3)")
     parser.add_argument("--seconds", type=float, default=None, help="seconds per timed run")
+    parser.add_argument(
+        "--shapes", default=None,
+        help="throughput shapes, e.g. 32x1024 (default: all of " + ",".join(
+            f"{b}x{s}" for b, s in SHAPES) + ")",
+    )  # fmt: skip
+    parser.add_argument(
+        "--contenders", default=None,
+        help="throughput contenders to run, comma-separated keys (default: all; the floor "
+        "and the six-transfer floor always run)",
+    )  # fmt: skip
     args = parser.parse_args()
+    shapes = SHAPES if not args.shapes else tuple(
+        tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")
+    )  # fmt: skip
+    global _ONLY_CONTENDERS
+    if args.contenders:
+        _ONLY_CONTENDERS = {"floor", "floor6", *args.contenders.split(",")}
     cfg = dataclasses.replace(
         QUICK if args.quick else FULL,
         corpus_tokens=int(args.tokens or (QUICK if args.quick else FULL).corpus_tokens),
@@ -783,7 +805,7 @@ def main() -> int:
             tokens = corpus.tokens(0, corpus.num_tokens)  # a view of the one shard's memory map
             log(f"corpus: {corpus.num_tokens / 1e6:.0f}M tokens written")
             if "t" in args.only:
-                for shape in SHAPES:
+                for shape in shapes:
                     rows += bench_shape(cfg, path, tokens, shape, sharding, roxxel)
                     log(f"{shape}:\n{markdown(rows[-len(described(*shape)) :], device)}")
             del tokens
