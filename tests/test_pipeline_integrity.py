@@ -475,6 +475,42 @@ def test_an_output_dtype_that_would_change_token_ids_is_refused(make_rox):
     assert ok["inputs"].dtype == np.uint16 and ok["inputs"].max() == 50256
 
 
+def test_uint32_ids_that_int32_cannot_hold_are_refused_not_wrapped(make_rox):
+    """uint32 shards are served as the default int32 (no vocabulary reaches 2**31), so an id
+    from 2**31 on is damage or not a token id: every read path refuses it, naming the file,
+    the id and the fix, where it was served as a negative id (2**31 + 5 as -2147483643)."""
+    big = 2**31 + 5
+    docs = [np.array([7, 9, big, 11], np.uint32)] * 200
+    path = make_rox("u32big", docs, separator=1, dtype=np.uint32)
+    clean = make_rox("u16clean", [np.array([3, 4, 5], np.uint16)] * 400, separator=1)
+    wrapped = rf"holds the token id {big}, which dtype=int32 cannot hold \(it would become {big - 2**32}\)"
+    fix = r"check it with `grain-rox verify`, or pass dtype=np\.int64 to serve the ids as stored"
+    for layout in ("maxtext", "windows", "tokens"):
+        pipe = TokenPipeline(path, seq_len=8, global_batch_size=2, layout=layout)
+        with pytest.raises(ValueError, match=rf"TokenPipeline: .*u32big\.rox {wrapped}: .*{fix}"):
+            pipe.map_dataset()[0]
+    mixed = TokenPipeline(
+        {"clean": clean, "big": path}, weights={"clean": 0.5, "big": 0.5}, seq_len=8,
+        global_batch_size=4,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=rf"source 'big' \(.*u32big\.rox\.\.\.\) {wrapped}"):
+        mixed.map_dataset()[0]
+    with pytest.raises(ValueError, match=rf"RoxTokenSource: .*u32big\.rox {wrapped}"):
+        RoxTokenSource(path, seq_len=8)[0]
+    with pytest.raises(ValueError, match=rf"RoxTokenSource: .*u32big\.rox {wrapped}"):
+        RoxTokenSource(path, seq_len=8).get_batch([1, 0])
+    with pytest.raises(ValueError, match=rf"RoxDocumentSource: .*u32big\.rox {wrapped}"):
+        RoxDocumentSource(path, seq_len=8)[0]
+    wide = TokenPipeline(path, seq_len=8, global_batch_size=2, dtype=np.int64).map_dataset()[0]
+    assert big in wide["inputs"].tolist()[0] + wide["inputs"].tolist()[1]
+    assert RoxTokenSource(path, seq_len=8, dtype=np.int64)[0]["inputs"].tolist() == [
+        7, 9, big, 11, 1, 7, 9, big
+    ]  # fmt: skip
+    small = make_rox("u32small", [np.array([7, 9, 2**31 - 1], np.uint32)] * 200, separator=1)
+    served = TokenPipeline(small, seq_len=8, global_batch_size=2).map_dataset()[0]["inputs"]
+    assert served.dtype == np.int32 and served.max() == 2**31 - 1  # the largest id that fits
+
+
 # ---- block padding is not served ---------------------------------------------------------------
 
 

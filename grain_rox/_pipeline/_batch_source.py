@@ -20,7 +20,9 @@ from grain_rox._format._digest import facts_digest
 from grain_rox._order._curriculum import Phase, SourceRows
 from grain_rox._order._lanes import LaneOrder
 from grain_rox._order._permutation import int_arg, record_index
+from grain_rox._pipeline._plan import source_label
 from grain_rox._sources._grain_setup import make_grain_workers_usable
+from grain_rox._sources._output_dtype import may_wrap, refuse_wrapped_ids
 from grain_rox._sources._segments import (
     INPUTS_POSITION,
     INPUTS_SEGMENTATION,
@@ -106,6 +108,13 @@ class GlobalBatchSource:
         self.features = plan.has_segments  # whether batches carry segment features
         self.tokens = plan.tokens  # how a layout="tokens" batch packs into one array
         self.dtype = pipeline.dtype
+        # sources whose ids the output dtype holds only below 2**31 (uint32 as int32): each
+        # batch's rows of theirs are checked, a wrapped id refused (index -> how it is named)
+        self._may_wrap = {
+            i: source_label(name, c)
+            for i, (name, c) in enumerate(self.corpora.items())
+            if may_wrap(self.dtype, c.dtype)
+        }
         self.num_batches: int | None = plan.num_batches
         self.step_limit = plan.step_limit
         plan.check_step(self.first_step, "first_step")
@@ -195,6 +204,8 @@ class GlobalBatchSource:
             assert layout is not None  # TokenPipeline checked it
             batch = layout.empty(hi - lo, phase.seq_len)
             _, joins, content = self._read(samples, groups, batch[:, : phase.seq_len + 1])
+            if self._may_wrap:  # the ids as stored, cast on the devices by unpack
+                self._refuse_wrapped(batch[:, : phase.seq_len + 1], sources)
             row_eos = np.asarray(self.eos_ids)[sources] if layout.eos_column else None
             return {TOKENS: layout.fill(batch, joins, row_eos, content)}
         stacked = self.pipeline.layout == "windows"
@@ -202,11 +213,19 @@ class GlobalBatchSource:
             hi - lo, phase.seq_len, self.dtype, features=self.features, stacked=stacked
         )
         windows, joins, content = self._read(samples, groups, out)
+        if self._may_wrap:
+            self._refuse_wrapped(windows, sources)
         features = self._features(windows, joins, groups, content, feature_out)
         windows.flags.writeable = False  # inputs and targets are views of one buffer
         if stacked:
             return windows_record(windows, features, segments)
         return maxtext_record(windows, features)
+
+    def _refuse_wrapped(self, windows: np.ndarray, sources: np.ndarray) -> None:
+        """Refuse a batch with an id its sources' dtype holds but the output's does not."""
+        for s, label in self._may_wrap.items():
+            rows = windows if len(self.readers) == 1 else windows[sources == s]
+            refuse_wrapped_ids(rows, self.dtype, label, where="TokenPipeline")
 
     def _read(
         self, samples: np.ndarray, groups: list[SourceRows], out: np.ndarray

@@ -166,7 +166,7 @@ def _source_seed(seed: int, name: str) -> int:
     return derive_key(seed, zlib.crc32(name.encode("utf-8")))
 
 
-def _source_label(name: str, corpus: RoxCorpus) -> str:
+def source_label(name: str, corpus: RoxCorpus) -> str:
     """How an error names a source: its path when it is the only (unnamed) one."""
     return f"source {name!r} ({corpus.paths[0]}...)" if name else corpus.paths[0]
 
@@ -237,7 +237,7 @@ def source_orders(
         if not sum(shard_tokens):  # not "a smaller chunk_tokens": no chunk size would do
             held = "holds no tokens" if not corpus.num_tokens else "holds block padding only"
             raise ValueError(
-                f"{_source_label(name, corpus)}: it {held} ({len(corpus.shards)} shard(s), "
+                f"{source_label(name, corpus)}: it {held} ({len(corpus.shards)} shard(s), "
                 f"{corpus.num_tokens} tokens written); write documents to it, or leave it out "
                 "of the sources"
             )
@@ -252,7 +252,7 @@ def source_orders(
             and max(shard_tokens) < (least := least_packed_chunk(longest))
         ):
             raise ValueError(
-                f"{_source_label(name, corpus)}: its shards "
+                f"{source_label(name, corpus)}: its shards "
                 f"({sorted(shard_tokens, reverse=True)[:5]} tokens, the largest first) are all "
                 f"shorter than {least} tokens, the least chunk packing chooses by itself (two "
                 "rows of seq_len + 1, at least 64; a chunk is packed on its own, in one shard); "
@@ -264,7 +264,7 @@ def source_orders(
             padding = row / (chunk + row)  # packing each chunk on its own leaves about a row
             _log_once(
                 logging.WARNING,
-                f"{_source_label(name, corpus)}: chunk_tokens={chunk} holds about "
+                f"{source_label(name, corpus)}: chunk_tokens={chunk} holds about "
                 f"{chunk / row:.1f} rows of {row} tokens, and packing each chunk on its own "
                 f"leaves about one row of padding a chunk: some {100 * padding:.0f}% of the "
                 f"rows' tokens; pass a chunk_tokens of at least {PACKED_CHUNK_ROWS * row}, or "
@@ -273,14 +273,14 @@ def source_orders(
         elif pipeline.chunk_tokens and 1 / chunk > TAIL_SHARE_ALLOWED:
             _log_once(
                 logging.WARNING,
-                f"{_source_label(name, corpus)}: chunk_tokens={chunk} leaves the pair across each "
+                f"{source_label(name, corpus)}: chunk_tokens={chunk} leaves the pair across each "
                 f"chunk join untrained, {100 / chunk:.1f}% of its pairs; pass a chunk_tokens of "
                 f"at least {math.ceil(1 / TAIL_SHARE_ALLOWED)}, or none (chosen from the data)",
             )
         if not raw and (share := tail_share(shard_tokens, chunk)) > TAIL_SHARE_ALLOWED:
             _log_once(
                 logging.WARNING,
-                f"{_source_label(name, corpus)} ({len(corpus.shards)} shard(s)): "
+                f"{source_label(name, corpus)} ({len(corpus.shards)} shard(s)): "
                 f"{100 * share:.1f}% of its tokens lie in shard tails shorter than a chunk of "
                 f"{chunk} tokens and are never served"
                 f"{' (chunk_tokens as passed)' if pipeline.chunk_tokens else ''}; write fewer, "
@@ -340,7 +340,7 @@ def source_orders(
                 if unused
                 else ""
             )
-            raise ValueError(f"{_source_label(name, corpus)}: {e}{hint}") from None
+            raise ValueError(f"{source_label(name, corpus)}: {e}{hint}") from None
     return orders
 
 
@@ -446,13 +446,13 @@ def resolve_plan(
         else None
         for c in corpora.values()
     )
-    stored = {_source_label(n, c): c.dtype for n, c in corpora.items()}
+    stored = {source_label(n, c): c.dtype for n, c in corpora.items()}
     check_output_dtype(pipeline.dtype, stored, eos_ids, where="TokenPipeline")
     schedule = pipeline.schedule
     total = schedule.total_steps
     if pipeline.num_epochs is not None:
         name, corpus = next(iter(corpora.items()))
-        total = _whole_batches(_source_label(name, corpus), pipeline.num_epochs,
+        total = _whole_batches(source_label(name, corpus), pipeline.num_epochs,
                                orders[0].windows_per_epoch, schedule.phases[0].batch_size)  # fmt: skip
     has_segments = all(e is not None for e in eos_ids)
     tokens = tokens_layout(

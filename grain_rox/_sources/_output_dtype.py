@@ -56,3 +56,47 @@ def check_output_dtype(
                 raise ValueError(
                     f"{where}: dtype={dtype.name} cannot hold the EOS id {eos}; pass dtype=np.int64"
                 )
+
+
+def may_wrap(dtype: np.dtype, stored: np.dtype) -> bool:
+    """Whether ids ``stored`` this way may wrap in the output ``dtype``: an unsigned int served
+    as the signed int of its width (``uint32`` as the default ``int32``), which
+    :func:`check_output_dtype` allows because no vocabulary reaches 2**31; each read of such a
+    source is checked by :func:`refuse_wrapped_ids`.
+
+    >>> may_wrap(np.dtype("int32"), np.dtype("uint32")), may_wrap(np.dtype("int64"), np.dtype("uint32"))
+    (True, False)
+    """
+    return stored.kind == "u" and dtype.kind == "i" and dtype.itemsize == stored.itemsize
+
+
+def refuse_wrapped_ids(values: np.ndarray, dtype: np.dtype, label: str, *, where: str) -> None:
+    """Refuse ids read from ``label`` that ``dtype`` cannot hold (see :func:`may_wrap`):
+    ``values`` are the ids already cast to ``dtype`` (where one wrapped, it is negative) or
+    still as stored (cast later, on the devices). A corpus of such ids is damaged or holds
+    no token ids: served, each would have become another, negative, id without a word.
+
+    >>> refuse_wrapped_ids(np.array([5, -2], np.int32), np.dtype("int32"), "a.rox", where="X")
+    Traceback (most recent call last):
+    ...
+    ValueError: X: a.rox holds the token id 4294967294, which dtype=int32 cannot hold (it would become -2): no vocabulary has ids from 2**31 on, so the data is damaged or not token ids; check it with `grain-rox verify`, or pass dtype=np.int64 to serve the ids as stored
+    """
+    if not values.size:
+        return
+    if values.dtype.kind == "i":
+        low = int(values.min())
+        if low >= 0:
+            return
+        stored, served = low + 2 ** (8 * values.dtype.itemsize), low
+    else:
+        high = int(values.max())
+        if high <= np.iinfo(dtype).max:
+            return
+        stored, served = high, int(np.array(high, values.dtype).astype(dtype))
+    bits = 8 * dtype.itemsize - 1
+    raise ValueError(
+        f"{where}: {label} holds the token id {stored}, which dtype={dtype.name} cannot hold "
+        f"(it would become {served}): no vocabulary has ids from 2**{bits} on, so the data is "
+        "damaged or not token ids; check it with `grain-rox verify`, or pass "
+        f"dtype=np.{'int64' if dtype.itemsize < 8 else 'uint64'} to serve the ids as stored"
+    )

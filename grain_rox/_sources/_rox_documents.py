@@ -23,7 +23,11 @@ from grain_rox._format._rox_corpus import RoxCorpus, open_unchanged
 from grain_rox._format._served import ServedSpan, served_spans
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._sources._grain_setup import make_grain_workers_usable
-from grain_rox._sources._output_dtype import check_output_dtype
+from grain_rox._sources._output_dtype import (
+    check_output_dtype,
+    may_wrap,
+    refuse_wrapped_ids,
+)
 from grain_rox._sources._segments import maxtext_record
 
 logger = logging.getLogger("grain_rox")
@@ -111,6 +115,7 @@ class RoxDocumentSource:
         self.dtype = np.dtype(dtype)
         stored = {self.corpus.paths[0]: self.corpus.dtype}
         check_output_dtype(self.dtype, stored, [self.eos_id], where="RoxDocumentSource")
+        self._may_wrap = may_wrap(self.dtype, self.corpus.dtype)  # uint32 as int32: checked
         self._spans = served_spans(self.corpus)
         # a Grain DataLoader compares reprs on restore: documents that the padding left out
         # (mid-stream, after appends) or a last document without its EOS change which record i
@@ -258,6 +263,8 @@ class RoxDocumentSource:
         index = record_index(index, int(starts.size), "document piece")
         a = int(starts[index])
         tokens = self.corpus.tokens(a, a + int(lengths[index])).astype(self.dtype)
+        if self._may_wrap:
+            refuse_wrapped_ids(tokens, self.dtype, self.corpus.paths[0], where="RoxDocumentSource")
         tokens.flags.writeable = False  # inputs and targets share it: read-only, like batches
         return maxtext_record(tokens, {})
 

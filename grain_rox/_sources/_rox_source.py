@@ -19,7 +19,11 @@ from grain_rox._format._rox_corpus import RoxCorpus, open_unchanged
 from grain_rox._format._served import served_spans
 from grain_rox._order._permutation import int_arg, record_index, record_indices
 from grain_rox._sources._grain_setup import make_grain_workers_usable
-from grain_rox._sources._output_dtype import check_output_dtype
+from grain_rox._sources._output_dtype import (
+    check_output_dtype,
+    may_wrap,
+    refuse_wrapped_ids,
+)
 from grain_rox._sources._segments import maxtext_record, segment_features
 
 
@@ -77,6 +81,7 @@ class RoxTokenSource:
         self.dtype = np.dtype(dtype)
         stored = {self.corpus.paths[0]: self.corpus.dtype}
         check_output_dtype(self.dtype, stored, [self.eos_id], where="RoxTokenSource")
+        self._may_wrap = may_wrap(self.dtype, self.corpus.dtype)  # uint32 as int32: checked
         # the served stream: each write's block padding left out (as TokenPipeline does)
         spans = served_spans(self.corpus)
         lengths = [span.stop - span.start for span in spans]
@@ -119,6 +124,8 @@ class RoxTokenSource:
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         start = record_index(index, self._len, "window") * self.seq_len
         window = self._tokens(start, start + self.seq_len + 1).astype(self.dtype)
+        if self._may_wrap:
+            refuse_wrapped_ids(window, self.dtype, self.corpus.paths[0], where="RoxTokenSource")
         window.flags.writeable = False  # inputs and targets share it: read-only, like batches
         features: dict[str, np.ndarray] = {}
         if self.eos_id is not None:
