@@ -44,6 +44,24 @@ def test_records_are_numpy_dicts_and_batches_are_one_take(table):
         source.get_batch([0, 1, 2])
 
 
+def test_the_columns_a_format_shows_are_the_columns_served(table):
+    """``with_format(columns=...)`` hides the other columns from the dataset's rows: the
+    source serves the shown ones too (it served every column), unless include_keys names
+    others; ``output_all_columns=True`` shows every column."""
+    ds = datasets.Dataset.from_dict(table)
+    shown = ds.with_format("numpy", columns=["label", "ids"])
+    assert sorted(shown[0]) == ["ids", "label"]
+    source = HFEagerSource(shown)
+    assert source.columns == ["ids", "label"] and sorted(source[3]) == ["ids", "label"]
+    assert HFEagerSource(shown, include_keys=["ragged"]).columns == ["ragged"]
+    assert HFEagerSource(shown, exclude_keys=["ids"]).columns == ["label"]
+    every = ds.with_format("numpy", columns=["label"], output_all_columns=True)
+    assert HFEagerSource(every, exclude_keys=["text"]).columns == ["ids", "ragged", "label"]
+    assert HFEagerSource(ds.with_format("numpy"), exclude_keys=["text"]).columns == [
+        "ids", "ragged", "label"
+    ]  # fmt: skip
+
+
 def test_indices_follow_python_and_grain_map_datasets(table):
     source = HFEagerSource(data=table, include_keys=["label"])
     with pytest.raises(

@@ -119,6 +119,17 @@ def _remap(dataset: Any) -> Any:
     return None if indices is None else indices.column(0).to_numpy()
 
 
+def _format_columns(dataset: Any) -> list[str] | None:
+    """The columns ``dataset.with_format(..., columns=...)`` shows (None: every column): its
+    rows hold those alone, so this source serves those alone unless ``include_keys`` says
+    otherwise (it served every column, the hidden ones too)."""
+    shown = dataset.format.get("columns")
+    if shown is None or dataset.format.get("output_all_columns"):
+        return None
+    shown = list(shown)
+    return None if sorted(shown) == sorted(dataset.column_names) else shown
+
+
 def _refuse_nulls(dataset: Any, columns: Sequence[str]) -> None:
     """An error naming the first kept column and row with a missing value, and the fix."""
     found = find_nulls(dataset.data.table, columns, _remap(dataset))
@@ -285,6 +296,8 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         if len(dataset) == 0:
             raise ValueError("the dataset is empty: a Grain source needs at least one row")
         _refuse_transform(dataset)
+        if include_keys is None:  # the columns a with_format(columns=...) shows, if any
+            include_keys = _format_columns(dataset)
         keep = kept_columns(list(dataset.column_names), include_keys, exclude_keys)
         self.nulls = check_nulls_arg(nulls)
         self.skipped_rows = 0  # rows left out for a missing value (nulls="skip")
