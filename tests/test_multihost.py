@@ -329,3 +329,24 @@ def test_a_grain_batch_placed_by_one_call_equals_one_placed_by_device_put(monkey
             assert called[key].dtype == put[key].dtype, key
             np.testing.assert_array_equal(np.asarray(called[key]), np.asarray(put[key]))
         np.testing.assert_array_equal(np.asarray(called["ids"])[:, 0], np.arange(8 * k, 8 * k + 8))
+
+
+def test_batches_of_many_shapes_place_the_new_ones_by_device_put(monkeypatch, caplog):
+    """The call compiles once a shape: past the first few shapes (a Grain input padded per
+    batch), new shapes go by device_put, said once; every batch is still served exactly."""
+    monkeypatch.setattr(_multihost, "_PLACE_BY_CALL", True)
+    monkeypatch.setattr(_multihost, "_CALL_SHAPES", 2)
+    widths = [3, 4, 3, 5, 6, 4, 7]
+    data = grain.MapDataset.source(widths).map(lambda w: {"x": np.full((2, w), w, np.int32)})
+    one = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    with (
+        caplog.at_level("INFO", logger="grain_rox"),
+        MultiHostDataLoadIterator(data, mesh=one) as it,
+    ):
+        got = [np.asarray(b["x"]) for b in it]
+        shapes = {s for s in it._call_shapes if s is not None}
+    assert [g.shape for g in got] == [(2, w) for w in widths]
+    assert all((g == w).all() for g, w in zip(got, widths, strict=True))
+    assert sorted(s[1][0][0] for s in shapes) == [(2, 3), (2, 4)]  # the first two, called
+    said = [r.getMessage() for r in caplog.records if "more than 2 shapes" in r.getMessage()]
+    assert len(said) == 1 and "placed by jax.device_put" in said[0]
