@@ -350,3 +350,85 @@ def test_batches_of_many_shapes_place_the_new_ones_by_device_put(monkeypatch, ca
     assert sorted(s[1][0][0] for s in shapes) == [(2, 3), (2, 4)]  # the first two, called
     said = [r.getMessage() for r in caplog.records if "more than 2 shapes" in r.getMessage()]
     assert len(said) == 1 and "placed by jax.device_put" in said[0]
+
+
+class _Masked:
+    """A user's pytree node whose metadata is a numpy array (compared elementwise)."""
+
+    def __init__(self, x, mask):
+        self.x, self.mask = x, mask
+
+
+jax.tree_util.register_pytree_node(
+    _Masked, lambda b: ((b.x,), b.mask), lambda mask, children: _Masked(children[0], mask)
+)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("jax_transfer_guard", "disallow"),
+        ("jax_transfer_guard_host_to_device", "log"),
+        ("jax_debug_nans", True),
+        ("jax_disable_jit", True),
+    ],
+    ids=lambda s: f"{s[0]}={s[1]}",
+)
+def test_jax_settings_that_treat_a_call_otherwise_keep_device_put(corpus, setting):
+    """A transfer guard allows device_put (an explicit transfer), not host arrays in a jitted
+    call; NaN checks would refuse a batch holding a NaN; with jit disabled the call would hand
+    out the host arrays. Under each, batches are placed by device_put, as before."""
+    name, value = setting
+    one = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    floats = grain.MapDataset.source([0, 1, 2, 3]).map(
+        lambda i: {"x": np.array([[i, np.nan], [1.0, 2.0]], np.float32)}
+    )
+    pipe = TokenPipeline(corpus, seq_len=16, global_batch_size=4, seed=1, num_epochs=1)
+    before = getattr(jax.config, name)
+    jax.config.update(name, value)
+    try:
+        served = []
+        for data, kw in ((floats, {}), (pipe, {}), (pipe, {"features_on_device": True})):
+            with MultiHostDataLoadIterator(data, mesh=one, **kw) as it:
+                batches = [next(it) for _ in range(3)]
+                assert not it._call_shapes  # none placed by the call
+            for b in batches:
+                for array in b.values():
+                    assert isinstance(array, jax.Array) and array.sharding.mesh == one
+            served.append(batches)
+    finally:
+        jax.config.update(name, before)
+    host = pipe.map_dataset()
+    for k in range(3):
+        x = np.asarray(served[0][k]["x"])
+        assert x[0, 0] == k and np.isnan(x[0, 1]) and x[1].tolist() == [1.0, 2.0]
+        for batches in served[1:]:
+            np.testing.assert_array_equal(np.asarray(batches[k]["inputs"]), host[k]["inputs"])
+
+
+def test_arrays_jax_cannot_take_as_they_are_go_by_device_put(monkeypatch):
+    """Byte-swapped arrays (the call served them swapped once a native batch of their shape
+    had compiled), strings (the call's error spoke of static_argnums) and a pytree whose
+    metadata is a numpy array (its shape key could not be compared) take device_put's path:
+    JAX's own error, or the batch as device_put places it."""
+    monkeypatch.setattr(_multihost, "_PLACE_BY_CALL", True)
+    one = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    swapped = grain.MapDataset.source([0, 1]).map(
+        lambda i: {"x": np.array([[1, 258], [3, 2**20]], "<i4" if i == 0 else ">i4")}
+    )
+    with MultiHostDataLoadIterator(swapped, mesh=one) as it:
+        assert np.asarray(next(it)["x"]).tolist() == [[1, 258], [3, 2**20]]
+        with pytest.raises(TypeError, match=r"Dtype >i4 is not a valid JAX array type"):
+            next(it)
+    texts = grain.MapDataset.source([0]).map(lambda i: {"t": np.array(["a", "b"])})
+    with (
+        MultiHostDataLoadIterator(texts, mesh=one) as it,
+        pytest.raises(TypeError, match=r"Dtype <U1 is not a valid JAX array type"),
+    ):
+        next(it)
+    masked = grain.MapDataset.source([0, 1, 2]).map(
+        lambda i: _Masked(np.full((2, 2), i, np.int32), np.array([1, 2]))
+    )
+    with MultiHostDataLoadIterator(masked, mesh=one) as it:
+        got = [np.asarray(b.x) for b in it]
+    assert [g[0, 0] for g in got] == [0, 1, 2]

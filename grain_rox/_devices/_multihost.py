@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import queue
@@ -84,9 +85,25 @@ def _drain(items: queue.Queue[Any], stop: threading.Event) -> Iterator[Any]:
             continue
 
 
-def _placed(batch: Any) -> Any:
-    """A batch as it is: jitted with shardings, the call that places it."""
-    return batch
+# JAX settings under which the call is not a transfer like device_put: each with the values
+# that leave it so (a transfer guard refuses or logs host arrays in a jitted call, NaN checks
+# refuse a batch holding a NaN, jit disabled hands the host arrays back).
+_CALL_SETTINGS = (
+    ("jax_transfer_guard", (None, "allow")),
+    ("jax_transfer_guard_host_to_device", (None, "allow")),
+    ("jax_debug_nans", (None, False)),
+    ("jax_debug_infs", (None, False)),
+    ("jax_disable_jit", (None, False)),
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _takes(dtype: np.dtype) -> bool:
+    """Whether the placing call takes arrays of ``dtype`` as they are: booleans, integers,
+    floats, complex and ml_dtypes' (bfloat16, float8, int4: numpy kind "V", unstructured), in
+    native byte order. Strings, objects and records go by device_put, whose error names them."""
+    plain = dtype.kind in "biufc" or (dtype.kind == "V" and dtype.names is None)
+    return plain and dtype.isnative
 
 
 def _stop_all_at_exit() -> None:
@@ -264,6 +281,11 @@ class MultiHostDataLoadIterator:
         # included: a step that donates the batch cannot donate one buffer twice.
         arrays = [np.ascontiguousarray(leaf) for leaf in leaves]  # JAX copies strided views slower
         self._feed.check_rows(arrays)
+        if self._place_by_call and self._call_fits(treedef, arrays):
+            try:
+                return self._placing()(jax.tree_util.tree_unflatten(treedef, arrays))
+            except (TypeError, ValueError):  # a batch the call cannot take (a pytree node
+                self._place_by_call = False  # whose metadata is an array): device_put's way
         if jax.process_count() > 1:
             placed = [
                 jax.make_array_from_process_local_data(
@@ -271,8 +293,6 @@ class MultiHostDataLoadIterator:
                 )
                 for a in arrays
             ]
-        elif self._place_by_call and self._call_fits(treedef, arrays):
-            return self._placing()(jax.tree_util.tree_unflatten(treedef, arrays))
         elif len(arrays) == 1:
             # an array alone: device_put([a]) took 251 us against 128 for device_put(a) on
             # one H200 host (the same on another); for several, one batched call is cheaper
@@ -282,11 +302,22 @@ class MultiHostDataLoadIterator:
         return self._feed.on_device(jax.tree_util.tree_unflatten(treedef, placed))
 
     def _call_fits(self, treedef: Any, arrays: list[np.ndarray]) -> bool:
-        """Whether the call places a batch of these shapes: one it has compiled for, or one
-        of the first :data:`_CALL_SHAPES` (the rest go by device_put, said once)."""
-        shapes = (treedef, tuple((a.shape, a.dtype.str) for a in arrays))
-        if shapes in self._call_shapes:
-            return True
+        """Whether the call places this batch: arrays JAX takes as they are (numeric, native
+        byte order: a byte-swapped one was served swapped), no JAX setting that treats a
+        jitted call otherwise than a transfer (a transfer guard, NaN checks, disabled jit),
+        and shapes it has compiled for or one of the first :data:`_CALL_SHAPES`; the rest go
+        by device_put (JAX's own errors, for arrays it cannot take), the shapes said once."""
+        config: Any = jax.config
+        if any(getattr(config, name, None) not in unset for name, unset in _CALL_SETTINGS):
+            return False
+        if not all(_takes(a.dtype) for a in arrays):
+            return False
+        shapes = (treedef, tuple((a.shape, a.dtype) for a in arrays))
+        try:
+            if shapes in self._call_shapes:
+                return True
+        except (TypeError, ValueError):  # a pytree node whose metadata cannot be compared
+            return False
         if len(self._call_shapes) < _CALL_SHAPES:
             self._call_shapes.add(shapes)
             return True
@@ -306,8 +337,10 @@ class MultiHostDataLoadIterator:
         a new device buffer, so that a step may donate it)."""
         if self._placer is None:
             derive = getattr(self._feed, "derive", None)
+            # a function of this iterator's own: its compiled shapes go with it (a module
+            # function's would stay in JAX's cache for the process, from every iterator)
             self._placer = derive or jax.jit(
-                _placed, in_shardings=self.sharding, out_shardings=self.sharding
+                lambda batch: batch, in_shardings=self.sharding, out_shardings=self.sharding
             )
         return self._placer
 
