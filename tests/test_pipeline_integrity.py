@@ -484,7 +484,10 @@ def test_uint32_ids_that_int32_cannot_hold_are_refused_not_wrapped(make_rox):
     path = make_rox("u32big", docs, separator=1, dtype=np.uint32)
     clean = make_rox("u16clean", [np.array([3, 4, 5], np.uint16)] * 400, separator=1)
     wrapped = rf"holds the token id {big}, which dtype=int32 cannot hold \(it would become {big - 2**32}\)"
-    fix = r"check it with `grain-rox verify`, or pass dtype=np\.int64 to serve the ids as stored"
+    fix = (
+        r"check it with `grain-rox verify`, or serve the ids as stored with dtype=np\.int64 "
+        r"\(and jax_enable_x64 on, or JAX narrows them to 32 bits again on the devices\)"
+    )
     for layout in ("maxtext", "windows", "tokens"):
         pipe = TokenPipeline(path, seq_len=8, global_batch_size=2, layout=layout)
         with pytest.raises(ValueError, match=rf"TokenPipeline: .*u32big\.rox {wrapped}: .*{fix}"):
@@ -509,6 +512,38 @@ def test_uint32_ids_that_int32_cannot_hold_are_refused_not_wrapped(make_rox):
     small = make_rox("u32small", [np.array([7, 9, 2**31 - 1], np.uint32)] * 200, separator=1)
     served = TokenPipeline(small, seq_len=8, global_batch_size=2).map_dataset()[0]["inputs"]
     assert served.dtype == np.int32 and served.max() == 2**31 - 1  # the largest id that fits
+
+
+def test_a_wrapping_id_is_refused_among_mixed_sources_and_the_pad_id_passes(make_rox):
+    """Mixed with a signed source, a uint32 source's batch travels as int64 (layout="tokens",
+    and the default on accelerators) and wrapped on the devices: refused too. The manifest's
+    pad id passes where padding is served (the lanes order), as -1, as before."""
+    docs = [np.full(100, 7, np.uint32) for _ in range(50)]
+    for doc in docs:
+        doc[5] = 3_000_000_000
+    a = make_rox("ua", docs, dtype=np.uint32, separator=0)
+    b = make_rox("sb", [np.full(100, 9, np.int32) for _ in range(50)], dtype=np.int32, separator=0)
+    phases = [Phase(steps=20, batch_size=8, seq_len=64, weights={"a": 1, "b": 1})]
+    refused = r"TokenPipeline: source 'a' \(.*ua\.rox\.\.\.\) holds the token id 3000000000"
+    for layout in ("maxtext", "tokens"):
+        data = TokenPipeline({"a": a, "b": b}, phases=phases, layout=layout).map_dataset()
+        with pytest.raises(ValueError, match=refused):
+            [data[i] for i in range(20)]
+    pipe = TokenPipeline({"a": a, "b": b}, phases=phases)
+    with (
+        MultiHostDataLoadIterator(pipe, features_on_device=True) as it,
+        pytest.raises(ValueError, match=refused),
+    ):
+        list(it)
+    rng = np.random.default_rng(0)
+    texts = [rng.integers(1, 50000, rng.integers(20, 200)).astype(np.uint32) for _ in range(200)]
+    padded = make_rox("upad", texts, dtype=np.uint32, separator=0, pad_id=2**32 - 1,
+                      block_size=4096 * 4, max_shard_bytes=1 << 15)  # fmt: skip
+    lanes = TokenPipeline(padded, seq_len=64, global_batch_size=8, num_epochs=1, order="lanes")
+    served = np.concatenate([b["inputs"].ravel() for b in lanes.map_dataset()])
+    assert (served == -1).sum() > 0 and served.min() == -1  # the padding, as lanes served it
+    blocks = TokenPipeline(padded, seq_len=64, global_batch_size=8, num_epochs=1)
+    assert min(int(b["inputs"].min()) for b in blocks.map_dataset()) >= 0  # padding left out
 
 
 # ---- block padding is not served ---------------------------------------------------------------

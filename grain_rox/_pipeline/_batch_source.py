@@ -111,7 +111,7 @@ class GlobalBatchSource:
         # sources whose ids the output dtype holds only below 2**31 (uint32 as int32): each
         # batch's rows of theirs are checked, a wrapped id refused (index -> how it is named)
         self._may_wrap = {
-            i: source_label(name, c)
+            i: (source_label(name, c), c.pad_id)
             for i, (name, c) in enumerate(self.corpora.items())
             if may_wrap(self.dtype, c.dtype)
         }
@@ -222,10 +222,26 @@ class GlobalBatchSource:
         return maxtext_record(windows, features)
 
     def _refuse_wrapped(self, windows: np.ndarray, sources: np.ndarray) -> None:
-        """Refuse a batch with an id its sources' dtype holds but the output's does not."""
-        for s, label in self._may_wrap.items():
-            rows = windows if len(self.readers) == 1 else windows[sources == s]
-            refuse_wrapped_ids(rows, self.dtype, label, where="TokenPipeline")
+        """Refuse a batch with an id its sources' dtype holds but the output's does not
+        (mixed sources: one pass over the batch, each source's rows looked at only where a
+        row holds such an id)."""
+        if len(self.readers) == 1:
+            label, pad_id = self._may_wrap[0]
+            refuse_wrapped_ids(windows, self.dtype, label, where="TokenPipeline", pad_id=pad_id)
+            return
+        info = np.iinfo(self.dtype)
+        if windows.dtype == self.dtype:  # cast already: a wrapped id is negative
+            suspect = windows.min(axis=1) < 0
+        else:
+            suspect = (windows.min(axis=1) < info.min) | (windows.max(axis=1) > info.max)
+        if not suspect.any():
+            return
+        for s, (label, pad_id) in self._may_wrap.items():
+            rows = suspect & (sources == s)
+            if rows.any():
+                refuse_wrapped_ids(
+                    windows[rows], self.dtype, label, where="TokenPipeline", pad_id=pad_id
+                )
 
     def _read(
         self, samples: np.ndarray, groups: list[SourceRows], out: np.ndarray

@@ -70,33 +70,46 @@ def may_wrap(dtype: np.dtype, stored: np.dtype) -> bool:
     return stored.kind == "u" and dtype.kind == "i" and dtype.itemsize == stored.itemsize
 
 
-def refuse_wrapped_ids(values: np.ndarray, dtype: np.dtype, label: str, *, where: str) -> None:
+def refuse_wrapped_ids(
+    values: np.ndarray, dtype: np.dtype, label: str, *, where: str, pad_id: int | None = None
+) -> None:
     """Refuse ids read from ``label`` that ``dtype`` cannot hold (see :func:`may_wrap`):
-    ``values`` are the ids already cast to ``dtype`` (where one wrapped, it is negative) or
-    still as stored (cast later, on the devices). A corpus of such ids is damaged or holds
-    no token ids: served, each would have become another, negative, id without a word.
+    ``values`` are the ids already cast to ``dtype`` (where one wrapped, it is negative), or
+    as stored or wider (cast later, on the devices). The source's ``pad_id`` is let through:
+    paths that serve padding (the lanes order, shards without a manifest) served it cast, as
+    before. A corpus of other such ids is damaged or holds no token ids: served, each would
+    have become another id without a word.
 
     >>> refuse_wrapped_ids(np.array([5, -2], np.int32), np.dtype("int32"), "a.rox", where="X")
     Traceback (most recent call last):
     ...
-    ValueError: X: a.rox holds the token id 4294967294, which dtype=int32 cannot hold (it would become -2): no vocabulary has ids from 2**31 on, so the data is damaged or not token ids; check it with `grain-rox verify`, or pass dtype=np.int64 to serve the ids as stored
+    ValueError: X: a.rox holds the token id 4294967294, which dtype=int32 cannot hold (it would become -2): no vocabulary has ids from 2**31 on, so the data is damaged or not token ids; check it with `grain-rox verify`, or serve the ids as stored with dtype=np.int64 (and jax_enable_x64 on, or JAX narrows them to 32 bits again on the devices)
+    >>> refuse_wrapped_ids(np.array([5, -1], np.int32), np.dtype("int32"), "a.rox", where="X",
+    ...                    pad_id=2**32 - 1)
     """
     if not values.size:
         return
-    if values.dtype.kind == "i":
-        low = int(values.min())
-        if low >= 0:
+    info = np.iinfo(dtype)
+    bits = 8 * dtype.itemsize
+    if values.dtype == dtype:  # cast already: an id that wrapped is negative (stored unsigned)
+        if values.min() >= 0:
             return
-        stored, served = low + 2 ** (8 * values.dtype.itemsize), low
+        bad = values[values < 0].view(np.dtype(f"u{dtype.itemsize}"))  # as stored
     else:
-        high = int(values.max())
-        if high <= np.iinfo(dtype).max:
+        if values.min() >= info.min and values.max() <= info.max:
             return
-        stored, served = high, int(np.array(high, values.dtype).astype(dtype))
-    bits = 8 * dtype.itemsize - 1
+        bad = values[(values < info.min) | (values > info.max)]
+    if pad_id is not None:
+        bad = bad[bad != pad_id]
+        if not bad.size:
+            return
+    stored = int(bad[0])
+    served = (stored - info.min) % 2**bits + info.min
+    wide = "int64" if dtype.itemsize < 8 else "uint64"
     raise ValueError(
         f"{where}: {label} holds the token id {stored}, which dtype={dtype.name} cannot hold "
-        f"(it would become {served}): no vocabulary has ids from 2**{bits} on, so the data is "
-        "damaged or not token ids; check it with `grain-rox verify`, or pass "
-        f"dtype=np.{'int64' if dtype.itemsize < 8 else 'uint64'} to serve the ids as stored"
+        f"(it would become {served}): no vocabulary has ids from 2**{bits - 1} on, so the data "
+        "is damaged or not token ids; check it with `grain-rox verify`, or serve the ids as "
+        f"stored with dtype=np.{wide} (and jax_enable_x64 on, or JAX narrows them to 32 bits "
+        "again on the devices)"
     )

@@ -264,7 +264,13 @@ class RoxDocumentSource:
         a = int(starts[index])
         tokens = self.corpus.tokens(a, a + int(lengths[index])).astype(self.dtype)
         if self._may_wrap:
-            refuse_wrapped_ids(tokens, self.dtype, self.corpus.paths[0], where="RoxDocumentSource")
+            refuse_wrapped_ids(
+                tokens,
+                self.dtype,
+                self.corpus.paths[0],
+                where="RoxDocumentSource",
+                pad_id=self.corpus.pad_id,
+            )
         tokens.flags.writeable = False  # inputs and targets share it: read-only, like batches
         return maxtext_record(tokens, {})
 

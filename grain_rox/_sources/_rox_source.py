@@ -125,7 +125,13 @@ class RoxTokenSource:
         start = record_index(index, self._len, "window") * self.seq_len
         window = self._tokens(start, start + self.seq_len + 1).astype(self.dtype)
         if self._may_wrap:
-            refuse_wrapped_ids(window, self.dtype, self.corpus.paths[0], where="RoxTokenSource")
+            refuse_wrapped_ids(
+                window,
+                self.dtype,
+                self.corpus.paths[0],
+                where="RoxTokenSource",
+                pad_id=self.corpus.pad_id,
+            )
         window.flags.writeable = False  # inputs and targets share it: read-only, like batches
         features: dict[str, np.ndarray] = {}
         if self.eos_id is not None:
