@@ -60,6 +60,15 @@ def test_the_columns_a_format_shows_are_the_columns_served(table):
     assert HFEagerSource(ds.with_format("numpy"), exclude_keys=["text"]).columns == [
         "ids", "ragged", "label"
     ]  # fmt: skip
+    tokenized = HFEagerSource(shown, tokenize=["text"], tokenizer="bytes")  # hidden, named
+    assert tokenized.columns == ["ids", "label", "text"]
+    assert tokenized[1]["text"].tolist() == [*b"doc 1", 256]  # the bytes, then EOS
+    with pytest.raises(
+        ValueError,
+        match=r"no column left after include/exclude keys; columns: .* \(the dataset's format "
+        r"shows only \['label', 'ids'\]: pass include_keys= to read others\)",
+    ):
+        HFEagerSource(shown, exclude_keys=["ids", "label"])
 
 
 def test_indices_follow_python_and_grain_map_datasets(table):

@@ -296,9 +296,17 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         if len(dataset) == 0:
             raise ValueError("the dataset is empty: a Grain source needs at least one row")
         _refuse_transform(dataset)
-        if include_keys is None:  # the columns a with_format(columns=...) shows, if any
-            include_keys = _format_columns(dataset)
-        keep = kept_columns(list(dataset.column_names), include_keys, exclude_keys)
+        shown = _format_columns(dataset) if include_keys is None else None
+        if shown is not None:  # the columns a with_format(columns=...) shows, and to tokenize
+            include_keys = shown + [c for c in tokenize or () if c not in shown]
+        try:
+            keep = kept_columns(list(dataset.column_names), include_keys, exclude_keys)
+        except ValueError as e:
+            if shown is None:
+                raise
+            raise ValueError(
+                f"{e} (the dataset's format shows only {shown}: pass include_keys= to read others)"
+            ) from None
         self.nulls = check_nulls_arg(nulls)
         self.skipped_rows = 0  # rows left out for a missing value (nulls="skip")
         if self.nulls == "skip":
