@@ -334,7 +334,9 @@ def roxxel_stream(
       completed_phases: ``(steps, batch_size, seq_len)`` of earlier training phases with other
         shapes, oldest first, exactly as passed to roxxel.
       total_steps: an upper bound on the number of batches (>= 0), as in roxxel.
-      dtype: the output dtype (tokens are converted with ``.astype``).
+      dtype: the output dtype (tokens are converted with ``.astype``, as roxxel does, so an
+        id the dtype cannot hold wraps as it does in roxxel: a ``uint32`` id from 2**31 on
+        becomes negative in ``int32``, where :class:`~grain_rox.TokenPipeline` refuses it).
 
     Returns:
       A ``grain.MapDataset`` of ``(batch_size, seq_len)`` arrays of ``dtype``: record ``k``
