@@ -29,7 +29,7 @@ def corpora(tmp_path_factory) -> dict[str, str]:
         ("a", 0, np.uint16, 60_000, 0),
         ("b", 1, np.uint16, 60_000, 0),
         ("other_eos", 2, np.uint16, 60_000, 7),
-        ("wide", 3, np.uint32, 4_000_000_000, 0),
+        ("wide", 3, np.uint32, 2**31 - 1, 0),  # ids beyond uint16, all an int32 holds
         ("signed", 4, np.int32, 60_000, 0),
         ("unsigned", 5, np.uint32, 60_000, 0),
     ):
