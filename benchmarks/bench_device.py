@@ -461,17 +461,16 @@ def bench_shape(
     else:
         skipped["roxxel"] = "roxxel is not installed"
 
-    if _ONLY_CONTENDERS is not None:
-        skipped.update(
-            {k: "not asked for (--contenders)" for k in makers if k not in _ONLY_CONTENDERS}
-        )
+    if _ONLY_CONTENDERS is not None:  # the others are left out of the table
         makers = {k: m for k, m in makers.items() if k in _ONLY_CONTENDERS}
+        skipped = {k: why for k, why in skipped.items() if k in _ONLY_CONTENDERS}
     runs = measure(cfg, makers, f"({batch}, {seq_len})")
     judged = targets(runs.get("roxxel", []), runs["floor6"])
     return [
         Row(f"{key} {batch}x{seq_len}", what, "batch/s", runs.get(key, []), runs["floor"], True,
             what, "the one-transfer floor", judged.get(key), skipped=skipped.get(key))
         for key, what in described(batch, seq_len).items()
+        if key in runs or key in skipped
     ]  # fmt: skip
 
 
@@ -733,10 +732,10 @@ def report(cfg: Config, title: str, rows: list[Row], stall: list[str], workers: 
     print(f"\n## Device benchmark: {title}; JAX {jax.__version__}, grain_rox "
           f"{grain_rox.__version__}; {cfg.corpus_tokens / 1e6:g}M-token corpus, {mode} mode; "
           f"medians of {cfg.rounds} interleaved rounds\n")  # fmt: skip
-    for batch, seq_len in SHAPES:
-        shape_rows = [r for r in rows if r.key.endswith(f" {batch}x{seq_len}")]
-        if shape_rows:
-            print(f"### ({batch}, {seq_len}) batches\n\n{markdown(shape_rows, device)}\n")
+    for shape in dict.fromkeys(r.key.rsplit(" ", 1)[1] for r in rows):  # the shapes run
+        shape_rows = [r for r in rows if r.key.endswith(f" {shape}")]
+        batch, seq_len = shape.split("x")
+        print(f"### ({batch}, {seq_len}) batches\n\n{markdown(shape_rows, device)}\n")
     if stall:
         b, L = cfg.stall_shape
         print(f"### Train-step stall, ({b}, {L}) batches: step time fed by the iterator vs with "
@@ -806,8 +805,9 @@ def main() -> int:
             log(f"corpus: {corpus.num_tokens / 1e6:.0f}M tokens written")
             if "t" in args.only:
                 for shape in shapes:
-                    rows += bench_shape(cfg, path, tokens, shape, sharding, roxxel)
-                    log(f"{shape}:\n{markdown(rows[-len(described(*shape)) :], device)}")
+                    shape_rows = bench_shape(cfg, path, tokens, shape, sharding, roxxel)
+                    rows += shape_rows
+                    log(f"{shape}:\n{markdown(shape_rows, device)}")
             del tokens
         if "s" in args.only:
             stall = bench_stall(cfg, path, sharding, device)

@@ -75,10 +75,10 @@ def refuse_wrapped_ids(
 ) -> None:
     """Refuse ids read from ``label`` that ``dtype`` cannot hold (see :func:`may_wrap`):
     ``values`` are the ids already cast to ``dtype`` (where one wrapped, it is negative), or
-    as stored or wider (cast later, on the devices). The source's ``pad_id`` is let through:
-    paths that serve padding (the lanes order, shards without a manifest) served it cast, as
-    before. A corpus of other such ids is damaged or holds no token ids: served, each would
-    have become another id without a word.
+    as stored or wider (cast later, on the devices). The source's ``pad_id`` (its manifest's)
+    is let through: where padding is served (the lanes order) it was served cast, and still
+    is. A corpus of other such ids is damaged or holds no token ids: served, each would have
+    become another id without a word.
 
     >>> refuse_wrapped_ids(np.array([5, -2], np.int32), np.dtype("int32"), "a.rox", where="X")
     Traceback (most recent call last):
