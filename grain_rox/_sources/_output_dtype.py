@@ -96,13 +96,15 @@ def refuse_wrapped_ids(
             return
         bad = values[values < 0].view(np.dtype(f"u{dtype.itemsize}"))  # as stored
     else:
-        if values.min() >= info.min and values.max() <= info.max:
+        outside = outside_of(values, dtype)
+        if not outside.any():
             return
-        bad = values[(values < info.min) | (values > info.max)]
-    if pad_id is not None:
-        bad = bad[bad != pad_id]
-        if not bad.size:
+        bad = values[outside]
+    if pad_id is not None:  # in Python ints: a pad id outside bad's dtype compares safely
+        left = [v for v in bad.tolist() if v != pad_id]
+        if not left:
             return
+        bad = np.asarray(left[:1], dtype=bad.dtype)
     stored = int(bad[0])
     served = (stored - info.min) % 2**bits + info.min
     wide = "int64" if dtype.itemsize < 8 else "uint64"
@@ -113,3 +115,20 @@ def refuse_wrapped_ids(
         f"stored with dtype=np.{wide} (and jax_enable_x64 on, or JAX narrows them to 32 bits "
         "again on the devices)"
     )
+
+
+def outside_of(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Where integer ``values`` lie outside what ``dtype`` holds, each bound compared in
+    ``values``' own dtype (a bound it cannot hold is no bound: a uint32 is never below
+    int32's least; a comparison with a Python int outside the dtype crashed NumPy 2.0.0).
+
+    >>> outside_of(np.array([1, 2**31], np.uint32), np.dtype("int32")).tolist()
+    [False, True]
+    """
+    have, held = np.iinfo(values.dtype), np.iinfo(dtype)
+    outside = np.zeros(values.shape, dtype=bool)
+    if have.min < held.min:
+        outside |= values < values.dtype.type(held.min)
+    if have.max > held.max:
+        outside |= values > values.dtype.type(held.max)
+    return outside
