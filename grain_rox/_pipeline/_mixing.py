@@ -319,6 +319,7 @@ def mix_datasets(
         selection = _PhasedSelection(mixtures, [int(n) for n in counts if n is not None])
     mixed = grain.MapDataset.select_from_datasets(parts, selection)
     identity: dict[str, Any] = {f"dataset {n!r}": describe_dataset(datasets[n]) for n in names}
+    identity["sources"] = names  # in order: a source's place seeds its shuffle and selection
     identity["phases"] = [
         [n, dict(zip(names, w, strict=True))] for n, w in zip(counts, shares, strict=True)
     ]
