@@ -352,3 +352,37 @@ def test_a_recent_file_is_hashed_at_most_every_half_second_and_once_after(tmp_pa
     path.write_bytes(b"y" * 1000)
     with pytest.raises(ValueError, match=r"rows.bin changed after this Demo was made"):
         files.recheck(0)
+
+
+def test_the_rows_an_epoch_leaves_out_are_logged(caplog):
+    """Every batch is whole, so an epoch leaves out len % batch_size rows: in order the same
+    ones every epoch (never served: a warning), shuffled other ones each epoch (a warning
+    over 1% of the rows, else info); once a process for each configuration."""
+    import logging
+
+    from grain_rox._sources import _batches
+
+    _batches._said.clear()
+    counts = np.zeros(10, int)
+    with caplog.at_level(logging.INFO, logger="grain_rox"):
+        for batch in NumpySource(np.arange(10)).batches(4, num_epochs=3, shuffle=False):
+            np.add.at(counts, batch, 1)  # a bare array source: each batch its rows
+        NumpySource(np.arange(10)).batches(4, num_epochs=3, shuffle=False)  # said once
+        NumpySource(np.arange(10)).batches(4, num_epochs=3)
+        NumpySource(np.arange(1000)).batches(7)
+        NumpySource(np.arange(12)).batches(4)  # nothing left out
+    assert counts.tolist() == [3] * 8 + [0, 0]
+    said = [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if "batches(batch_size=" in r.getMessage()
+    ]
+    assert len(said) == 3, said
+    assert said[0][0] == "WARNING" and "the last 2 rows (of 10) are never served" in said[0][1]
+    assert said[1][0] == "WARNING" and "2 of its 10 rows, other ones each epoch" in said[1][1]
+    assert (
+        said[2][0] == "INFO"
+        and "6 of its 1000 rows" in said[2][1]
+        and "(0.6% of an epoch)" in said[2][1]
+    )
+    assert all("pass a batch_size that divides" in m for _, m in said)

@@ -15,6 +15,7 @@ restores on any number of processes (it is a global batch index).
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -26,6 +27,9 @@ from grain_rox._order._permutation import FeistelPermutation, derive_key, int_ar
 from grain_rox._sources._batch_dataset import BatchDataset
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._identity import with_identity
+
+_log = logging.getLogger("grain_rox")
+_said: set[str] = set()  # leftover rows already logged, once a process each
 
 
 class BatchReadable(Protocol):
@@ -83,6 +87,7 @@ class BatchSource:
         self.num_epochs = num_epochs
         self.shard = (index, count)
         self.per_epoch = len(source) // self.batch_size
+        _say_leftover(source, self.batch_size, self.shuffle)
         self._block = max(1, 4096 // self.batch_size)  # batches whose rows are computed at once
         self._cache: tuple[tuple[int, int], np.ndarray] | None = None
         # rows drawn here are in range: a source may read them without checking again
@@ -133,6 +138,31 @@ class BatchSource:
     __getitems__ = _getitems
 
 
+def _say_leftover(source: Any, batch_size: int, shuffle: bool) -> None:
+    """Log the rows an epoch leaves out (fewer than a batch, so every batch is whole): each
+    epoch is a permutation of its own, so they are not served in that epoch; in order
+    (``shuffle=False``) they are the same rows every epoch, never served, a warning."""
+    left = len(source) % batch_size
+    if not left:
+        return
+    rows = len(source)
+    which = (
+        f"the last {left} rows (of {rows}) are never served: with shuffle=False every epoch "
+        "leaves out the same ones"
+        if not shuffle
+        else f"{left} of its {rows} rows, other ones each epoch, are not served in that epoch"
+    )
+    message = (
+        f"batches(batch_size={batch_size}) of {source!r}: {which}, so that every batch is "
+        f"whole ({100 * left / rows:.1f}% of an epoch); pass a batch_size that divides {rows} "
+        "to serve every row"
+    )
+    if message not in _said:
+        _said.add(message)
+        warn = not shuffle or left > rows / 100
+        _log.log(logging.WARNING if warn else logging.INFO, message)
+
+
 def shuffled_batches(
     source: BatchReadable,
     batch_size: int,
@@ -145,8 +175,10 @@ def shuffled_batches(
     """A ``grain.MapDataset`` whose element ``i`` is batch ``i`` of ``source``, one read each.
 
     Every epoch is a new seeded permutation of the rows cut into ``len(source) // batch_size``
-    batches; the last ``len(source) % batch_size`` rows of an epoch's order wait for another
-    epoch. ``num_epochs=None`` (or ``-1``) repeats forever. ``shard=(index, count)`` keeps
+    batches: the last ``len(source) % batch_size`` rows of an epoch's order are not served in
+    that epoch (each epoch's permutation is its own; in order, ``shuffle=False``, they are the
+    same rows every epoch, never served). That is logged: a warning in order, or over 1% of
+    the rows. ``num_epochs=None`` (or ``-1``) repeats forever. ``shard=(index, count)`` keeps
     process ``index``'s ``batch_size // count`` rows of every batch, so the global order is
     the same on any number of processes. Iterate with
     ``.to_iter_dataset(grain.ReadOptions(num_threads=0))``: its ``get_state`` / ``set_state``
