@@ -271,26 +271,6 @@ def test_append_with_other_tokenizer_settings_is_refused(tmp_path):
         write_rox([np.array([1], np.uint16)], path, separator=0, block_size=8, if_exists="append")
 
 
-def test_append_with_another_block_size_is_refused_and_keeps_the_set(tmp_path):
-    """The manifest's block size describes the whole set: an append of other blocks left it
-    saying 4096 over blocks of 8192 (inspect and verify repeated it)."""
-    path = str(tmp_path / "b.rox")
-    write_rox([np.arange(1, 5001, dtype=np.uint16)], path, separator=0, max_shard_bytes=1 << 20)
-    with pytest.raises(
-        ValueError,
-        match=r"cannot append to the shard set described by .*b\.manifest\.json: block_size "
-        r"4096 != 8192\. Write to a new path \(and mix the two sets\) or use the same settings",
-    ):
-        write_rox([np.arange(1, 11, dtype=np.uint16)], path, separator=0, block_size=8192,
-                  max_shard_bytes=1 << 20, if_exists="append")  # fmt: skip
-    with open_rox(path) as corpus:
-        assert corpus.num_tokens == 6144 and corpus.uniform_blocks  # as it was: 3 blocks
-    write_rox([np.arange(1, 11, dtype=np.uint16)], path, separator=0, max_shard_bytes=1 << 20,
-              if_exists="append")  # fmt: skip
-    with open_rox(path) as corpus:
-        assert corpus.block_size == 4096 and corpus.uniform_blocks
-
-
 def test_sharded_write_named_like_a_member_is_refused_and_deletes_nothing(tmp_path):
     """``x_0003.rox`` with max_shard_bytes= would make the set x_0003, whose names cover
     x_0003.rox, a member of the set x: an overwrite would delete it."""

@@ -21,14 +21,11 @@ def _pad_run(tail: bytes, layout: TokenLayout, most: int) -> int:
 
 
 def check_append_compatible(old: Manifest, mpath: str, layout: TokenLayout) -> None:
-    """Refuse to add tokens laid out unlike the set ``old`` describes (dtype, block size, EOS,
-    tokenizer): the manifest describes the whole set."""
+    """Refuse to add tokens laid out unlike the set ``old`` describes (dtype, EOS, tokenizer)."""
     dtype, sep, tok = layout.dtype, layout.separator, layout.tokenizer
     problems = []
     if old.dtype != str(dtype):
         problems.append(f"dtype {old.dtype} != {dtype}")
-    if old.block_size != layout.block_size:  # the set's blocks would be of two sizes
-        problems.append(f"block_size {old.block_size} != {layout.block_size}")
     if old.eos_id != sep:
         problems.append(f"eos/separator {old.eos_id} != {sep}")
     new_tok = tok.identity() if tok is not None else None
