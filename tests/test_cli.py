@@ -741,6 +741,54 @@ def test_inputs_expand_to_every_file_a_user_named(tmp_path, capsys):
     assert "5 files read" in capsys.readouterr().out
 
 
+def test_a_file_both_listed_and_named_is_read_once_in_any_order(tmp_path):
+    """A directory then a file in it read the file twice (the other order once), and a glob
+    then the directory it matched was "holds no files"; a file named twice is still read
+    twice, as asked."""
+    from grain_rox._text._convert import expand_inputs
+
+    d = tmp_path / "dup"
+    d.mkdir()
+    (d / "a.txt").write_text("one")
+    (d / "b.txt").write_text("two")
+    rel = lambda paths: sorted(os.path.relpath(p, tmp_path) for p in paths)  # noqa: E731
+    both = ["dup/a.txt", "dup/b.txt"]
+    assert rel(expand_inputs([str(d), str(d / "a.txt")])) == both
+    assert rel(expand_inputs([str(d / "a.txt"), str(d)])) == both
+    assert rel(expand_inputs([str(d / "*.txt"), str(d)])) == both
+    assert rel(expand_inputs([str(d / "a.txt"), str(d / "a.txt"), str(d)])) == [
+        "dup/a.txt", "dup/a.txt", "dup/b.txt"
+    ]  # fmt: skip
+
+
+def test_an_output_inside_an_input_directory_is_never_read_back(tmp_path, capsys, caplog):
+    """Run again into a directory it reads, convert read its own set back: the old shard was
+    skipped as binary, its manifest failed as JSONL, and --format text (the advice) wrote the
+    manifest as a training document. The set's own files are left out, and said."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("alpha")
+    (corpus / "b.txt").write_text("beta")
+    out = str(corpus / "train.rox")
+    assert main(["convert", str(corpus), "-o", out, "--no-progress"]) == 0
+    for extra in ([], ["--format", "text"]):
+        with caplog.at_level("WARNING", logger="grain_rox"):
+            code = main(["convert", str(corpus), "-o", out, "--if-exists", "overwrite",
+                         "--no-progress", *extra])  # fmt: skip
+        assert code == 0
+        said = [r.getMessage() for r in caplog.records if "output set's own" in r.getMessage()]
+        assert said and "train.manifest.json" in said[-1] and "train.rox" in said[-1]
+        with open_rox(out) as written:
+            assert written.num_documents == 2
+            assert written.tokens(0, 11).tolist() == [*b"alpha", 256, *b"beta", 256]
+    only = tmp_path / "only"
+    only.mkdir()
+    assert main(["convert", str(corpus / "a.txt"), "-o", str(only / "x.rox"), "--no-progress"]) == 0
+    assert main(["convert", str(only), "-o", str(only / "x.rox"), "--if-exists", "overwrite",
+                 "--no-progress"]) != 0  # fmt: skip
+    assert "hold only the output set's own files" in capsys.readouterr().err
+
+
 def test_limit_reads_no_record_past_the_last_it_converts(tmp_path, capsys):
     """``--limit 2`` read a third record: a malformed one there failed the conversion."""
     src = tmp_path / "l.jsonl"

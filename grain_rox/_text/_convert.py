@@ -24,6 +24,7 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from grain_rox._format._manifest import MANIFEST_SUFFIX, member_pattern
 from grain_rox._text._document_readers import (
     ReadStats,
     hf_documents,
@@ -74,8 +75,9 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
     counts those it skips instead of dropping them unseen. A dataset saved with HF
     ``save_to_disk`` is one input, wherever it is found. A file that a directory or a glob
     lists again (``d/**`` matches ``d/sub`` and ``d/sub/f.txt``; links lead to one directory
-    twice) is read once, and a link back to a directory that holds it (a loop) is not
-    followed; a file named twice by hand is read twice, as asked.
+    twice), or that is also named by hand, is read once whichever comes first; a link back
+    to a directory that holds it (a loop) is not followed; a file named twice by hand is read
+    twice, as asked.
     """
     files: list[str] = []
     seen = _Seen()
@@ -91,12 +93,37 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
     return files
 
 
+def without_output_set(files: Sequence[str], output: str) -> tuple[list[str], list[str]]:
+    """``files`` without the output set's own (``x.rox``, ``x_0000.rox``, ...,
+    ``x.manifest.json`` beside the output ``x.rox``), and those left out: an output inside an
+    input directory was read back as input on the next run (its manifest as a document).
+
+    >>> without_output_set(["d/a.txt", "d/t.rox", "d/t_0001.rox", "d/t.manifest.json"], "d/t.rox")
+    (['d/a.txt'], ['d/t.rox', 'd/t_0001.rox', 'd/t.manifest.json'])
+    """
+    where = os.path.realpath(os.path.dirname(os.path.abspath(output)))
+    base = os.path.basename(output)
+    manifest = (base[:-4] if base.endswith(".rox") else base) + MANIFEST_SUFFIX
+    members = member_pattern(manifest)
+    kept: list[str] = []
+    left: list[str] = []
+    for f in files:
+        name = os.path.basename(f)
+        ours = os.path.realpath(os.path.dirname(os.path.abspath(f))) == where and (
+            name in (manifest, base) or members.fullmatch(name) is not None
+        )
+        (left if ours else kept).append(f)
+    return kept, left
+
+
 class _Seen:
     """What an expansion has listed: directories and found files, by real path."""
 
     def __init__(self) -> None:
         self.directories: set[str] = set()
         self.files: set[str] = set()
+        self.named: set[str] = set()  # files named by hand
+        self.present = 0  # files a walk met, listed before or not
 
     def first(self, path: str) -> bool:
         """Whether a found file is listed for the first time (and mark it listed)."""
@@ -106,6 +133,17 @@ class _Seen:
         self.files.add(real)
         return True
 
+    def take_named(self, path: str) -> bool:
+        """Whether a file named by hand is listed: unless a directory or glob listed it
+        already (then it is read once, whichever comes first); named twice, it is read twice,
+        as asked."""
+        real = os.path.realpath(path)
+        if real in self.files and real not in self.named:
+            return False
+        self.files.add(real)
+        self.named.add(real)
+        return True
+
 
 def _expand_path(path: str, seen: _Seen, *, named: bool) -> list[str]:
     """The inputs ``path`` stands for (``named``: given by the user, not matched by a glob:
@@ -113,15 +151,17 @@ def _expand_path(path: str, seen: _Seen, *, named: bool) -> list[str]:
     if not named and _loops(path):  # a glob follows links round a loop until the OS stops it
         return []
     if is_hf_dataset_dir(path):
-        return [path] if seen.first(path) or named else []  # save_to_disk: one input
+        taken = seen.take_named(path) if named else seen.first(path)
+        return [path] if taken else []  # save_to_disk: one input
     if os.path.isdir(path):
         before = os.path.realpath(path) in seen.directories
+        present = seen.present
         found = _walk(path, seen)
-        if not found and named and not before:
+        if not found and named and not before and seen.present == present:
             raise FileNotFoundError(f"the input directory {path!r} holds no files")
         return found
     if os.path.lexists(path):
-        return [path] if seen.first(path) or named else []
+        return [path] if (seen.take_named(path) if named else seen.first(path)) else []
     raise FileNotFoundError(f"input {path!r} does not exist")
 
 
@@ -145,7 +185,9 @@ def _walk(directory: str, seen: _Seen) -> list[str]:
     with os.scandir(directory) as entries:
         visible = sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
     kinds = [(e, e.is_dir(follow_symlinks=True)) for e in visible]  # (a stat per link, once)
-    found = [e.path for e, folder in kinds if not folder and seen.first(e.path)]
+    files = [e.path for e, folder in kinds if not folder]
+    seen.present += len(files)
+    found = [f for f in files if seen.first(f)]
     for entry in (e for e, folder in kinds if folder):
         if entry.is_symlink():  # a loop back up: to a directory that holds this one, where
             # it really is or along the path it was reached by
@@ -156,6 +198,7 @@ def _walk(directory: str, seen: _Seen) -> list[str]:
             ):
                 continue
         if is_hf_dataset_dir(entry.path):
+            seen.present += 1
             found.extend([entry.path] if seen.first(entry.path) else [])
         else:
             found.extend(_walk(entry.path, seen))
