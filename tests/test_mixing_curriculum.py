@@ -639,3 +639,28 @@ def test_a_mixture_state_restores_only_onto_its_sources_in_their_order():
     older = iter(ab.to_iter_dataset())
     older.set_state(legacy)
     assert [int(next(older)) for _ in range(6)] == expected
+
+
+def test_a_mixture_counts_from_the_end_and_names_bad_weights_and_empty_sources():
+    """``ds[-1]`` is the last element, as for Grain's own datasets (it was "n=-1024 must be
+    >= 0"); all-zero weights and an empty source of weight > 0 are refused naming them (they
+    were "max() arg is an empty sequence" and a ZeroDivisionError at the first element)."""
+    a, b = grain.MapDataset.range(5), grain.MapDataset.range(100, 103)
+    mixed = mix_datasets({"a": a, "b": b}, {"a": 1, "b": 1}, length=10)
+    assert [mixed[-1], mixed[-10]] == [mixed[9], mixed[0]]
+    with pytest.raises(
+        IndexError, match=r"mix_datasets: index -11 is out of range for 10 elements"
+    ):
+        mixed[-11]
+    with pytest.raises(
+        ValueError, match=r"weights \[0\.0, 0\.0\] must be finite, >= 0, and not all 0"
+    ):
+        mix_datasets({"a": a, "b": b}, {"a": 0, "b": 0})
+    with pytest.raises(
+        ValueError,
+        match=r"mix_datasets: dataset 'e' has no elements but weight 1\.0 in phase 0; give it "
+        r"elements, or weight 0",
+    ):
+        mix_datasets({"a": a, "e": grain.MapDataset.range(0, 0)}, {"a": 1, "e": 1}, length=4)
+    kept = mix_datasets({"a": a, "e": grain.MapDataset.range(0, 0)}, {"a": 1, "e": 0}, length=4)
+    assert len(list(kept)) == 4

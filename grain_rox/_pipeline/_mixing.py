@@ -291,6 +291,16 @@ def mix_datasets(
         raise ValueError(
             f"phase lengths {counts} must be >= 1; only the last phase may be None (until length)"
         )
+    # the weights' own checks first (all 0 was "max() arg is an empty sequence" below)
+    mixtures = [Mixture.from_weights(w) for w in shares]
+    for p, w in enumerate(shares):
+        empty = [(n, x) for n, x in zip(names, w, strict=True) if x and len(datasets[n]) == 0]
+        if empty:  # (it was a ZeroDivisionError at the first element of it)
+            name, weight = empty[0]
+            raise ValueError(
+                f"mix_datasets: dataset {name!r} has no elements but weight {weight} in phase "
+                f"{p}; give it elements, or weight 0"
+            )
     fixed = sum(n for n in counts[:-1] if n is not None)
     if counts[-1] is None:
         if length is None:
@@ -304,7 +314,6 @@ def mix_datasets(
         counts[-1] = length - fixed
     elif length is not None and length != fixed + counts[-1]:
         raise ValueError(f"length={length} differs from the phases' {fixed + counts[-1]} samples")
-    mixtures = [Mixture.from_weights(w) for w in shares]
     parts = [
         datasets[n]  # endless (Grain's len == sys.maxsize): taken in its own order
         if len(datasets[n]) >= sys.maxsize

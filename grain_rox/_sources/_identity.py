@@ -7,6 +7,7 @@ dataset so its iterator's state is ``{"identity": {...}, "state": <Grain's state
 ``set_state`` compares the identity first, naming every field that changed.
 
 >>> import grain
+import numpy as np
 >>> ds = with_identity(grain.MapDataset.range(5), {"data": "abc", "seed": 0}, what="demo")
 >>> it = iter(ds)
 >>> _ = next(it); state = it.get_state()
@@ -22,10 +23,12 @@ ValueError: cannot restore this demo state: its data or config changed (data: sa
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grain
+import numpy as np
 
 from grain_rox._order._permutation import json_plain
 from grain_rox._sources._batch_dataset import next_index_of
@@ -165,6 +168,15 @@ class IdentifiedMapDataset(grain.MapDataset):
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return self.slice(index)
+        if isinstance(index, int | np.integer) and not isinstance(index, bool) and index < 0:
+            length = len(self)  # from the end, as Grain's own datasets (not of an endless one)
+            if length < sys.maxsize:
+                if index < -length:
+                    raise IndexError(
+                        f"{self.what}: index {index} is out of range for {length} elements "
+                        f"(from the end: -1 to -{length})"
+                    )
+                index = length + int(index)
         return self._parent[index]
 
     def _getitems(self, indices: Sequence[int]) -> Sequence[Any]:
