@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -132,3 +133,9 @@ def outside_of(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if have.max > held.max:
         outside |= values > values.dtype.type(held.max)
     return outside
+
+
+def refuse_wrapped_in(corpus: Any, values: np.ndarray, dtype: np.dtype, *, where: str) -> None:
+    """:func:`refuse_wrapped_ids` for ids read from one ``corpus`` (named by its first shard,
+    its manifest's pad id let through)."""
+    refuse_wrapped_ids(values, dtype, corpus.paths[0], where=where, pad_id=corpus.pad_id)

@@ -26,7 +26,7 @@ from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._output_dtype import (
     check_output_dtype,
     may_wrap,
-    refuse_wrapped_ids,
+    refuse_wrapped_in,
 )
 from grain_rox._sources._segments import maxtext_record
 
@@ -264,13 +264,7 @@ class RoxDocumentSource:
         a = int(starts[index])
         tokens = self.corpus.tokens(a, a + int(lengths[index])).astype(self.dtype)
         if self._may_wrap:
-            refuse_wrapped_ids(
-                tokens,
-                self.dtype,
-                self.corpus.paths[0],
-                where="RoxDocumentSource",
-                pad_id=self.corpus.pad_id,
-            )
+            refuse_wrapped_in(self.corpus, tokens, self.dtype, where="RoxDocumentSource")
         tokens.flags.writeable = False  # inputs and targets share it: read-only, like batches
         return maxtext_record(tokens, {})
 

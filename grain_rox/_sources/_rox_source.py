@@ -22,7 +22,7 @@ from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._output_dtype import (
     check_output_dtype,
     may_wrap,
-    refuse_wrapped_ids,
+    refuse_wrapped_in,
 )
 from grain_rox._sources._segments import maxtext_record, segment_features
 
@@ -125,13 +125,7 @@ class RoxTokenSource:
         start = record_index(index, self._len, "window") * self.seq_len
         window = self._tokens(start, start + self.seq_len + 1).astype(self.dtype)
         if self._may_wrap:
-            refuse_wrapped_ids(
-                window,
-                self.dtype,
-                self.corpus.paths[0],
-                where="RoxTokenSource",
-                pad_id=self.corpus.pad_id,
-            )
+            refuse_wrapped_in(self.corpus, window, self.dtype, where="RoxTokenSource")
         window.flags.writeable = False  # inputs and targets share it: read-only, like batches
         features: dict[str, np.ndarray] = {}
         if self.eos_id is not None:
