@@ -7,7 +7,6 @@ dataset so its iterator's state is ``{"identity": {...}, "state": <Grain's state
 ``set_state`` compares the identity first, naming every field that changed.
 
 >>> import grain
-import numpy as np
 >>> ds = with_identity(grain.MapDataset.range(5), {"data": "abc", "seed": 0}, what="demo")
 >>> it = iter(ds)
 >>> _ = next(it); state = it.get_state()
