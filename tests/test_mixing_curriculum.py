@@ -642,16 +642,15 @@ def test_a_mixture_state_restores_only_onto_its_sources_in_their_order():
 
 
 def test_a_mixture_counts_from_the_end_and_names_bad_weights_and_empty_sources():
-    """``ds[-1]`` is the last element, as for Grain's own datasets (it was "n=-1024 must be
-    >= 0"); all-zero weights and an empty source of weight > 0 are refused naming them (they
+    """``ds[-1]`` is the last element, and a negative index counts modulo the length, as for
+    Grain's own datasets (it was "n=-1024 must be >= 0"); all-zero weights and an empty source of weight > 0 are refused naming them (they
     were "max() arg is an empty sequence" and a ZeroDivisionError at the first element)."""
     a, b = grain.MapDataset.range(5), grain.MapDataset.range(100, 103)
     mixed = mix_datasets({"a": a, "b": b}, {"a": 1, "b": 1}, length=10)
     assert [mixed[-1], mixed[-10]] == [mixed[9], mixed[0]]
-    with pytest.raises(
-        IndexError, match=r"mix_datasets: index -11 is out of range for 10 elements"
-    ):
-        mixed[-11]
+    ten = grain.MapDataset.range(10)  # beyond -len, modulo the length, as Grain's own
+    assert [mixed[i] for i in (-11, -25)] == [mixed[ten[i]] for i in (-11, -25)]
+    assert [mixed[i] for i in (-11, -25)] == [mixed[9], mixed[5]]
     with pytest.raises(
         ValueError, match=r"weights \[0\.0, 0\.0\] must be finite, >= 0, and not all 0"
     ):

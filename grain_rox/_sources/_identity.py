@@ -168,14 +168,9 @@ class IdentifiedMapDataset(grain.MapDataset):
         if isinstance(index, slice):
             return self.slice(index)
         if isinstance(index, int | np.integer) and not isinstance(index, bool) and index < 0:
-            length = len(self)  # from the end, as Grain's own datasets (not of an endless one)
-            if length < sys.maxsize:
-                if index < -length:
-                    raise IndexError(
-                        f"{self.what}: index {index} is out of range for {length} elements "
-                        f"(from the end: -1 to -{length})"
-                    )
-                index = length + int(index)
+            length = len(self)  # modulo the length, as Grain's own datasets (range(10)[-11] is
+            if 0 < length < sys.maxsize:  # 9), not of an endless one
+                index = int(index) % length
         return self._parent[index]
 
     def _getitems(self, indices: Sequence[int]) -> Sequence[Any]:
