@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from grain_rox._format._hash_cache import cached_sha256
+from grain_rox._format._log_once import log_once
 from grain_rox._format._manifest import Manifest, ShardRecord, manifest_path_for
 from grain_rox._format._mapped_shard import FileIdentity, file_identity
 from grain_rox._format._object_store import ObjectStore, is_url, store_for
@@ -136,22 +137,18 @@ def _open_objects(
     return {ref.url: (ref, *open_object(ref, tail)) for ref, tail in zip(refs, tails, strict=True)}
 
 
-_log = logging.getLogger("grain_rox")
-_untagged: set[str] = set()  # manifests of copied sets this process has warned of
-
-
 def _check_object_tag(ref: ObjectRef, record: ShardRecord, manifest_path: str) -> None:
     """Raise if a shard object's content hash is not the one its manifest recorded when the
     set was published (the object was replaced since, or by a concurrent writer)."""
     now = ref.info.content_tag
-    if not record.object_tag and manifest_path not in _untagged:  # copied in by another tool
-        _untagged.add(manifest_path)
-        _log.warning(
-            "%s records no content hashes for its objects (a set copied into the bucket by "
-            "another tool, not published by write_rox): a shard changed since the copy is "
-            "served until grain-rox verify checks every shard against the manifest's sha256; "
-            "run it once, or publish the set with write_rox / grain-rox convert",
-            manifest_path,
+    if not record.object_tag:  # copied in by another tool
+        log_once(
+            logging.WARNING,
+            f"{manifest_path} records no content hashes for its objects (a set copied into "
+            "the bucket by another tool, not published by write_rox): a shard changed since "
+            "the copy is served until grain-rox verify checks every shard against the "
+            "manifest's sha256; run it once, or publish the set with write_rox / grain-rox "
+            "convert",
         )
     if record.object_tag and now and now != record.object_tag:
         raise RoxFormatError(

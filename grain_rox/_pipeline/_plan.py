@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grain_rox._format._log_once import log_once
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._format._served_shards import ServedShards, served_shards
 from grain_rox._order._blocks import DEFAULT_BLOCK_TOKENS, BlockOrder
@@ -262,7 +263,7 @@ def source_orders(
         row = longest + 1
         if pipeline.chunk_tokens and pipeline.packing and chunk < PACKED_CHUNK_ROWS * row:
             padding = row / (chunk + row)  # packing each chunk on its own leaves about a row
-            _log_once(
+            log_once(
                 logging.WARNING,
                 f"{source_label(name, corpus)}: chunk_tokens={chunk} holds about "
                 f"{chunk / row:.1f} rows of {row} tokens, and packing each chunk on its own "
@@ -271,14 +272,14 @@ def source_orders(
                 "none (chosen from the data)",
             )
         elif pipeline.chunk_tokens and 1 / chunk > TAIL_SHARE_ALLOWED:
-            _log_once(
+            log_once(
                 logging.WARNING,
                 f"{source_label(name, corpus)}: chunk_tokens={chunk} leaves the pair across each "
                 f"chunk join untrained, {100 / chunk:.1f}% of its pairs; pass a chunk_tokens of "
                 f"at least {math.ceil(1 / TAIL_SHARE_ALLOWED)}, or none (chosen from the data)",
             )
         if not raw and (share := tail_share(shard_tokens, chunk)) > TAIL_SHARE_ALLOWED:
-            _log_once(
+            log_once(
                 logging.WARNING,
                 f"{source_label(name, corpus)} ({len(corpus.shards)} shard(s)): "
                 f"{100 * share:.1f}% of its tokens lie in shard tails shorter than a chunk of "
@@ -404,23 +405,13 @@ class PipelinePlan:
         return check_step(step, argument, self.num_batches, self.step_limit)
 
 
-_logged: set[str] = set()  # what this process has said once (a pipeline is made again for
-# each iterator, restore and worker: the same words each time would bury the first)
-
-
-def _log_once(level: int, message: str) -> None:
-    if message not in _logged:
-        _logged.add(message)
-        _log.log(level, message)
-
-
 def _whole_batches(label: str, num_epochs: int, rows_per_epoch: int, batch_size: int) -> int:
     """The batches of ``num_epochs`` epochs: whole ones; the rows left over (fewer than a
     batch) are logged, as a warning where they are over 1% of the rows (a small corpus)."""
     rows = rows_per_epoch * num_epochs
     total, left = divmod(rows, batch_size)
     if left:
-        _log_once(
+        log_once(
             logging.WARNING if left > rows / 100 else logging.INFO,
             f"{label}: num_epochs={num_epochs}: the last {left} of its {rows} rows (fewer than "
             f"a batch of {batch_size}) are not served, so that every batch is whole "

@@ -23,13 +23,11 @@ from typing import Any, Protocol
 import grain
 import numpy as np
 
+from grain_rox._format._log_once import log_once
 from grain_rox._order._permutation import FeistelPermutation, derive_key, int_arg, seed_arg
 from grain_rox._sources._batch_dataset import BatchDataset
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._identity import with_identity
-
-_log = logging.getLogger("grain_rox")
-_said: set[str] = set()  # leftover rows already logged, once a process each
 
 
 class BatchReadable(Protocol):
@@ -157,10 +155,8 @@ def _say_leftover(source: Any, batch_size: int, shuffle: bool) -> None:
         f"whole ({100 * left / rows:.1f}% of an epoch); pass a batch_size that divides {rows} "
         "to serve every row"
     )
-    if message not in _said:
-        _said.add(message)
-        warn = not shuffle or left > rows / 100
-        _log.log(logging.WARNING if warn else logging.INFO, message)
+    warn = not shuffle or left > rows / 100
+    log_once(logging.WARNING if warn else logging.INFO, message)
 
 
 def shuffled_batches(
