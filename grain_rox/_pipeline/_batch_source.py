@@ -22,7 +22,7 @@ from grain_rox._order._lanes import LaneOrder
 from grain_rox._order._permutation import int_arg, record_index
 from grain_rox._pipeline._plan import source_label
 from grain_rox._sources._grain_setup import make_grain_workers_usable
-from grain_rox._sources._output_dtype import may_wrap, outside_of, refuse_wrapped_ids
+from grain_rox._sources._output_dtype import may_wrap, refuse_wrapped_ids, wrapped
 from grain_rox._sources._segments import (
     INPUTS_POSITION,
     INPUTS_SEGMENTATION,
@@ -229,11 +229,9 @@ class GlobalBatchSource:
             label, pad_id = self._may_wrap[0]
             refuse_wrapped_ids(windows, self.dtype, label, where="TokenPipeline", pad_id=pad_id)
             return
-        if windows.dtype == self.dtype:  # cast already: a wrapped id is negative
-            suspect = windows.min(axis=1) < 0
-        else:
-            low, high = windows.min(axis=1), windows.max(axis=1)
-            suspect = outside_of(low, self.dtype) | outside_of(high, self.dtype)
+        suspect = wrapped(windows.min(axis=1), self.dtype) | wrapped(
+            windows.max(axis=1), self.dtype
+        )
         if not suspect.any():
             return
         for s, (label, pad_id) in self._may_wrap.items():

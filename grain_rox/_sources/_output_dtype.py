@@ -88,19 +88,13 @@ def refuse_wrapped_ids(
     >>> refuse_wrapped_ids(np.array([5, -1], np.int32), np.dtype("int32"), "a.rox", where="X",
     ...                    pad_id=2**32 - 1)
     """
-    if not values.size:
+    if not values.size or not wrapped(np.array([values.min(), values.max()]), dtype).any():
         return
     info = np.iinfo(dtype)
     bits = 8 * dtype.itemsize
-    if values.dtype == dtype:  # cast already: an id that wrapped is negative (stored unsigned)
-        if values.min() >= 0:
-            return
-        bad = values[values < 0].view(np.dtype(f"u{dtype.itemsize}"))  # as stored
-    else:
-        outside = outside_of(values, dtype)
-        if not outside.any():
-            return
-        bad = values[outside]
+    bad = values[wrapped(values, dtype)]
+    if values.dtype == dtype:  # cast already: the ids as stored
+        bad = bad.view(np.dtype(f"u{dtype.itemsize}"))
     if pad_id is not None:  # in Python ints: a pad id outside bad's dtype compares safely
         left = [v for v in bad.tolist() if v != pad_id]
         if not left:
@@ -116,6 +110,17 @@ def refuse_wrapped_ids(
         f"stored with dtype=np.{wide} (and jax_enable_x64 on, or JAX narrows them to 32 bits "
         "again on the devices)"
     )
+
+
+def wrapped(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Where ids read from an unsigned source wrap in ``dtype`` (see :func:`may_wrap`):
+    ``values`` already cast to ``dtype`` are negative there; as stored or wider, they lie
+    outside what ``dtype`` holds.
+
+    >>> wrapped(np.array([5, -2], np.int32), np.dtype("int32")).tolist()
+    [False, True]
+    """
+    return values < 0 if values.dtype == dtype else outside_of(values, dtype)
 
 
 def outside_of(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
