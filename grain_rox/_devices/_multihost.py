@@ -281,9 +281,10 @@ class MultiHostDataLoadIterator:
         # included: a step that donates the batch cannot donate one buffer twice.
         arrays = [np.ascontiguousarray(leaf) for leaf in leaves]  # JAX copies strided views slower
         self._feed.check_rows(arrays)
-        if self._place_by_call and self._call_fits(treedef, arrays):
+        if self._place_by_call:
             try:
-                return self._placing()(jax.tree_util.tree_unflatten(treedef, arrays))
+                if self._call_fits(treedef, arrays):
+                    return self._placing()(jax.tree_util.tree_unflatten(treedef, arrays))
             except (TypeError, ValueError):  # a batch the call cannot take (a pytree node
                 self._place_by_call = False  # whose metadata is an array): device_put's way
         if jax.process_count() > 1:
@@ -313,11 +314,8 @@ class MultiHostDataLoadIterator:
         if not all(_takes(a.dtype) for a in arrays):
             return False
         shapes = (treedef, tuple((a.shape, a.dtype) for a in arrays))
-        try:
-            if shapes in self._call_shapes:
-                return True
-        except (TypeError, ValueError):  # a pytree node whose metadata cannot be compared
-            return False
+        if shapes in self._call_shapes:  # (a node whose metadata cannot be compared raises)
+            return True
         if len(self._call_shapes) < _CALL_SHAPES:
             self._call_shapes.add(shapes)
             return True

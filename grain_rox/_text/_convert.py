@@ -108,9 +108,9 @@ def without_output_set(files: Sequence[str], output: str) -> tuple[list[str], li
     kept: list[str] = []
     left: list[str] = []
     for f in files:
-        name = os.path.basename(f)
-        ours = os.path.realpath(os.path.dirname(os.path.abspath(f))) == where and (
-            name in (manifest, base) or members.fullmatch(name) is not None
+        name = os.path.basename(f)  # by name first: a folder's realpath only for a set's name
+        ours = (name in (manifest, base) or members.fullmatch(name) is not None) and (
+            os.path.realpath(os.path.dirname(os.path.abspath(f))) == where
         )
         (left if ours else kept).append(f)
     return kept, left
