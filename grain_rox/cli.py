@@ -260,16 +260,7 @@ def _convert(args: argparse.Namespace) -> int:
     # them; a large tree is not walked twice)
     listed = not args.builtin and (args.runner is None or args.record_dtype is not None)
     files = expand_inputs(args.inputs) if listed else []
-    files, ours = without_output_set(files, args.output)
-    if ours:  # an output inside an input directory: never read back as input
-        shown = ", ".join(ours[:3]) + (f" and {len(ours) - 3} more" if len(ours) > 3 else "")
-        if not files:
-            raise ValueError(
-                f"the inputs {args.inputs} hold only the output set's own files ({shown}); "
-                "name the inputs to convert"
-            )
-        logger.warning("convert: leaving out the output set's own files %s: a convert never "
-                       "reads what it writes", shown)  # fmt: skip
+    files = without_output_set(files, args.output)
     token_docs = bool(files) and (
         args.fmt == "array_record" or all(detect_format(f) == "array_record" for f in files)
     )

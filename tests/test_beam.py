@@ -372,3 +372,21 @@ def test_token_arrays_holding_the_eos_count_their_documents_as_the_local_writer(
     counts = [{n: r["num_documents"] for n, r in rec.items()} for rec in records]
     assert counts[0] == counts[1] and sum(counts[0].values()) == 4
     assert open_rox(str(tmp_path / "beam" / "b.rox")).num_documents == 4
+
+
+def test_a_beam_conversion_never_reads_its_own_output_set(tmp_path, caplog):
+    """As grain-rox convert: an output inside an input directory is left out of the inputs
+    when run again (the old shard and manifest were read back as documents), and said."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("alpha")
+    (corpus / "b.txt").write_text("beta")
+    out = corpus / "train.rox"
+    run_convert(corpus, out)
+    with caplog.at_level("WARNING", logger="grain_rox"):
+        run_convert(corpus, out, if_exists="overwrite")
+    said = [r.getMessage() for r in caplog.records if "output set's own" in r.getMessage()]
+    assert said and "train.manifest.json" in said[0] and "train.rox" in said[0]
+    with open_rox(str(out)) as written:
+        assert written.num_documents == 2
+        assert written.tokens(0, 11).tolist() == [*b"alpha", 256, *b"beta", 256]

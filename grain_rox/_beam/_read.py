@@ -29,6 +29,7 @@ from grain_rox._text._convert import (
     detect_format,
     expand_inputs,
     read_files,
+    without_output_set,
 )
 
 
@@ -90,6 +91,8 @@ class ReadDocuments(beam.PTransform):
       encoding_errors: ``"strict"`` or ``"replace"``.
       on_null: ``"error"`` or ``"skip"`` (counted).
       record_dtype: the dtype of ArrayRecord token documents (required for them).
+      output: the shard path the documents are written to (``WriteRox``'s): its set's own
+        files are left out of the inputs, as ``grain-rox convert`` leaves them.
 
     Raises:
       FileNotFoundError: an input that does not exist (when the transform is made).
@@ -116,6 +119,7 @@ class ReadDocuments(beam.PTransform):
         encoding_errors: str = "strict",
         on_null: str = "error",
         record_dtype: Any = None,
+        output: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         if (inputs is None or inputs == []) == (builtin is None):
@@ -137,6 +141,8 @@ class ReadDocuments(beam.PTransform):
                 )
             specs = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs or [])
             self.files = expand_inputs([os.fspath(s) for s in specs])
+            if output is not None:
+                self.files = without_output_set(self.files, os.fspath(output))
             self.token_documents = bool(self.files) and (
                 fmt == "array_record" or all(detect_format(f) == "array_record" for f in self.files)
             )

@@ -114,6 +114,7 @@ def run_convert(
         encoding_errors=encoding_errors,
         on_null=on_null,
         record_dtype=record_dtype,
+        output=output,
     )
     write = WriteRox(
         output,

@@ -93,13 +93,14 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
     return files
 
 
-def without_output_set(files: Sequence[str], output: str) -> tuple[list[str], list[str]]:
+def without_output_set(files: Sequence[str], output: str) -> list[str]:
     """``files`` without the output set's own (``x.rox``, ``x_0000.rox``, ...,
-    ``x.manifest.json`` beside the output ``x.rox``), and those left out: an output inside an
-    input directory was read back as input on the next run (its manifest as a document).
+    ``x.manifest.json`` beside the output ``x.rox``): an output inside an input directory was
+    read back as input on the next run (its manifest as a document). Those left out are
+    logged; inputs that hold nothing else are an error.
 
     >>> without_output_set(["d/a.txt", "d/t.rox", "d/t_0001.rox", "d/t.manifest.json"], "d/t.rox")
-    (['d/a.txt'], ['d/t.rox', 'd/t_0001.rox', 'd/t.manifest.json'])
+    ['d/a.txt']
     """
     where = os.path.realpath(os.path.dirname(os.path.abspath(output)))
     base = os.path.basename(output)
@@ -113,7 +114,19 @@ def without_output_set(files: Sequence[str], output: str) -> tuple[list[str], li
             os.path.realpath(os.path.dirname(os.path.abspath(f))) == where
         )
         (left if ours else kept).append(f)
-    return kept, left
+    if left:  # an output inside an input directory: never read back as input
+        shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        if not kept:
+            raise ValueError(
+                f"the inputs hold only the output set's own files ({shown}); name the inputs "
+                "to convert"
+            )
+        logger.warning(
+            "convert: leaving out the output set's own files %s: a convert never reads what "
+            "it writes",
+            shown,
+        )
+    return kept
 
 
 class _Seen:
