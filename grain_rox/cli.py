@@ -9,7 +9,9 @@
     grain-rox inspect data/ [--json] [--plot lengths.png]
     grain-rox verify data/ [--log-level info]
 
-Exit status: 0 on success, 1 when ``verify`` finds damage, 2 for bad arguments or inputs.
+Exit status: 0 on success, 1 when ``verify`` finds damage, 2 for bad arguments or inputs, 141
+when stdout is closed early (``| head``); ``convert`` and ``export`` exit 0 once their output is
+committed, whether or not their summary could be printed (said on stderr).
 ``--log-level {warning,info,debug}`` (before or after the command) shows the ``grain_rox``
 logger's records on stderr: skipped inputs and damage (the default), milestones (info: a
 conversion's start and end, a verify's), per-file and per-shard detail (debug).
@@ -34,6 +36,7 @@ import numpy as np
 from grain_rox._cli._describe import describe
 from grain_rox._cli._logging import LOG_LEVELS, cli_logging
 from grain_rox._cli._progress import byte_bar, count_bar
+from grain_rox._cli._stdout import Summary, silence_stdout
 from grain_rox._cli._verify_report import verify_lines
 from grain_rox._cli._wording import cli_wording, tokenizer_line
 from grain_rox._format._rox_format import RoxFormatError
@@ -344,15 +347,16 @@ def _convert(args: argparse.Namespace) -> int:
         summary,
         result.manifest_path,
     )
-    print(
+    said = Summary("convert")  # the set is committed: a closed stdout no longer fails the run
+    said.print(
         f"wrote {_count(result.num_documents, 'document')}, {result.num_tokens} {tok.name} tokens "
         f"({result.dtype}) into {len(result.paths)} shard(s) in {seconds:.1f}s "
         f"({rate:,.0f} tokens/s); {summary}; manifest {result.manifest_path}"
     )
-    print(tokenizer_line(tok, args.tokenizer))
+    said.print(tokenizer_line(tok, args.tokenizer))
     if not args.no_verify:
-        _verify_written(list(result.paths), args.output, show)
-    return 0
+        _verify_written(list(result.paths), args.output, show, said)
+    return said.finish(args.output)
 
 
 def _convert_on_beam(args: argparse.Namespace) -> int:
@@ -385,31 +389,32 @@ def _convert_on_beam(args: argparse.Namespace) -> int:
     )
     c = result.counters
     rate = result.num_tokens / result.seconds if result.seconds > 0 else float("inf")
-    print(
+    said = Summary("convert")
+    said.print(
         f"wrote {_count(result.num_documents, 'document')}, {result.num_tokens} {tok.name} tokens "
         f"({result.manifest.dtype}) into {len(result.paths)} shard(s) on {result.runner} in "
         f"{result.seconds:.1f}s ({rate:,.0f} tokens/s); {result.skipped()}; manifest "
         f"{result.manifest_path}"
     )
-    print(
+    said.print(
         f"beam counters: {c['documents']} documents, {c['tokens']} tokens, "
         f"{c['skipped_inputs']} skipped inputs, {c['null_texts']} null texts, "
         f"{c['shards']} shards written"
     )
-    print(tokenizer_line(tok, args.tokenizer))
+    said.print(tokenizer_line(tok, args.tokenizer))
     if not args.no_verify:
-        _verify_written(list(result.paths), args.output, not args.no_progress)
-    return 0
+        _verify_written(list(result.paths), args.output, not args.no_progress, said)
+    return said.finish(args.output)
 
 
-def _verify_written(paths: list[str], output: str, show: bool) -> None:
+def _verify_written(paths: list[str], output: str, show: bool, said: Summary) -> None:
     """Read back the shards a conversion wrote and check their checksums (an error names the
     first bad shard)."""
     with byte_bar(shard_sizes(paths), f"verifying {output}", enabled=show) as bar:
         bad = [r for r in verify_rox(paths, on_bytes=bar.update) if not r.ok]
     if bad:
         raise ValueError(f"read back after writing, {bad[0].path}: {bad[0].problem}")
-    print(f"verified {len(paths)} shard(s): checksums match")
+    said.print(f"verified {len(paths)} shard(s): checksums match")
 
 
 def _beam_args(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:
@@ -480,11 +485,12 @@ def _export(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    print(
+    said = Summary("export")
+    said.print(
         f"wrote {_count(result.num_documents, 'document')}, {result.num_tokens} tokens ({result.dtype} "
         f"records) to {result.path}; read back and verified, sha256 {result.sha256[:16]}"
     )
-    return 0
+    return said.finish(result.path)
 
 
 def _plot(args: argparse.Namespace) -> dict[str, Any]:
@@ -602,6 +608,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "export":
                 return _export(args)
             return _verify(args)
+    except BrokenPipeError:  # `grain-rox inspect ... | head`: the reader has what it wanted
+        silence_stdout()
+        return 141  # as a command killed by SIGPIPE; convert and export have said theirs above
     except (
         FileNotFoundError,
         FileExistsError,

@@ -850,3 +850,60 @@ def test_ctrl_c_ends_with_a_line_not_a_traceback(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().err == (
         "grain-rox convert: interrupted (a set is published whole or not at all)\n"
     )
+
+
+def documents_in(path: str) -> int | None:
+    with open_rox(path) as corpus:
+        return corpus.num_documents
+
+
+def run_with_stdout_closed(*args: str) -> subprocess.CompletedProcess:
+    """Run the console script with stdout a pipe its reader has already closed (``| head -0``)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "grain-rox")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([exe, *args], stdout=write, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write)
+
+
+def test_a_closed_stdout_after_the_commit_is_no_failure_and_loses_no_write(tmp_path):
+    src = tmp_path / "a.txt"
+    src.write_text("hello")
+    out = str(tmp_path / "o.rox")
+    first = run_with_stdout_closed("convert", str(src), "-o", out)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr == (
+        f"grain-rox convert: wrote {out} (committed and whole), but its summary on stdout could "
+        "not be printed: [Errno 32] Broken pipe\n"
+    )
+    # A retry wrapper saw success: it does not append the same documents again.
+    assert documents_in(out) == 1 and tokens_of(out)[:6] == [*b"hello", 256]
+    again = run_with_stdout_closed("convert", str(src), "-o", out, "--if-exists", "append")
+    assert again.returncode == 0 and "Traceback" not in again.stderr
+    assert documents_in(out) == 2
+
+
+def test_a_full_stdout_after_the_commit_is_said_on_stderr(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    src = tmp_path / "a.txt"
+    src.write_text("hi")
+    out = str(tmp_path / "o.rox")
+    exe = os.path.join(os.path.dirname(sys.executable), "grain-rox")
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([exe, "convert", str(src), "-o", out], stdout=full, text=True,
+                              stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.returncode == 0
+    assert proc.stderr.endswith("could not be printed: [Errno 28] No space left on device\n")
+    assert documents_in(out) == 1 and tokens_of(out)[:3] == [*b"hi", 256]
+
+
+def test_inspect_into_a_closed_pipe_ends_quietly_as_sigpipe_would(tmp_path):
+    src = tmp_path / "a.txt"
+    src.write_text("x" * 50_000)
+    out = str(tmp_path / "o.rox")
+    assert main(["convert", str(src), "-o", out, "--max-shard-bytes", "4KiB"]) == 0
+    proc = run_with_stdout_closed("inspect", out)
+    assert (proc.returncode, proc.stderr) == (141, "")
