@@ -87,7 +87,8 @@ CONVERT_BAD_INPUTS = [
         "list.json",
         b'[{"text": "a"}, 7]',
         [],
-        "{p}[1] has no column 'text' (it has int); pass --text-column",
+        "{p}[1] is a JSON int (7), not a record: each record must be an object with a 'text' "
+        "field holding its text",
     ),
     (
         "broken.jsonl",
@@ -694,6 +695,91 @@ def test_a_utf8_bom_is_not_text(tmp_path):
     bad.write_bytes(b"\xef\xbb\xbfab\xff")
     with pytest.raises(ValueError, match=r"d\.txt is not UTF-8: byte offset 5 holds 0xff"):
         list(read_files([str(bad)]))
+
+
+def test_utf16_and_utf32_text_with_a_byte_order_mark_is_read_as_text(tmp_path):
+    """Windows tools write UTF-16 with a byte order mark: such a file was skipped as binary
+    (a NUL byte at offset 3) and its text lost."""
+    text = "héllo\r\nwörld ☃ 𝄞"
+    (tmp_path / "a.txt").write_bytes(text.encode("utf-16"))  # the platform's order, with a mark
+    (tmp_path / "b.txt").write_bytes(b"\xfe\xff" + text.encode("utf-16-be"))
+    (tmp_path / "c.jsonl").write_bytes(
+        ('{"text": "xé"}\n{"text": "%s"}\n' % ("y" * 5000)).encode("utf-32")
+    )
+    (tmp_path / "d.json").write_bytes('[{"text": "z"}]'.encode("utf-16"))
+    stats = ReadStats()
+    docs = list(read_files(sorted(map(str, tmp_path.iterdir())), stats=stats))
+    assert docs == [text, text, "xé", "y" * 5000, "z"]
+    assert (stats.files_read, stats.files_skipped) == (4, 0)
+
+
+def test_text_that_is_not_what_its_byte_order_mark_says_names_the_file(tmp_path):
+    bad = tmp_path / "s.txt"
+    bad.write_bytes(b"\xff\xfeh\x00\x00\xd8i\x00")  # a lone high surrogate
+    with pytest.raises(ValueError) as info:
+        list(read_files([str(bad)]))
+    assert str(info.value) == (
+        f"{bad} opens with a UTF-16 byte order mark but is not UTF-16 text near byte offset 4 "
+        "(illegal UTF-16 surrogate); convert it to UTF-8 (e.g. iconv -f UTF-16 -t utf-8), or "
+        "pass --encoding-errors replace (encoding_errors='replace') to read it with U+FFFD "
+        "replacement characters"
+    )
+    assert list(read_files([str(bad)], encoding_errors="replace")) == ["h\ufffdi"]
+
+
+def test_utf16_without_a_mark_is_skipped_with_the_command_that_converts_it(tmp_path, caplog):
+    (tmp_path / "le.txt").write_bytes("no mark here".encode("utf-16-le"))
+    (tmp_path / "be.txt").write_bytes("no mark here".encode("utf-16-be"))
+    (tmp_path / "zip.bin").write_bytes(b"PK\x03\x04\x00\x00")
+    stats = ReadStats()
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        assert list(read_files(sorted(map(str, tmp_path.iterdir())), stats=stats)) == []
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    for order, name in (("LE", "le.txt"), ("BE", "be.txt")):
+        assert (
+            f"skipped {tmp_path / name}: it looks binary (a NUL byte at offset "
+            f"{1 if order == 'LE' else 0}; every second byte is NUL, as in UTF-16{order} text "
+            f"without a byte order mark: convert it to UTF-8 (iconv -f UTF-16{order} -t utf-8))"
+        ) in said
+    assert f"skipped {tmp_path / 'zip.bin'}: it looks binary (a NUL byte at offset 4); " in said
+
+
+@pytest.mark.parametrize(
+    ("content", "where", "problem"),
+    [
+        ('{"text": "a"}\n[1, 2]\n', "a.jsonl:2", "is a JSON array ([1, 2]), not a record"),
+        ('{"text": "a"}\n"b"\n', "a.jsonl:2", 'is a JSON str ("b"), not a record'),
+        ("[1]", "a.jsonl[0]", "is a JSON int (1), not a record"),
+    ],
+)
+def test_a_jsonl_record_that_is_no_object_says_so(tmp_path, content, where, problem):
+    """It was "has no column 'text' (it has int); pass --text-column": no column would do."""
+    (tmp_path / "a.jsonl").write_text(content)
+    with pytest.raises(ValueError) as info:
+        list(read_files([str(tmp_path / "a.jsonl")]))
+    assert str(info.value) == (
+        f"{tmp_path / where} {problem}: each record must be an object with a 'text' field "
+        "holding its text"
+    )
+
+
+def test_a_record_naming_its_text_field_twice_is_an_error_not_the_last_value(tmp_path):
+    """JSON keeps the last of two equal keys: the first text was dropped without a word."""
+    (tmp_path / "a.jsonl").write_text(
+        '{"text": "a", "meta": {"text": "inner"}}\n{"text": "b", "text": "c"}\n'
+    )
+    (tmp_path / "b.json").write_text('[{"body": "a"}, {"body": "b", "x": 1, "body": "c"}]')
+    with pytest.raises(ValueError) as info:
+        list(read_files([str(tmp_path / "a.jsonl")]))
+    assert str(info.value) == (
+        f"{tmp_path / 'a.jsonl'}:2 names the field 'text' more than once; JSON keeps only the "
+        "last value, so the others would be lost without a word: write the record with one "
+        "'text' field"
+    )
+    with pytest.raises(ValueError, match=r"b\.json\[1\] names the field 'body' more than once"):
+        list(read_files([str(tmp_path / "b.json")], text_column="body"))
+    (tmp_path / "c.jsonl").write_text('{"text": "a", "title": "text"}\n{"text": "\\"text\\""}\n')
+    assert list(read_files([str(tmp_path / "c.jsonl")])) == ["a", '"text"']  # no key twice
 
 
 def test_a_line_longer_than_a_read_is_joined_once():

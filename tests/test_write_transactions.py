@@ -429,9 +429,21 @@ def test_output_path_must_end_in_rox(tmp_path):
     with pytest.raises(ValueError) as info:
         write_rox(["a"], tmp_path / "x.bin")
     assert str(info.value) == (
-        f"the output path {str(tmp_path / 'x.bin')!r} does not end in .rox; roxxel and "
-        f"grain_rox find shards by that suffix. Pass e.g. {str(tmp_path / 'x.bin.rox')!r}"
+        f"the output path {str(tmp_path / 'x.bin')!r} does not end in .rox after a name; "
+        "roxxel and grain_rox find shards by that suffix. Pass e.g. "
+        f"{str(tmp_path / 'x.bin.rox')!r}"
     )
+
+
+@pytest.mark.parametrize(("given", "suggested"), [("out/", "out/train.rox"), ("out/.rox", "out/train.rox"), (".rox", "train.rox")])  # fmt: skip
+def test_an_output_folder_or_hidden_name_is_refused_with_a_file_name(
+    tmp_path, monkeypatch, given, suggested
+):
+    # ``*.rox`` globs leave hidden files out: a set named ``.rox`` would not be found again
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=f"Pass e.g. {suggested!r}$"):
+        write_rox(["a"], given)
+    assert os.listdir(tmp_path) == []
 
 
 def _no_hang(seconds: int = 20):

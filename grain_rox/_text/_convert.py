@@ -33,7 +33,9 @@ from grain_rox._text._document_readers import (
 )
 from grain_rox._text._text_files import (
     SNIFF,
+    as_utf8,
     binary_reason,
+    bom_encoding,
     byte_chunks,
     chain,
     compression_of,
@@ -380,6 +382,10 @@ def _file_documents(
         return
     chunks = byte_chunks(path, on_bytes=on_bytes)
     head = next(chunks, b"")
+    encoding = bom_encoding(head)
+    if encoding is not None:  # UTF-16/32 text (Windows tools write it): read as UTF-8
+        chunks = as_utf8(chain(head, chunks), encoding, path, encoding_errors)
+        head = next(chunks, b"")
     if not head:
         stats.skip(path, "empty", "it is empty")
         return

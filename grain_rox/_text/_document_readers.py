@@ -126,10 +126,42 @@ def hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str]
             row += 1
 
 
+class _Repeated(dict):
+    """A JSON object that names the text column more than once (JSON keeps only the last)."""
+
+
+def _parse_records(text: str, column: str) -> Any:
+    """``json.loads(text)``; an object naming ``column`` twice comes back as :class:`_Repeated`.
+    Only text quoting the column's name more than once is parsed key by key (the slow way)."""
+    if text.count(f'"{column}"') < 2:
+        return json.loads(text)
+
+    def pairs(items: list[tuple[str, Any]]) -> dict:
+        repeated = sum(1 for key, _ in items if key == column) > 1
+        return _Repeated(items) if repeated else dict(items)
+
+    return json.loads(text, object_pairs_hook=pairs)
+
+
 def _text_of(record: object, column: str, where: str) -> str | None:
-    if not isinstance(record, dict) or column not in record:
-        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise KeyError(f"{where} has no column {column!r} (it has {keys}); pass --text-column")
+    if not isinstance(record, dict):
+        shown = json.dumps(record)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        kind = "array" if isinstance(record, list) else type(record).__name__
+        raise ValueError(
+            f"{where} is a JSON {kind} ({shown}), not a record: each record must be an object "
+            f"with a {column!r} field holding its text"
+        )
+    if column not in record:
+        raise KeyError(
+            f"{where} has no column {column!r} (it has {sorted(record)}); pass --text-column"
+        )
+    if isinstance(record, _Repeated):
+        raise ValueError(
+            f"{where} names the field {column!r} more than once; JSON keeps only the last "
+            "value, so the others would be lost without a word: write the record with one "
+            f"{column!r} field"
+        )
     value = record[column]
     if value is not None and not isinstance(value, str):
         raise TypeError(f"{where}: column {column!r} holds {type(value).__name__}, not text")
@@ -172,7 +204,7 @@ def jsonl_documents(
     if first.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] == b"[":  # one JSON list of records
         text = without_bom(decode(first + b"".join(chunks), path, errors))
         try:
-            records = json.loads(text)
+            records = _parse_records(text, column)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from None
         if not isinstance(records, list):
@@ -193,7 +225,7 @@ def jsonl_documents(
             continue
         where = f"{path}:{lineno}"
         try:
-            record = json.loads(line)
+            record = _parse_records(line, column)
         except json.JSONDecodeError as e:
             whole = _not_jsonl(path, errors) if records_seen == 0 else None
             if whole is not None:

@@ -284,10 +284,15 @@ def _check_output_path(path: str, if_exists: str, max_shard_bytes: int | None) -
             f"the output path {path!r} contains glob characters (* or ?); roxxel would write "
             f"{renamed!r} or append to whatever the glob matches. Pass the real file name"
         )
-    if not path.endswith(".rox"):
+    name = os.path.basename(path)
+    if not name.endswith(".rox") or name == ".rox":
+        # a folder (``out/``) or a bare ``.rox`` names no set: suggest a file, never a hidden
+        # one (``*.rox`` globs leave those out)
+        suggested = path + ".rox" if name not in ("", ".rox") else path.removesuffix(".rox")
+        suggested = suggested if suggested.endswith(".rox") else suggested + "train.rox"
         raise ValueError(
-            f"the output path {path!r} does not end in .rox; roxxel and grain_rox find shards "
-            f"by that suffix. Pass e.g. {path + '.rox'!r}"
+            f"the output path {path!r} does not end in .rox after a name; roxxel and grain_rox "
+            f"find shards by that suffix. Pass e.g. {suggested!r}"
         )
     if if_exists not in ("error", "append", "overwrite"):
         raise ValueError(f"if_exists={if_exists!r}; use 'error', 'append' or 'overwrite'")

@@ -1,6 +1,7 @@
 """The bytes of an input file for the converter: decompressed by suffix (``.gz``, ``.bz2``,
 ``.xz``, ``.zst``), told binary or text by a look at its first 8 KiB, decoded as UTF-8 with
-errors that name the file and the byte offset.
+errors that name the file and the byte offset; UTF-16 and UTF-32 text with a byte order mark is
+read as such.
 
 >>> binary_reason(b"PK\\x03\\x04\\x00"), binary_reason("plain text\\n".encode())
 ('a NUL byte at offset 4', None)
@@ -9,6 +10,7 @@ errors that name the file and the byte offset.
 from __future__ import annotations
 
 import bz2
+import codecs
 import contextlib
 import gzip
 import lzma
@@ -85,15 +87,82 @@ def byte_chunks(
         ) from None
 
 
+# Byte order marks that say a file is UTF-16 or UTF-32 text (UTF-32's first: it begins with
+# UTF-16LE's), and the codec that reads it (each removes its own mark).
+_UNICODE_BOMS = (
+    (b"\xff\xfe\x00\x00", "utf-32"),
+    (b"\x00\x00\xfe\xff", "utf-32"),
+    (b"\xff\xfe", "utf-16"),
+    (b"\xfe\xff", "utf-16"),
+)
+
+
+def bom_encoding(head: bytes) -> str | None:
+    """``"utf-16"`` or ``"utf-32"`` when ``head`` opens with that encoding's byte order mark
+    (Windows tools write UTF-16 so), else ``None``.
+
+    >>> bom_encoding("hi".encode("utf-16")), bom_encoding(b"hi")
+    ('utf-16', None)
+    """
+    return next((codec for bom, codec in _UNICODE_BOMS if head.startswith(bom)), None)
+
+
+def as_utf8(chunks: Iterable[bytes], encoding: str, path: str, errors: str) -> Iterator[bytes]:
+    r"""``chunks`` of ``encoding`` text (its byte order mark first), as UTF-8 chunks, decoded as
+    they come; text that is not valid ``encoding`` is an error naming the file (``errors=
+    "replace"``: U+FFFD instead).
+
+    >>> b"".join(as_utf8([b"\xff\xfeh", b"\x00i\x00"], "utf-16", "a.txt", "strict"))
+    b'hi'
+    """
+    decoder = codecs.getincrementaldecoder(encoding)(errors)
+    done = 0
+    try:
+        for chunk in chunks:
+            text = decoder.decode(chunk)
+            done += len(chunk)
+            if text:
+                yield text.encode("utf-8")
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail.encode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} opens with a {encoding.upper()} byte order mark but is not {encoding.upper()} "
+            f"text near byte offset {done + e.start} ({e.reason}); convert it to UTF-8 (e.g. iconv -f {encoding.upper()} -t "
+            "utf-8), or pass --encoding-errors replace (encoding_errors='replace') to read it "
+            "with U+FFFD replacement characters"
+        ) from None
+
+
 def binary_reason(head: bytes) -> str | None:
-    """Why ``head`` (a file's first bytes) looks binary, or ``None`` if it looks like text."""
+    """Why ``head`` (a file's first bytes) looks binary, or ``None`` if it looks like text.
+
+    >>> print(binary_reason("plain text, no mark".encode("utf-16-le")))
+    a NUL byte at offset 1; every second byte is NUL, as in UTF-16LE text without a byte order mark: convert it to UTF-8 (iconv -f UTF-16LE -t utf-8)
+    """
     nul = head.find(b"\0")
     if nul >= 0:
-        return f"a NUL byte at offset {nul}"
+        return f"a NUL byte at offset {nul}{_utf16_hint(head)}"
     controls = sum(1 for b in head if b < 32 and b not in _TEXT_CONTROLS)
     if head and controls * 10 > len(head) * 3:
         return f"{controls} of its first {len(head)} bytes are control bytes"
     return None
+
+
+def _utf16_hint(head: bytes) -> str:
+    """What a file with NUL bytes may be: UTF-16 without a mark, when every second byte of its
+    start is NUL and the others are not."""
+    pairs = len(head) // 2
+    if pairs < 2:
+        return ""
+    for order, zeros, others in (("LE", head[1::2], head[0::2]), ("BE", head[0::2], head[1::2])):
+        if zeros[:pairs].count(0) == pairs and others[:pairs].count(0) == 0:
+            return (
+                f"; every second byte is NUL, as in UTF-16{order} text without a byte order "
+                f"mark: convert it to UTF-8 (iconv -f UTF-16{order} -t utf-8)"
+            )
+    return ""
 
 
 def without_lone_surrogates(text: str) -> str:
