@@ -432,3 +432,56 @@ def test_arrays_jax_cannot_take_as_they_are_go_by_device_put(monkeypatch):
     with MultiHostDataLoadIterator(masked, mesh=one) as it:
         got = [np.asarray(b.x) for b in it]
     assert [g[0, 0] for g in got] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("placement", ["host", "device"])
+def test_64_bit_integers_jax_would_wrap_are_refused_naming_the_leaf(placement):
+    """With jax_enable_x64 off (the default) JAX places int64 as int32: 2**32 + 7 became 7,
+    silently, on the host path and with the rows held on the devices."""
+    from grain_rox import NumpySource
+
+    def batches(ids):
+        source = NumpySource({"doc_id": ids, "x": np.arange(len(ids), dtype=np.int32)})
+        return source.batches(8, shuffle=False)
+
+    fits = np.arange(16, dtype=np.int64) - 2**31  # int32's least value and up: placed as before
+    with MultiHostDataLoadIterator(batches(fits), placement=placement) as it:
+        got = [next(it) for _ in range(2)]
+    assert got[0]["doc_id"].dtype == np.int32
+    np.testing.assert_array_equal(np.concatenate([np.asarray(b["doc_id"]) for b in got]), fits)
+    wraps = np.arange(16, dtype=np.int64) + 2**31 - 8  # the second batch passes int32's max
+    with (
+        pytest.raises(ValueError) as info,
+        MultiHostDataLoadIterator(batches(wraps), placement=placement) as it,
+    ):
+        next(it)
+        next(it)
+    assert str(info.value).endswith(
+        "'s leaf ['doc_id'] holds int64 values up to 2147483655, which JAX places as int32 "
+        "(jax_enable_x64 is off), so they would wrap (2147483655 -> -2147483641). Enable 64-bit "
+        "JAX (jax.config.update('jax_enable_x64', True), before any array is made), or bring "
+        "the values into int32's range (or leave the leaf out) before they reach the devices"
+    )
+    jax.config.update("jax_enable_x64", True)  # (global: the prefetch thread reads it too)
+    try:
+        with MultiHostDataLoadIterator(batches(wraps), placement=placement) as it:
+            got = [next(it) for _ in range(2)]
+        assert got[1]["doc_id"].dtype == np.int64
+        np.testing.assert_array_equal(np.concatenate([np.asarray(b["doc_id"]) for b in got]), wraps)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def test_a_uint32_pipeline_served_as_int64_is_refused_where_jax_would_narrow_it(tmp_path):
+    """The uint32 check's own advice (dtype=np.int64) wrapped again on the devices."""
+    from grain_rox import write_rox
+
+    path = str(tmp_path / "u.rox")
+    write_rox([np.arange(2**31 - 100, 2**31 + 3000, dtype=np.uint32)], path, separator=0)
+    pipe = TokenPipeline(path, seq_len=8, global_batch_size=8, dtype=np.int64)
+    with (
+        pytest.raises(ValueError, match=r"leaf \['inputs'\] holds int64 values up to 2147"),
+        MultiHostDataLoadIterator(pipe) as it,
+    ):
+        for _ in range(200):
+            next(it)

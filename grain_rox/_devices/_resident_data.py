@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from grain_rox._devices._narrowing import refuse_narrowing
 from grain_rox._devices._placement import data_shards, process_rows
 
 CHUNK_BYTES = 64 << 20  # rows read from the source per get_batch call when loading
@@ -173,6 +174,7 @@ class ResidentRows:
                 raise ValueError(
                     f"rows {a}..{b - 1} of {source!r} are {treedef}, not {self.treedef}"
                 )
+            refuse_narrowing(arrays, where=f"rows {a}..{b - 1} of {source!r}", names=self.names)
             for name, dest, got in zip(self.names, out, arrays, strict=True):
                 if got.shape[1:] != dest.shape[1:]:
                     raise ValueError(

@@ -1,0 +1,86 @@
+"""Integers JAX would narrow: with ``jax_enable_x64`` off (JAX's default) an ``int64`` or
+``uint64`` array is placed as ``int32``/``uint32``, and values outside that range wrap without
+a word (``2**32 + 7`` becomes ``7``). A batch holding such a value is refused, naming the leaf,
+the value and the fix; a batch whose values fit is placed as before (one min and max per such
+leaf, only for 64-bit integer leaves).
+
+>>> import numpy as np
+>>> refuse_narrowing([np.array([1, 2], np.int64)], where="a batch")  # fits int32: placed
+>>> refuse_narrowing([np.array([2**32 + 7], np.int64)], where="a batch")
+Traceback (most recent call last):
+...
+ValueError: a batch's leaf [0] holds int64 values up to 4294967303, which JAX places as int32 (jax_enable_x64 is off), so they would wrap (4294967303 -> 7). Enable 64-bit JAX (jax.config.update('jax_enable_x64', True), before any array is made), or bring the values into int32's range (or leave the leaf out) before they reach the devices
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+
+@functools.lru_cache(maxsize=64)
+def _placed_as(dtype: np.dtype, x64: bool) -> np.dtype | None:
+    """The narrower integer dtype JAX places ``dtype`` as, or None when it keeps its width."""
+    if x64 or dtype.kind not in "iu":
+        return None
+    placed = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    return placed if placed.itemsize < dtype.itemsize else None
+
+
+def _wrapped(value: int, dtype: np.dtype) -> int:
+    """What ``value`` becomes as ``dtype`` (two's complement, as the device copy makes it)."""
+    return int(np.array([value], np.uint64 if value >= 0 else np.int64).astype(dtype)[0])
+
+
+def narrowed_leaf(arrays: Sequence[np.ndarray]) -> tuple[int, int, np.dtype] | None:
+    """``(leaf index, a value that would wrap, the dtype JAX places it as)`` for the first
+    leaf of ``arrays`` JAX would wrap a value of, or None (the cost: a min and a max of each
+    64-bit integer leaf, with ``jax_enable_x64`` off; nothing otherwise)."""
+    config: Any = jax.config
+    x64 = bool(config.jax_enable_x64)
+    for i, a in enumerate(arrays):
+        placed = _placed_as(a.dtype, x64)
+        if placed is None or a.size == 0:
+            continue
+        info = np.iinfo(placed)
+        lo, hi = int(a.min()), int(a.max())
+        if hi > info.max:
+            return i, hi, placed
+        if lo < info.min:
+            return i, lo, placed
+    return None
+
+
+def narrowing_error(
+    where: str, name: str, dtype: np.dtype, bad: int, placed: np.dtype
+) -> ValueError:
+    """The error for leaf ``name`` of ``dtype`` holding ``bad``, which JAX places as ``placed``."""
+    return ValueError(
+        f"{where}'s leaf {name} holds {dtype.name} values {'up to' if bad > 0 else 'down to'} "
+        f"{bad}, which JAX places as {placed.name} (jax_enable_x64 is off), so they would wrap "
+        f"({bad} -> {_wrapped(bad, placed)}). Enable 64-bit JAX (jax.config.update("
+        "'jax_enable_x64', True), before any array is made), or bring the values into "
+        f"{placed.name}'s range (or leave the leaf out) before they reach the devices"
+    )
+
+
+def refuse_narrowing(
+    arrays: Sequence[np.ndarray], *, where: str, names: Sequence[str] | None = None
+) -> None:
+    """Raise :func:`narrowing_error` if JAX would wrap a value of ``arrays`` (the leaves of
+    one batch, named by ``names``; by index without), held by ``where``."""
+    found = narrowed_leaf(arrays)
+    if found is not None:
+        i, bad, placed = found
+        name = names[i] if names is not None else f"[{i}]"
+        raise narrowing_error(where, name, arrays[i].dtype, bad, placed)
+
+
+def leaf_names(tree: Any) -> list[str]:
+    """Each leaf's key path in ``tree`` (``['doc_id']``), in flattening order."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [jax.tree_util.keystr(path) or "(the batch)" for path, _ in flat]
