@@ -28,6 +28,7 @@ from grain_rox import (
     TokenPipeline,
     mix_datasets,
     pack_documents,
+    write_rox,
 )
 
 LENGTHS = (3, 12, 5, 9, 30, 2, 17, 8)  # documents of n tokens; several longer than seq_len + 1
@@ -887,3 +888,68 @@ def test_a_small_chunk_tokens_passed_by_hand_says_what_its_joins_cost(tmp_path, 
         "its own leaves about one row of padding a chunk: some 30% of the rows' tokens; pass a "
         "chunk_tokens of at least 1024, or none (chosen from the data)"
     ]
+
+
+def _word_tokenizer(folder, words):
+    """A tokenizer.json of ``words`` and filler (a vocabulary of 300 to 2**16: uint16, like
+    the bytes tokenizer's)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    os.makedirs(folder, exist_ok=True)
+    filler = [f"w{i}" for i in range(300)]
+    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", *words, *filler])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    return os.path.join(folder, "tokenizer.json")
+
+
+def test_one_source_joining_sets_of_other_tokenizers_or_eos_ids_is_refused(tmp_path):
+    """A folder holding two sets: its facts disagreed, so the corpus recorded none, and the
+    tokenizer check (which skips sources recording none) let it through; a set without a
+    manifest beside one with got that one's EOS id assumed for its tokens."""
+    texts = [f"the cat sat on mat {i % 7}" for i in range(300)]
+    folder = tmp_path / "data"
+    words = ["the", "cat", "sat", "on", "mat", *"0123456"]
+    write_rox(texts, str(folder / "a.rox"), tokenizer="bytes")
+    write_rox(texts, str(folder / "b.rox"), tokenizer=_word_tokenizer(tmp_path / "t", words))
+    with pytest.raises(ValueError) as info:
+        TokenPipeline(str(folder), seq_len=8, global_batch_size=4).map_dataset()
+    said = str(info.value)
+    assert said.startswith(
+        f"TokenPipeline: the source ({folder / 'a.rox'}, ...) joins shard sets that end their "
+        f"documents with different EOS ids, or where not every set records one ({folder / 'a.manifest.json'}: "
+        f"tokenizer 'bytes', EOS id 256; {folder / 'b.manifest.json'}: tokenizer "
+    )
+    assert said.endswith(
+        "EOS id 1): the segment features would cut one set's documents at another's EOS id. "
+        "Name each set as a source of its own (with weights), or pass eos_id= if every set "
+        "ends its documents with that id"
+    )
+    # one EOS id for all (given): the tokenizers still differ
+    with pytest.raises(ValueError, match=r"joins shard sets that were tokenized differently \("):
+        TokenPipeline(str(folder), seq_len=8, global_batch_size=4, eos_id=1).map_dataset()
+    allowed = TokenPipeline(
+        str(folder), seq_len=8, global_batch_size=4, eos_id=1, allow_mixed_tokenizers=True
+    )
+    assert allowed.map_dataset()[0]["inputs_segmentation"].shape == (4, 8)
+    # each set a source of its own: the check across sources says the same, as before
+    named = {"a": str(folder / "a.rox"), "b": str(folder / "b.rox")}
+    with pytest.raises(ValueError, match=r"the sources were tokenized differently"):
+        TokenPipeline(named, seq_len=8, global_batch_size=4, weights={"a": 1, "b": 1}).map_dataset()
+
+
+def test_a_set_without_a_manifest_beside_one_gets_no_eos_id_assumed(tmp_path):
+    folder = tmp_path / "data"
+    write_rox([f"doc {i} " * 20 for i in range(40)], str(folder / "a.rox"), tokenizer="bytes")
+    raw = [np.arange(1, 3000, dtype=np.uint16)]
+    write_rox(raw, str(folder / "raw.rox"), separator=0, manifest=False)  # as roxxel writes it
+    with pytest.raises(ValueError) as info:
+        TokenPipeline(str(folder), seq_len=8, global_batch_size=4).map_dataset()
+    assert (
+        f"; 1 shard(s) without a manifest (first: {folder / 'raw.rox'}): tokenizer None, EOS id "
+        "None): the segment features would cut"
+    ) in str(info.value)
+    for given in ({"eos_id": 256}, {"segmentation": False}):  # the user's word for all of it
+        pipe = TokenPipeline(str(folder), seq_len=8, global_batch_size=4, **given)
+        assert pipe.map_dataset()[0]["inputs"].shape == (4, 8)

@@ -185,6 +185,20 @@ class RoxCorpus:
             for i, (h, r) in enumerate(zip(self._headers, self._records, strict=True))
         )
 
+    def set_facts(self) -> list[tuple[str, Any, Any]]:
+        """``(what, tokenizer, eos_id)`` of each shard set this corpus joins: ``what`` is a
+        set's manifest path (with the facts it records), or, for shards no manifest covers
+        (roxxel's), ``"<n> shard(s) without a manifest (first: <path>)"`` with ``None, None``."""
+        facts: list[tuple[str, Any, Any]] = [
+            (path, m.tokenizer, m.eos_id) for path, m in self._manifests.items()
+        ]
+        bare = [h.path for h in self._headers if manifest_path_for(h.path) not in self._manifests]
+        if bare:
+            facts.append(
+                (f"{len(bare)} shard(s) without a manifest (first: {bare[0]})", None, None)
+            )
+        return facts
+
     def _shared_fact(self, name: str) -> Any:
         values = {json.dumps(getattr(m, name), sort_keys=True) for m in self._manifests.values()}
         return json.loads(values.pop()) if len(values) == 1 else None

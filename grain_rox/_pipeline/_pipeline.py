@@ -80,7 +80,9 @@ class TokenPipeline:
 
     Sources whose manifests record different tokenizers or EOS ids (their token ids mean
     different things) are refused unless ``allow_mixed_tokenizers=True``; sources that record
-    no tokenizer (roxxel's own files) are not checked. An endless pipeline serves steps below
+    no tokenizer (roxxel's own files) are not checked. So is one source (a folder, glob or
+    list) joining sets that disagree, and one joining sets of other EOS ids, or sets that
+    record one beside sets that do not (roxxel's), unless ``eos_id=`` says it for all. An endless pipeline serves steps below
     :attr:`step_limit` (about ``2**61 / batch_size``), and its datasets have Grain's endless
     length, ``sys.maxsize`` (so Grain's ``.repeat()`` refuses them, and a ``.shuffle()`` needs
     a finite prefix, ``ds[:n]``); a finite one serves ``num_batches`` steps.
@@ -243,7 +245,11 @@ class TokenPipeline:
     def open(self) -> dict[str, RoxCorpus]:
         """Open every source's shards (validated; cheap), and check that the sources share
         one tokenizer (see the class doc)."""
-        return open_sources(self.sources, allow_mixed_tokenizers=self.allow_mixed_tokenizers)
+        return open_sources(
+            self.sources,
+            allow_mixed_tokenizers=self.allow_mixed_tokenizers,
+            eos_given=self.eos_id is not None or not self.segmentation,
+        )
 
     @property
     def step_limit(self) -> int:

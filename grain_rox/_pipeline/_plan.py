@@ -195,12 +195,53 @@ def _check_one_tokenizer(corpora: Mapping[str, RoxCorpus]) -> None:
     )
 
 
+def _check_sets_within(name: str, corpus: RoxCorpus, *, allow_mixed_tokenizers: bool,
+                       eos_given: bool) -> None:  # fmt: skip
+    """Refuse one source (a folder, glob or list) joining shard sets that disagree: on the EOS
+    id (its segment features would cut documents at one set's EOS in the other's tokens), on
+    an EOS some sets record and others (roxxel's, without a manifest) do not (it would be
+    assumed for them), or, unless ``allow_mixed_tokenizers``, on the tokenizer."""
+    facts = corpus.set_facts()
+    if len(facts) < 2:
+        return
+    eos = {json.dumps(e) for _, _, e in facts}
+    recorded = [(what, tok) for what, tok, _ in facts if tok is not None]
+    tokenizers = {json.dumps(tok, sort_keys=True) for _, tok in recorded}
+    mixed_eos = len(eos) > 1 and not eos_given
+    if not mixed_eos and (len(tokenizers) <= 1 or allow_mixed_tokenizers):
+        return
+    shown = "; ".join(
+        f"{what}: tokenizer {(tok or {}).get('name')!r}, EOS id {e}" for what, tok, e in facts
+    )
+    label = f"source {name!r}" if name else "the source"
+    if mixed_eos:
+        problem = (
+            "that end their documents with different EOS ids, or where not every set records "
+            f"one ({shown}): the segment features would cut one set's documents at another's "
+            "EOS id. Name each set as a source of its own (with weights), or pass eos_id= if "
+            "every set ends its documents with that id"
+        )
+    else:
+        problem = (
+            f"that were tokenized differently ({shown}): the same token id means different "
+            "text in each. Re-tokenize them with one tokenizer (grain-rox convert --tokenizer "
+            "...), name each set as a source of its own, or pass allow_mixed_tokenizers=True "
+            "if mixing them is intended"
+        )
+    raise ValueError(f"TokenPipeline: {label} ({corpus.paths[0]}, ...) joins shard sets {problem}")
+
+
 def open_sources(
-    sources: Mapping[str, Any], *, allow_mixed_tokenizers: bool
+    sources: Mapping[str, Any], *, allow_mixed_tokenizers: bool, eos_given: bool = False
 ) -> dict[str, RoxCorpus]:
     """Every named source's shards, opened (validated; cheap), and checked to share one
-    tokenizer unless ``allow_mixed_tokenizers``."""
+    tokenizer unless ``allow_mixed_tokenizers`` (and, within a source, one EOS id unless
+    ``eos_given``)."""
     corpora = {name: open_rox(spec) for name, spec in sources.items()}
+    for name, corpus in corpora.items():
+        _check_sets_within(
+            name, corpus, allow_mixed_tokenizers=allow_mixed_tokenizers, eos_given=eos_given
+        )
     if not allow_mixed_tokenizers:
         _check_one_tokenizer(corpora)
     return corpora
