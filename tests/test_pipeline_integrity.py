@@ -953,3 +953,11 @@ def test_a_set_without_a_manifest_beside_one_gets_no_eos_id_assumed(tmp_path):
     for given in ({"eos_id": 256}, {"segmentation": False}):  # the user's word for all of it
         pipe = TokenPipeline(str(folder), seq_len=8, global_batch_size=4, **given)
         assert pipe.map_dataset()[0]["inputs"].shape == (4, 8)
+    # the corpus knows no EOS for all of it: documents are split only with the user's word
+    from grain_rox import open_rox
+
+    with open_rox(str(folder)) as corpus:
+        assert (corpus.eos_id, corpus.tokenizer, corpus.pad_id) == (None, None, None)
+    with pytest.raises(ValueError, match=r"pass eos_id="):
+        RoxDocumentSource(str(folder), seq_len=64)
+    assert len(RoxDocumentSource(str(folder), seq_len=64, eos_id=256)) >= 40

@@ -192,7 +192,7 @@ class RoxCorpus:
         facts: list[tuple[str, Any, Any]] = [
             (path, m.tokenizer, m.eos_id) for path, m in self._manifests.items()
         ]
-        bare = [h.path for h in self._headers if manifest_path_for(h.path) not in self._manifests]
+        bare = [h.path for h, r in zip(self._headers, self._records, strict=True) if r is None]
         if bare:
             facts.append(
                 (f"{len(bare)} shard(s) without a manifest (first: {bare[0]})", None, None)
@@ -200,8 +200,12 @@ class RoxCorpus:
         return facts
 
     def _shared_fact(self, name: str) -> Any:
+        """The manifests' ``name`` when every shard has a manifest and all of them agree; else
+        None (unknown: shards without one, roxxel's, are not to be read by another's facts)."""
         values = {json.dumps(getattr(m, name), sort_keys=True) for m in self._manifests.values()}
-        return json.loads(values.pop()) if len(values) == 1 else None
+        if len(values) != 1 or any(r is None for r in self._records):
+            return None
+        return json.loads(values.pop())
 
     @property
     def eos_id(self) -> int | None:
