@@ -328,6 +328,78 @@ def test_export_drops_the_padding_of_every_write_not_just_the_last(tmp_path):
     assert got == [[5, 6, 7], [8, 9]]
 
 
+PAD_LED = [  # documents that start or end with the pad id 0, are only the pad id, or empty
+    np.array([0, 0, 5, 6], np.uint16),
+    np.array([3, 4], np.uint16),
+    np.array([0], np.uint16),
+    np.array([], np.uint16),
+    np.array([0, 9], np.uint16),
+    np.array([8, 0, 0], np.uint16),
+]
+
+
+def exported(rox, out, **kwargs):
+    r = export_array_record(rox, str(out), **kwargs)
+    got = [a.tolist() for a in ArrayRecordSource(r.path, dtype=r.dtype).iter_arrays()]
+    assert r.num_documents == len(got) and r.num_tokens == sum(map(len, got))
+    return got
+
+
+@pytest.mark.parametrize("pad_id", [0, 7])  # a pad id that documents hold, and the EOS itself
+def test_export_gives_exactly_the_documents_written(tmp_path, capsys, pad_id):
+    """The manifest says where the padding is: a pad id inside a document is data (a leading
+    one was taken for padding and dropped), and an empty document is an empty record."""
+    single = str(tmp_path / "one.rox")
+    write_rox(PAD_LED, single, separator=7, pad_id=pad_id, block_size=16)
+    assert open_rox(single).num_documents == len(PAD_LED)
+    assert exported(single, tmp_path / "one.array_record") == [d.tolist() for d in PAD_LED]
+    assert main(["export", single, "-o", str(tmp_path / "cli.array_record"), "--no-progress"]) == 0
+    assert f"wrote {len(PAD_LED)} documents, 12 tokens" in capsys.readouterr().out
+    sharded = str(tmp_path / "set.rox")  # documents cross shards; each write pads its end
+    twice = PAD_LED + PAD_LED[::-1]
+    for i, docs in enumerate((PAD_LED, PAD_LED[::-1])):
+        write_rox(docs, sharded, separator=7, pad_id=pad_id, block_size=8, max_shard_bytes=16,
+                  if_exists="append" if i else "error")  # fmt: skip
+    assert len(open_rox(sharded).shards) > 4
+    assert exported(sharded, tmp_path / "set.array_record") == [d.tolist() for d in twice]
+    from grain_rox._sources._array_record_export import rox_documents
+
+    small_reads = rox_documents(open_rox(sharded), 7, chunk_tokens=3)  # documents span reads
+    assert [d.tolist() for d in small_reads] == [d.tolist() for d in twice]
+    appended = str(tmp_path / "app.rox")  # a single file: the first write's padding mid-stream
+    for i, docs in enumerate((PAD_LED[:2], PAD_LED[2:])):
+        write_rox(docs, appended, separator=7, pad_id=pad_id, block_size=32,
+                  if_exists="append" if i else "error")  # fmt: skip
+    assert open_rox(appended).padding_spans()[0][0]  # the mid-stream padding is recorded
+    assert exported(appended, tmp_path / "app.array_record") == [d.tolist() for d in PAD_LED]
+
+
+def test_export_of_shards_without_a_manifest_leaves_out_what_may_be_padding(tmp_path, caplog):
+    """No manifest, no known padding: runs of EOS give no documents (roxxel pads with the
+    separator), and tokens after the last EOS (roxxel pads with a pad id other than the EOS)
+    are not exported but named in a warning, as RoxDocumentSource does; they were exported as
+    a document of padding."""
+    written = [d.tolist() for d in PAD_LED if d.size]
+    for pad_id in (7, 0):
+        path = str(tmp_path / f"bare{pad_id}.rox")
+        write_rox(PAD_LED, path, separator=7, pad_id=pad_id, block_size=16, manifest=False)
+        caplog.clear()
+        got = exported(path, tmp_path / f"bare{pad_id}.array_record", eos_id=7)
+        assert got == written
+        warned = [r.getMessage() for r in caplog.records if "not exported" in r.getMessage()]
+        if pad_id == 7:
+            assert not warned
+        else:
+            assert len(warned) == 1 and "the last 6 tokens (from corpus offset 18)" in warned[0]
+            assert "no manifest" in warned[0]
+    loose = str(tmp_path / "loose.rox")  # roxxel's tokens: no manifest, no EOS at the end
+    write_rox([np.array([5, 6, 8], np.uint16)], loose, block_size=8, manifest=False)
+    caplog.clear()
+    with pytest.raises(ValueError, match=r"no documents to export \(is eos_id=7 right\?\)"):
+        export_array_record(loose, str(tmp_path / "loose.array_record"), eos_id=7)
+    assert any("the last 4 tokens" in r.getMessage() for r in caplog.records)
+
+
 def test_stacking_documents_of_different_lengths_names_the_records(tmp_path):
     docs = [np.arange(n, dtype=np.uint16) for n in (3, 3, 5, 3, 4)]
     src = ArrayRecordSource(write_records(tmp_path / "d.array_record", docs), dtype=np.uint16)

@@ -2,17 +2,21 @@
 
 The inverse of ``grain-rox convert --format array_record``: every document (the tokens
 between two EOS tokens, EOS left out) becomes one raw record of the corpus dtype, so
-:class:`~grain_rox.ArrayRecordSource` (``dtype=``) and loaderx-style readers serve it. Empty
-documents (runs of EOS, such as the final block's padding) are not written. The file is
-written under a temporary name, read back in full and compared (record count and sha256 of
-all record bytes) before it is renamed into place: a writer killed half-way leaves no file
-that looks valid.
+:class:`~grain_rox.ArrayRecordSource` (``dtype=``) and loaderx-style readers serve it. The
+documents are those written, token for token: each write's block padding is left out where
+the manifest records it (:mod:`grain_rox._format._served`), never guessed from the tokens, so a
+document that starts or ends with the pad id keeps it, and an empty document (an empty item)
+is an empty record. Shards without a manifest (as roxxel writes them) record no padding: see
+:func:`rox_documents` for what is exported of them. The file is written under a temporary
+name, read back in full and compared (record count and sha256 of all record bytes) before it
+is renamed into place: a writer killed half-way leaves no file that looks valid.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +26,10 @@ import numpy as np
 from grain_rox._format._atomic import publish, temp_path_for
 from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._format._served import ServedSpan, served_spans
 from grain_rox._sources._array_record import close_quietly, count_records, read_in_order
+
+logger = logging.getLogger("grain_rox")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,44 +37,73 @@ class ExportResult:
     """What :func:`export_array_record` wrote."""
 
     path: str  # the ArrayRecord file
-    num_documents: int  # records written (one per non-empty document)
+    num_documents: int  # records written (one per document; see rox_documents)
     num_tokens: int  # tokens in them (EOS left out)
     dtype: str  # the records' dtype (the corpus's): pass it to ArrayRecordSource(dtype=)
     sha256: str  # of all record bytes in order, as read back before the rename
 
 
-def rox_documents(corpus: RoxCorpus, eos_id: int) -> Iterator[np.ndarray]:
-    """The corpus's documents in order, split at ``eos_id`` (EOS dropped; empty ones skipped).
+def rox_documents(
+    corpus: RoxCorpus, eos_id: int, chunk_tokens: int = 1 << 24
+) -> Iterator[np.ndarray]:
+    """The corpus's documents in order, split at ``eos_id`` (EOS dropped), as written.
 
-    A document may span shards. When the padding token differs from EOS, a run of it where a
-    document would start is block padding (the end of one write, before an append or another
-    shard) and is dropped.
+    A document may span shards. Where every shard has a manifest, the documents are exactly
+    the items written: the padding each write ends with is left out where the manifest says
+    it is (:func:`~grain_rox._format._served.served_spans`), a document keeps every token,
+    the pad id included, an empty item is an empty document, and text after the last EOS of a
+    write is a document of its own. Shards without a manifest, as roxxel writes them, record
+    no padding; there, as in :class:`~grain_rox.RoxDocumentSource`, two EOS in a row give no
+    document (roxxel pads with the separator), the tokens after the last EOS (roxxel's padding
+    with a pad id other than the EOS, or a last document without its EOS) are not exported and
+    a warning names them, and a pad id other than the EOS that an append left mid-stream
+    cannot be told from text: it is exported as the start of the next document.
+
+    >>> import tempfile, os
+    >>> from grain_rox import open_rox, write_rox
+    >>> path = os.path.join(tempfile.mkdtemp(), "p.rox")
+    >>> docs = [np.array([0, 5], np.uint16), np.array([], np.uint16), np.array([6, 0], np.uint16)]
+    >>> _ = write_rox(docs, path, separator=7, pad_id=0, block_size=16)
+    >>> [d.tolist() for d in rox_documents(open_rox(path), 7)]
+    [[0, 5], [], [6, 0]]
     """
-    pad = corpus.pad_id
-    strip = pad is not None and pad != eos_id
+    exact = all(pad is not None for _, pad in corpus.trailing_padding())
+    for span in served_spans(corpus):
+        yield from _span_documents(corpus, span, eos_id, exact, chunk_tokens)
 
-    def cleaned(doc: np.ndarray) -> np.ndarray:
-        if strip and doc.size and doc[0] == pad:
-            real = np.flatnonzero(doc != pad)
-            return doc[real[0] :] if real.size else doc[:0]
-        return doc
 
-    carry = np.empty(0, corpus.dtype)
-    # Chunks of shards (a shard in a bucket is read chunk by chunk): a document may span them.
-    chunks = (chunk for s in range(len(corpus.shards)) for _, chunk in corpus.iter_shard(s))
-    for tokens in chunks:
+def _span_documents(
+    corpus: RoxCorpus, span: ServedSpan, eos_id: int, exact: bool, chunk_tokens: int
+) -> Iterator[np.ndarray]:
+    """The documents of one stretch of served tokens, read ``chunk_tokens`` at a time (a
+    document may span chunks); ``exact``: the corpus's padding is known, so an empty document
+    is one."""
+    carry: list[np.ndarray] = []  # the start of the document that the last chunk ended in
+    for lo in range(span.start, span.stop, chunk_tokens):
+        tokens = corpus.tokens(lo, min(span.stop, lo + chunk_tokens))
         start = 0
         for end in np.flatnonzero(tokens == eos_id).tolist():
-            doc = tokens[start:end]
-            if carry.size:
-                doc, carry = np.concatenate([carry, doc]), carry[:0]
-            doc = cleaned(doc)
-            if doc.size:
+            doc = np.concatenate([*carry, tokens[start:end]]) if carry else tokens[start:end]
+            carry = []
+            if doc.size or exact:
                 yield doc
             start = end + 1
-        carry = cleaned(np.concatenate([carry, tokens[start:]]))
-    if carry.size:
-        yield carry
+        if start < tokens.size:
+            carry.append(tokens[start:])
+    tail = sum(piece.size for piece in carry)
+    if tail and span.known_end:
+        yield np.concatenate(carry)
+    elif tail:
+        logger.warning(
+            "export_array_record(%s, ...): the last %d tokens (from corpus offset %d) follow "
+            "the last EOS %d with no manifest to say whether they are text or a writer's "
+            "padding, and are not exported; write the shards with grain_rox (a manifest) or "
+            "end every document with the EOS",
+            corpus.paths[0],
+            tail,
+            span.stop - tail,
+            eos_id,
+        )
 
 
 def export_array_record(
@@ -81,6 +117,10 @@ def export_array_record(
     progress: bool = False,
 ) -> ExportResult:
     """Write the documents of `.rox` shards to one ArrayRecord file (one raw record each).
+
+    The documents are exactly those written where the shards have a manifest (an empty one is
+    an empty record; a pad id inside a document is kept); without a manifest, see
+    :func:`rox_documents`.
 
     Args:
       paths: the `.rox` shards (a path, a glob, a list of them) or an open corpus.
