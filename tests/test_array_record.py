@@ -110,6 +110,46 @@ def test_npy_records_describe_themselves(tmp_path):
         ArrayRecordSource(path, encoding="npy", dtype=np.int16)[0]
 
 
+def npy_image(array):
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def test_a_npy_image_read_as_raw_values_is_refused_on_every_read_path(tmp_path, capsys):
+    """With the default raw encoding a record that np.save wrote was served as tokens, its
+    header included (69 uint16 "tokens" for a 5-token document); values that merely begin
+    with the magic's bytes are still served."""
+    image = npy_image(np.arange(1, 6, dtype=np.uint16))
+    lookalike = b"\x93NUMPY" + bytes(10)  # raw uint16 values that begin like an image
+    path = write_records(tmp_path / "n.array_record", [np.arange(3, dtype=np.uint16), image,
+                                                       lookalike])  # fmt: skip
+    src = ArrayRecordSource(path, dtype=np.uint16)
+    refused = r"n.array_record: record 1 is a \.npy file image .*read it with ArrayRecordSource\(\.\.\., encoding='npy'\)"
+    assert src[0].tolist() == [0, 1, 2]
+    assert src[2].tolist() == np.frombuffer(lookalike, np.uint16).tolist()
+    for read in (lambda: src[1], lambda: src._getitems([0, 1]), lambda: list(src.iter_arrays())):
+        with pytest.raises(ValueError, match=refused):
+            read()
+    with pytest.raises(ValueError, match=refused):
+        src.get_batch([1, 1])  # documents: stacked one by one
+    assert ArrayRecordSource(path, encoding="npy")[1].tolist() == [1, 2, 3, 4, 5]
+    rows = np.arange(len(image) // 2 * 3, dtype=np.uint16).reshape(3, -1)  # rows as long as it
+    fixed = write_records(tmp_path / "f.array_record", [rows[0], image, rows[2]])
+    shaped = ArrayRecordSource(fixed, dtype=np.uint16, shape=rows.shape[1:])
+    assert shaped.get_batch([2, 0]).tolist() == rows[[2, 0]].tolist()
+    with pytest.raises(ValueError, match=refused.replace("n.array", "f.array")):
+        shaped.get_batch([0, 1, 2])  # the one-copy path for whole batches
+    out = str(tmp_path / "n.rox")
+    code = main(["convert", path, "-o", out, "--record-dtype", "uint16", "--tokenizer",
+                 "cl100k_base", "--no-progress"])  # fmt: skip
+    assert code == 2 and not os.path.exists(out)
+    err = capsys.readouterr().err
+    assert "record 1 is a .npy file image" in err and "encoding='npy'" in err
+
+
 def test_documents_pack_and_mix_beside_rox_documents(tmp_path, rox_of_900s):
     docs = SHORT_DOCS
     path = write_records(tmp_path / "d.array_record", docs)

@@ -3,7 +3,10 @@
 A record is one array, stored either as its raw bytes (``encoding="raw"``: C order, no header,
 the ``dtype`` and, for fixed-shape rows, the ``shape`` are given here; the layout loaderx's
 ``ARDataset`` reads) or as a ``.npy`` file image (``encoding="npy"``: ``np.save`` into the
-record, self-describing). A 1-D record of integers is a token document: it packs with
+record, self-describing). A raw record that is a whole ``.npy`` image (numpy's magic, then a
+header ``np.load`` reads) is refused, naming the file, the record and ``encoding="npy"``: its
+header would be served as values (a prefix compare per record; the image is parsed only when
+the magic matches). A 1-D record of integers is a token document: it packs with
 :func:`~grain_rox.pack_documents` and mixes with :func:`~grain_rox.mix_datasets` beside `.rox`
 and HF documents. Fixed-shape rows stack, so :meth:`ArrayRecordSource.batches` serves whole
 batches.
@@ -36,6 +39,7 @@ from grain_rox._sources._process_local import ProcessLocal, process_local
 from grain_rox._sources._watched_files import WatchedFiles
 
 READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+NPY_MAGIC = b"\x93NUMPY"  # how every .npy file image begins (np.save's bytes)
 PathsSpec = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
@@ -103,6 +107,28 @@ def read_in_order(path: str, count: int, chunk: int = 1024) -> Iterator[tuple[in
         close_quietly(reader)
 
 
+def is_npy_image(record: bytes) -> bool:
+    """Whether ``record`` is a whole ``.npy`` file image (what ``np.save`` writes): numpy's
+    magic, then a header and data that ``np.load`` reads. A prefix compare for any other
+    record; raw values that merely begin with the magic's bytes are no image.
+
+    >>> import io
+    >>> image = io.BytesIO()
+    >>> np.save(image, np.arange(3, dtype=np.uint16))
+    >>> is_npy_image(image.getvalue()), is_npy_image(np.arange(3, dtype=np.uint16).tobytes())
+    (True, False)
+    >>> is_npy_image(NPY_MAGIC + bytes(10))  # the magic's bytes, then no header
+    False
+    """
+    if not record.startswith(NPY_MAGIC):
+        return False
+    try:
+        np.load(io.BytesIO(record), allow_pickle=False)
+    except Exception:  # any way numpy refuses it: raw values that begin like an image
+        return False
+    return True
+
+
 def close_quietly(reader: Any) -> None:
     """Close a reader; a damaged file's reader raises on close too, after its real error."""
     with contextlib.suppress(RuntimeError):
@@ -117,7 +143,8 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
       dtype: the arrays' dtype (required for ``encoding="raw"``).
       shape: each record's shape for fixed-shape rows (loaderx); ``None``: 1-D documents of
         any length.
-      encoding: ``"raw"`` (the array's bytes) or ``"npy"`` (an ``np.save`` image per record).
+      encoding: ``"raw"`` (the array's bytes; a record that is a ``.npy`` image is an error
+        naming it) or ``"npy"`` (an ``np.save`` image per record).
 
     The repr's fingerprint (compared by Grain's ``DataLoader`` and ``.batches()`` states on
     restore) is a digest of the files' content and record counts (whole files up to 256 MiB
@@ -256,6 +283,8 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
             array = self._decode_npy(record, where)
         else:
             assert self.dtype is not None
+            if is_npy_image(record):
+                raise self._npy_in_raw(where)
             if len(record) % self.dtype.itemsize:
                 raise ValueError(
                     f"{self._name(where)} holds {len(record)} bytes, not a whole number of "
@@ -272,6 +301,16 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
                 )
             array = array.reshape(self.shape)
         return array
+
+    def _npy_in_raw(self, where: tuple[int, int]) -> ValueError:
+        """The error for a ``.npy`` image read as raw values (its header served as tokens)."""
+        return ValueError(
+            f"{self._name(where)} is a .npy file image (np.save's bytes, beginning "
+            f"{NPY_MAGIC!r}), not the raw bytes of {self.dtype} values: read it with "
+            "ArrayRecordSource(..., encoding='npy'). grain-rox convert reads raw records only; "
+            "convert .npy records from Python: write_rox(ArrayRecordSource(paths, "
+            "encoding='npy').iter_arrays(), output)"
+        )
 
     def _decode_npy(self, record: bytes, where: tuple[int, int]) -> np.ndarray:
         try:
@@ -318,7 +357,8 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
         if self.encoding == "raw":
             assert self.dtype is not None
             size = int(np.prod(self.shape)) * self.dtype.itemsize
-            if all(len(r) == size for r, _ in read):
+            # (a record that begins like a .npy image is decoded one by one: refused if it is)
+            if all(len(r) == size and not r.startswith(NPY_MAGIC) for r, _ in read):
                 flat = np.frombuffer(b"".join(r for r, _ in read), self.dtype)
                 return flat.reshape(len(read), *self.shape)
         return np.stack([self._decode(record, where) for record, where in read])
