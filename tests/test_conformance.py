@@ -68,10 +68,24 @@ def build_data(root: str) -> None:
     with open(f"{root}/hf/table.json", "w") as f:
         json.dump(table, f)
     datasets.Dataset.from_dict(table).save_to_disk(f"{root}/hf/saved")
+    write_tokenized(f"{root}/hf_tok")
     os.makedirs(f"{root}/stream")
     for i in range(2):
         rows = {"x": list(range(i * 10, i * 10 + 10)), "ids": [[j, j] for j in range(10)]}
         pq.write_table(pa.table(rows), f"{root}/stream/part{i}.parquet")
+
+
+def write_tokenized(d: str) -> None:
+    """Texts and the tokenizer.json (a word vocabulary, EOS "</s>") that tokenizes them."""
+    tokenizers = pytest.importorskip("tokenizers")
+    words = ["the", "cat", "sat", "on", "mat", "a", "dog"]
+    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", *words])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    os.makedirs(f"{d}/tok")
+    tok.save(f"{d}/tok/tokenizer.json")
+    with open(f"{d}/texts.json", "w") as f:
+        json.dump({"text": [" ".join(words[i % 5 : i % 5 + 1 + i % 3]) for i in range(20)]}, f)
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +145,11 @@ def hf_in_memory(d: str) -> Any:
         return HFEagerSource(data=json.load(f))
 
 
+def hf_tokenized(d: str) -> Any:
+    with open(f"{d}/texts.json") as f:
+        return HFEagerSource(data=json.load(f), tokenize=["text"], tokenizer=f"{d}/tok")
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
     make: Callable[[str], Any]
@@ -153,6 +172,7 @@ SOURCES = {
     "ArrayRecordSource(rows)": Source(ar_rows, "ar"),
     "HFEagerSource(saved)": Source(hf_saved, "hf"),
     "HFEagerSource(in memory)": Source(hf_in_memory, "hf"),
+    "HFEagerSource(tokenized)": Source(hf_tokenized, "hf_tok", batch_size=None),
 }
 
 

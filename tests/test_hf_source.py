@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
 import pickle
@@ -349,6 +350,93 @@ def test_batch_iterator_state_restores_the_next_batches():
     assert [next(again)["x"].tolist() for _ in range(5)] == expected
 
 
+_WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog"]
+
+
+def _word_tokenizer(directory, words):
+    """A tokenizer.json in ``directory`` whose ids follow ``words``' order (EOS "</s>" = 1,
+    "<|endoftext|>" = 2), and its sha256."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", "<|endoftext|>", *words])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    os.makedirs(directory, exist_ok=True)
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer.json"), "rb") as f:
+        return str(directory), hashlib.sha256(f.read()).hexdigest()
+
+
+def test_a_state_is_refused_on_another_tokenizer_that_the_folder_name_hid(tmp_path):
+    """The tokenizer was named by its folder ("hf:tok") alone: another tokenizer.json in a
+    folder of the same name, the same file rewritten, or another EOS token gave the same
+    repr, and a state restored onto other token ids."""
+    from grain_rox import HFTokenizer
+
+    v1, sha1 = _word_tokenizer(tmp_path / "v1" / "tok", _WORDS)
+    v2, sha2 = _word_tokenizer(tmp_path / "v2" / "tok", _WORDS[::-1])
+    texts = [" ".join(np.random.default_rng(i).choice(_WORDS, 6)) for i in range(64)]
+
+    def iterator(tokenizer):
+        source = HFEagerSource(data={"text": texts}, tokenize=["text"], tokenizer=tokenizer)
+        batches = source.batches(8, seed=0).to_iter_dataset(grain.ReadOptions(num_threads=0))
+        return source, iter(batches)
+
+    source, it = iterator(v1)
+    next(it)
+    state = it.get_state()
+    want = next(it)["text"][0].tolist()
+    _, same = iterator(v1)  # the same file: restored
+    same.set_state(state)
+    assert next(same)["text"][0].tolist() == want
+
+    def refused(tokenizer, label):
+        _, other = iterator(tokenizer)
+        with pytest.raises(ValueError) as info:
+            other.set_state(state)
+        message = str(info.value)
+        assert message.startswith(
+            "cannot restore this HFEagerSource.batches() state: its data or config changed "
+            "(data: saved \"HFEagerSource(rows=64, columns=['text'], "
+            f"tokenizer='hf:tok sha256:{sha1[:16]} eos=1', fingerprint="
+        )
+        assert f"-> now \"HFEagerSource(rows=64, columns=['text'], tokenizer='{label}', " in message
+
+    refused(v2, f"hf:tok sha256:{sha2[:16]} eos=1")
+    refused(HFTokenizer(v1, eos_token="<|endoftext|>"), f"hf:tok sha256:{sha1[:16]} eos=2")
+    shutil.copy(os.path.join(v2, "tokenizer.json"), os.path.join(v1, "tokenizer.json"))
+    refused(v1, f"hf:tok sha256:{sha2[:16]} eos=1")  # the same path, rewritten
+    assert repr(source) == (
+        f"HFEagerSource(rows=64, columns=['text'], tokenizer='hf:tok sha256:{sha1[:16]} eos=1', "
+        f"fingerprint={source._identity})"
+    )
+
+
+def test_a_stream_state_is_refused_on_another_tokenizer_naming_it(tmp_path):
+    v1, sha1 = _word_tokenizer(tmp_path / "v1" / "tok", _WORDS)
+    v2, sha2 = _word_tokenizer(tmp_path / "v2" / "tok", _WORDS[::-1])
+    path = str(tmp_path / "texts.parquet")
+    pq.write_table(pa.table({"text": [" ".join(_WORDS[i % 7 :]) for i in range(20)]}), path)
+
+    def stream(tokenizer):
+        source = HFStreamingSource(path, shuffle_buffer=4, tokenize=["text"], tokenizer=tokenizer)
+        return iter(source.dataset(num_epochs=1))
+
+    it = stream(v1)
+    next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    other = stream(v2)
+    with pytest.raises(ValueError) as info:
+        other.set_state(state)
+    assert str(info.value) == (
+        "cannot restore this HFStreamingSource state: its data or config changed (records: "
+        f"saved {{'tokenize': ['text'], 'tokenizer': 'hf:tok sha256:{sha1[:16]} eos=1', "
+        f"'eos': True}} -> now {{'tokenize': ['text'], 'tokenizer': 'hf:tok sha256:"
+        f"{sha2[:16]} eos=1', 'eos': True}}). Restore with the same data and config, or start "
+        "a new run"
+    )
+    stream(v1).set_state(state)
+
+
 def test_hf_token_documents_pack_and_mix_beside_rox_documents(make_rox):
     from grain_rox import RoxDocumentSource, mix_datasets, pack_documents
 
@@ -572,7 +660,8 @@ def test_streaming_restore_refuses_other_files_and_config_naming_the_change(
     )
     with pytest.raises(
         ValueError,
-        match=r"records: saved \{'tokenize': \['y'\], 'tokenizer': 'bytes', 'eos': True\} "
+        match=r"records: saved \{'tokenize': \['y'\], 'tokenizer': 'bytes identity:3d74760d3fc76651 "
+        r"eos=256', 'eos': True\} "
         r"-> now \{.*'eos': False\}",
     ):
         it.set_state(tokenized)

@@ -228,10 +228,13 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         (counted in ``skipped_rows`` and logged).
 
     Images become ``uint8`` arrays and nested features nested dicts. The repr's fingerprint
-    is a digest of the Arrow files' content and the rows served; a data file whose content
-    changes after the source was made is refused, naming it (checked at each process's first
-    read, then every 0.1 s, a few files at a time). A format transform (``with_transform``) is
-    refused: the Arrow columns are read as they are.
+    is a digest of the Arrow files' content and the rows served, and with ``tokenize`` of the
+    tokenizer, which the repr names by its vocabulary's sha256 and EOS id: a state restores
+    onto the same tokenizer only (not another tokenizer.json in a folder of the same name, nor
+    another EOS token). A data file whose content changes after the source was made is
+    refused, naming it (checked at each process's first read, then every 0.1 s, a few files
+    at a time). A format transform (``with_transform``) is refused: the Arrow columns are
+    read as they are.
 
     >>> import datasets
     >>> ds = datasets.Dataset.from_dict({"ids": [[1, 2], [3, 4]], "label": [0, 1], "t": ["a", "b"]})
@@ -331,6 +334,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         # a contiguous select slices the table): content and layout, never paths, so a copy
         # of the data in another directory is the same source and other data is not.
         self._layout = [_chunk_layout(dataset.data), _chunk_layout(dataset._indices)]
+        self._records = self.format.describe()  # the tokenizer by content, named in the repr
         self._identity = self._fingerprint()
         self._dataset: Any = dataset.select_columns(keep).with_format("numpy")
         schema = dataset.data.table.schema
@@ -346,7 +350,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             self._num_rows,
             self.columns,
             self.features,
-            self.format.describe(),
+            self._records,
             self._layout,
         ]
         if self.nulls == "skip":  # (facts of sources that refuse nulls are unchanged)
@@ -367,8 +371,12 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         return self._num_rows
 
     def __repr__(self) -> str:
+        """Content-identifying, as Grain compares sources on restore; a tokenizing source
+        names its tokenizer (by content and EOS id), so a refusal says when that changed."""
+        tokenizer = self._records.get("tokenizer")
+        named = f"tokenizer={tokenizer!r}, " if tokenizer else ""
         return (
-            f"HFEagerSource(rows={self._num_rows}, columns={self.columns}, "
+            f"HFEagerSource(rows={self._num_rows}, columns={self.columns}, {named}"
             f"fingerprint={self._identity})"
         )
 

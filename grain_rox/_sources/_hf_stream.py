@@ -74,7 +74,8 @@ class HFStreamingSource:
     resumes mid-epoch exactly by re-reading at most one window; its shape never changes, so
     Grain's ``assert_equal_output_after_checkpoint`` holds. The state also names the data and
     config it belongs to (each file's size and a digest of its first and last MiB, columns,
-    tokenizer, shuffle buffer, seed, shard, worker slice): ``set_state`` refuses a state from
+    tokenizer by its vocabulary's sha256 and EOS id, shuffle buffer, seed, shard, worker
+    slice): ``set_state`` refuses a state from
     other files or another config, naming what changed. A missing value (None) in a kept
     column is an error naming the column and row (``nulls="skip"``: such rows are left out,
     counted in the state and logged per epoch); a damaged file is an error naming the file.

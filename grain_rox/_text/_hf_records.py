@@ -22,6 +22,7 @@ from grain_rox._text._hf_checks import (
     unreadable,
     without_nulls,
 )
+from grain_rox._text._tokenizer_base import tokenizer_label
 
 _FORMATS = {".parquet": "parquet", ".pq": "parquet", ".json": "json", ".jsonl": "json",
             ".arrow": "arrow"}  # fmt: skip
@@ -133,10 +134,19 @@ class RecordFormat:
         self.append_eos = bool(append_eos)
 
     def describe(self) -> dict[str, Any]:
-        """What the records depend on besides the data (for reprs)."""
+        """What the records depend on besides the data (for reprs and restore checks): the
+        tokenizer by content and EOS id (see :func:`tokenizer_label`), not by name alone.
+
+        >>> RecordFormat(columns=["t"], tokenize=["t"], tokenizer="bytes").describe()
+        {'tokenize': ['t'], 'tokenizer': 'bytes identity:3d74760d3fc76651 eos=256', 'eos': True}
+        """
         if not self.tokenize:
             return {}
-        return {"tokenize": self.tokenize, "tokenizer": self.tokenizer.name, "eos": self.append_eos}
+        return {
+            "tokenize": self.tokenize,
+            "tokenizer": tokenizer_label(self.tokenizer),
+            "eos": self.append_eos,
+        }
 
     def encode(self, column: str, texts: Sequence[Any]) -> list[np.ndarray]:
         """Token ids (``int32``, EOS appended unless disabled) of ``column``'s texts."""

@@ -1,5 +1,6 @@
 """What the tokenizers share: the checks on ``encode``/``decode`` arguments, the install hint
-for their optional packages and the identity record a shard set's manifest stores.
+for their optional packages, the identity record a shard set's manifest stores and the label
+that names a tokenizer by content in a source's repr.
 
 >>> to_id_list([3, 1], vocab_size=4, who="Tok")
 [3, 1]
@@ -14,6 +15,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from grain_rox._format._digest import facts_digest
 
 if TYPE_CHECKING:
     from grain_rox._text._tokenizers import Tokenizer
@@ -60,3 +63,19 @@ def identity_record(tok: Tokenizer, kind: str, sha256: str | None) -> dict[str, 
         "pad_id": tok.pad_id,
         "sha256": sha256,
     }
+
+
+def tokenizer_label(tok: Tokenizer) -> str:
+    """``tok`` named by what decides its ids, short enough for a repr: its name, its
+    vocabulary's sha256 (16 hex digits; a digest of its :meth:`~Tokenizer.identity` for a
+    tokenizer that has none) and its EOS id. Another tokenizer.json in a folder of the same
+    name, the same file rewritten, or another EOS token give another label.
+
+    >>> from grain_rox._text._tokenizers import ByteTokenizer
+    >>> tokenizer_label(ByteTokenizer())
+    'bytes identity:3d74760d3fc76651 eos=256'
+    """
+    identity = tok.identity()
+    sha256 = identity.get("sha256")
+    content = f"sha256:{sha256[:16]}" if sha256 else f"identity:{facts_digest(identity)}"
+    return f"{tok.name} {content} eos={tok.eos_id}"
