@@ -806,3 +806,32 @@ def test_an_empty_batch_is_refused_saying_so(table):
     for keys in (["ids"], ["label"], ["text"]):
         with pytest.raises(ValueError, match=r"^get_batch needs at least one index: no rows"):
             HFEagerSource(datasets.Dataset.from_dict(table), include_keys=keys).get_batch([])
+
+
+def test_nested_lists_of_different_lengths_name_the_row_the_lengths_and_the_fix():
+    """Such a row was "row has nested lists of different lengths", naming neither the row
+    nor a fix, at every read of it (get_batch and batches too)."""
+    ds = datasets.Dataset.from_dict({"sents": [[[1, 2], [3]], [[4]], [[5, 6], [7, 8]]]})
+    source = HFEagerSource(ds.select([2, 1, 0]))  # the source's row 2 is the table's row 0
+    assert source[0]["sents"].tolist() == [[5, 6], [7, 8]] and source[1]["sents"].tolist() == [[4]]
+    message = (
+        "column 'sents': row 2 holds inner lists of different lengths [2, 1], which make no "
+        "array; pad them to one length first (dataset.map) or leave the column out "
+        "(exclude_keys=['sents'])"
+    )
+    for read in (
+        lambda: source[2],
+        lambda: source.get_batch([1, 2]),
+        lambda: next(iter(source.batches(3, shuffle=False))),
+    ):
+        with pytest.raises(ValueError) as info:
+            read()
+        assert str(info.value) == message
+    deeper = HFEagerSource(data={"x": [[[[1], [2, 3]]], [[[4], [5]]]]})
+    with pytest.raises(ValueError) as info:
+        deeper.get_batch([0, 1])
+    assert str(info.value) == (
+        "column 'x': row 0 holds lists 2 levels down of different lengths [1, 2], which make no "
+        "array; pad them to one length first (dataset.map) or leave the column out "
+        "(exclude_keys=['x'])"
+    )

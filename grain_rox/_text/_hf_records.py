@@ -241,6 +241,37 @@ def _flatten_uniform(array: Any) -> tuple[Any, list[int]] | None:
     return array, shape
 
 
+def _differing_lengths(row: Any) -> tuple[int, list[int]]:
+    """(depth, lengths) of the first list level of ``row`` (an Arrow array of one row) whose
+    lists differ in length; depth 1 is the row's inner lists."""
+    depth = 0
+    while not is_number(row.type):
+        lengths = row.value_lengths().to_numpy(zero_copy_only=False)
+        if lengths.size and (lengths != lengths[0]).any():
+            return depth, lengths.tolist()
+        depth += 1
+        row = row.flatten()
+    return depth, []
+
+
+def _ragged_row_problem(key: str, index: int, row: Any) -> str:
+    """Why row ``index`` of column ``key`` (``row``: its one-row Arrow array) makes no array:
+    the lengths its nested lists have, and the two ways out.
+
+    >>> import pyarrow as pa
+    >>> _ragged_row_problem("sents", 4, pa.array([[[1, 2], [3]]]))
+    "column 'sents': row 4 holds inner lists of different lengths [2, 1], which make no array; pad them to one length first (dataset.map) or leave the column out (exclude_keys=['sents'])"
+    """
+    depth, lengths = _differing_lengths(row)
+    where = "inner lists" if depth == 1 else f"lists {depth} levels down"
+    shown = ", ".join(str(n) for n in lengths[:8]) + (", ..." if len(lengths) > 8 else "")
+    return (
+        f"column {key!r}: row {index} holds {where} of different lengths [{shown}], which make "
+        "no array; pad them to one length first (dataset.map) or leave the column out "
+        f"(exclude_keys=[{key!r}])"
+    )
+
+
 class ArrowColumn:
     """One numeric (list) column of a memory-mapped Arrow table, read with numpy.
 
@@ -285,7 +316,8 @@ class ArrowColumn:
             parts.append((c, where, rows[where] - self.starts[c]))
         return parts
 
-    def row(self, chunk: int, i: int) -> np.ndarray:
+    def row(self, chunk: int, i: int, index: int) -> np.ndarray:
+        """Row ``i`` of chunk ``chunk`` (row ``index`` of the dataset, named in errors)."""
         view = self.views[chunk]
         if view is not None:
             return np.array(view[i])
@@ -296,7 +328,7 @@ class ArrowColumn:
             return values[offsets[i] : offsets[i + 1]].copy()
         flat = _flatten_uniform(values.slice(i, 1))  # nested lists, uniform inside the row
         if flat is None:
-            raise ValueError(f"column {self.key!r}: row has nested lists of different lengths")
+            raise ValueError(_ragged_row_problem(self.key, index, values.slice(i, 1)))
         inner, shape = flat
         return inner.to_numpy(zero_copy_only=False).reshape(shape)
 
@@ -306,7 +338,7 @@ class ArrowColumn:
         out: list[np.ndarray] = [np.empty(0)] * index.size
         for c, where, local in self._split(index):
             for w, i in zip(where.tolist(), local.tolist(), strict=True):
-                out[w] = self.row(c, i)
+                out[w] = self.row(c, i, int(index[w]))
         return out
 
     def stack(self, rows: Sequence[int]) -> np.ndarray:
