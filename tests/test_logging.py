@@ -182,8 +182,9 @@ def test_a_restore_logs_the_step_and_the_input_and_a_refusal_logs_nothing(make_r
             "WARNING",
             "MultiHostDataLoadIterator.set_state: this Grain dataset's state holds a position "
             "only (step 1), not its data or order, so a restore onto other data or another "
-            "seed goes unnoticed; build the dataset on a grain_rox source's .batches() (or "
-            "mix_datasets / pack_documents), whose states name both",
+            "seed goes unnoticed; build the dataset on a grain_rox source's .batches() or a "
+            "TokenPipeline's map_dataset() (or mix_datasets / pack_documents), whose states "
+            "name both",
         ),
         (
             "grain_rox",

@@ -219,6 +219,85 @@ def test_a_users_map_keeps_the_identity(sources):
         iter(reseeded.to_iter_dataset(NO_THREADS)).set_state(state)
 
 
+def ops_iter(source, ops, **changes):
+    """An iterator over ``source.batches(4, ...)`` transformed by ``ops(ds)``."""
+    ds = source.batches(4, **{**CONFIG, **changes})
+    return iter(ops(ds).to_iter_dataset(NO_THREADS))
+
+
+# Grain's transformations that choose or order elements, each with another of its kind: a
+# state restored across them served other batches (the identity was dropped: the state was
+# the bare position).
+OPS = [
+    (lambda ds: ds[:20], lambda ds: ds[2:22], "slice(0, 20, 1)", "slice(2, 22, 1)"),
+    (lambda ds: ds.shuffle(seed=1), lambda ds: ds.shuffle(seed=2), "shuffle(seed=1)",
+     "shuffle(seed=2)"),
+    (lambda ds: ds.batch(2), lambda ds: ds.batch(2, drop_remainder=True),
+     "batch(2, drop_remainder=False)", "batch(2, drop_remainder=True)"),
+    (lambda ds: ds.repeat(3), lambda ds: ds.repeat(3, reseed_each_epoch=False),
+     "repeat(3, reseed_each_epoch=True)", "repeat(3, reseed_each_epoch=False)"),
+    (lambda ds: ds.seed(3).shuffle(), lambda ds: ds.seed(4).shuffle(), "seed(3)", "seed(4)"),
+    (lambda ds: ds.random_map(lambda b, rng: np.asarray(values(b)) + rng.integers(9), seed=1),
+     lambda ds: ds.random_map(lambda b, rng: np.asarray(values(b)) + rng.integers(9), seed=2),
+     "random_map(seed=1)", "random_map(seed=2)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("ops", "other_ops", "op", "other_op"), OPS)
+def test_grain_transformations_keep_the_identity_and_name_their_arguments(
+    sources, ops, other_ops, op, other_op
+):
+    _, first, other, copy = sources
+    it = ops_iter(first, ops)
+    next(it)
+    state = it.get_state()
+    assert op in state["identity"]["ops"]
+    expected = [values(next(it)) for _ in range(3)]
+    again = ops_iter(copy, ops)  # the same data elsewhere, the same transformations
+    again.set_state(state)
+    assert [values(next(again)) for _ in range(3)] == expected
+    with pytest.raises(ValueError, match=DATA_CHANGED):
+        ops_iter(other, ops).set_state(state)
+    with pytest.raises(ValueError, match=r"seed: saved 0 -> now 5"):
+        ops_iter(first, ops, seed=5).set_state(state)
+    with pytest.raises(ValueError) as info:
+        ops_iter(first, other_ops).set_state(state)
+    assert f"ops: saved [{', '.join(repr(o) for o in state['identity']['ops'])}] -> now [" in str(
+        info.value
+    )
+    assert repr(other_op) in str(info.value)
+    with pytest.raises(ValueError, match=r"ops: saved \[.*\] -> now None\)"):  # or none at all
+        iter(first.batches(4, **CONFIG).to_iter_dataset(NO_THREADS)).set_state(state)
+
+
+def test_a_sliced_token_pipeline_dataset_is_refused_on_other_shards_or_seeds(tmp_path):
+    """The endless pipeline's own advice for a shuffle, ds[:n].shuffle(seed=...), gave a
+    dataset whose state named no data: it restored onto other shards and another seed."""
+    from grain_rox import write_rox
+
+    rng = np.random.default_rng(0)
+    for name in "ab":
+        docs = [rng.integers(1, 1000, 200, dtype=np.uint16) for _ in range(100)]
+        write_rox(docs, str(tmp_path / f"{name}.rox"), separator=0)
+
+    def it(name, seed):
+        pipe = TokenPipeline(str(tmp_path / f"{name}.rox"), seq_len=16, global_batch_size=4,
+                             seed=seed)  # fmt: skip
+        return iter(pipe.map_dataset()[:50].shuffle(seed=1).to_iter_dataset(NO_THREADS))
+
+    first = it("a", 0)
+    next(first)
+    state = first.get_state()
+    want = values(next(first)["inputs"])
+    with pytest.raises(ValueError, match=r"TokenPipeline state: its data or config changed \(data"):
+        it("b", 0).set_state(state)
+    with pytest.raises(ValueError, match=r"seed: saved 0 -> now 5"):
+        it("a", 5).set_state(state)
+    again = it("a", 0)
+    again.set_state(state)
+    assert values(next(again)["inputs"]) == want
+
+
 # ---- MultiHostDataLoadIterator over a Grain input -----------------------------------------
 
 
@@ -375,8 +454,8 @@ def test_a_plain_grain_dataset_state_says_it_holds_a_position_only(tmp_path, cap
     assert caplog.messages == [
         "MultiHostDataLoadIterator.set_state: this Grain dataset's state holds a position only "
         "(step 1), not its data or order, so a restore onto other data or another seed goes "
-        "unnoticed; build the dataset on a grain_rox source's .batches() (or mix_datasets / "
-        "pack_documents), whose states name both"
+        "unnoticed; build the dataset on a grain_rox source's .batches() or a TokenPipeline's "
+        "map_dataset() (or mix_datasets / pack_documents), whose states name both"
     ]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="grain_rox"), device_iter(source) as it:

@@ -400,8 +400,8 @@ class GrainFeed:
                     "MultiHostDataLoadIterator.set_state: this Grain dataset's state holds a "
                     "position only (step %d), not its data or order, so a restore onto other "
                     "data or another seed goes unnoticed; build the dataset on a grain_rox "
-                    "source's .batches() (or mix_datasets / pack_documents), whose states "
-                    "name both",
+                    "source's .batches() or a TokenPipeline's map_dataset() (or "
+                    "mix_datasets / pack_documents), whose states name both",
                     step,
                 )
         check_step(step, self.length, limit=sys.maxsize, what="this Grain input")

@@ -185,11 +185,12 @@ def shuffled_batches(
     source without its own ``__repr__`` is named by its class and length only) and
     ``batch_size``, ``seed``, ``shuffle``, ``num_epochs``; ``set_state`` refuses a state from
     other data or another order, naming what changed. The shard is not part of it: a state
-    restores on any number of processes. Your own ``.map``, ``.map_with_index``,
-    ``.random_map`` and ``.filter`` keep it (the identity does not cover your functions);
-    other Grain transformations (``.batch``, ``.shuffle``, slicing, ...) give Grain's own
-    dataset, whose iterator state is the bare position: apply them after
-    ``.to_iter_dataset(...)`` (iterator datasets pass the state through) to keep the check.
+    restores on any number of processes. Grain's transformations of the dataset keep it:
+    ``.map``, ``.map_with_index`` and ``.filter`` (the identity does not cover your
+    functions), and slicing, ``.shuffle``, ``.batch``, ``.repeat``, ``.seed`` and
+    ``.random_map``, whose arguments join it (``"ops"``), so a state restores only onto the
+    same slice, seeds and batching; iterator datasets (after ``.to_iter_dataset(...)``) pass
+    the state through.
 
     Args:
         source: A source with ``len`` and a vectorised ``get_batch(rows)`` (grain_rox's

@@ -153,8 +153,22 @@ class IdentifiedIterDataset(grain.IterDataset):
 class IdentifiedMapDataset(grain.MapDataset):
     """``parent``, element for element; its ``to_iter_dataset()`` (and ``iter()``) give
     iterators whose state carries ``identity`` (and whose position is checked), and so do the
-    datasets its element-wise transformations (``map``, ``map_with_index``, ``random_map``,
-    ``filter``) return; other Grain transformations give Grain's own datasets."""
+    datasets Grain's transformations of it return: element-wise ones (``map``,
+    ``map_with_index``, ``filter``: their functions are not identified) and those that choose
+    or order elements (``ds[a:b]``/``slice``, ``shuffle``, ``batch``, ``repeat``, ``seed``,
+    ``random_map``), whose arguments join the identity as ``"ops"``, so that a state restores
+    only onto the same slice, seeds and batching.
+
+    >>> import grain
+    >>> ds = with_identity(grain.MapDataset.range(8), {"data": "abc"}, what="demo")
+    >>> it = iter(ds[:6].shuffle(seed=1)); _ = next(it)
+    >>> it.get_state()["identity"]
+    {'data': 'abc', 'ops': ['slice(0, 6, 1)', 'shuffle(seed=1)']}
+    >>> iter(ds[:6].shuffle(seed=2)).set_state(it.get_state())
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot restore this demo state: its data or config changed (ops: saved ['slice(0, 6, 1)', 'shuffle(seed=1)'] -> now ['slice(0, 6, 1)', 'shuffle(seed=2)']). Restore with the same data and config, or start a new run
+    """
 
     def __init__(self, parent: grain.MapDataset, identity: dict[str, Any], *, what: str):
         super().__init__(parent)
@@ -176,8 +190,12 @@ class IdentifiedMapDataset(grain.MapDataset):
     def _getitems(self, indices: Sequence[int]) -> Sequence[Any]:
         return self._parent._getitems(indices)
 
-    def _keep(self, ds: grain.MapDataset) -> IdentifiedMapDataset:
-        return IdentifiedMapDataset(ds, self.identity, what=self.what)
+    def _keep(self, ds: grain.MapDataset, op: str | None = None) -> IdentifiedMapDataset:
+        """``ds`` (a transformation of this dataset) with this identity, plus ``op``."""
+        identity = self.identity
+        if op is not None:
+            identity = {**identity, "ops": [*identity.get("ops", []), op]}
+        return IdentifiedMapDataset(ds, identity, what=self.what)
 
     def map(self, transform: Any) -> IdentifiedMapDataset:
         return self._keep(super().map(transform))
@@ -186,10 +204,33 @@ class IdentifiedMapDataset(grain.MapDataset):
         return self._keep(super().map_with_index(transform))
 
     def random_map(self, transform: Any, *, seed: int | None = None) -> IdentifiedMapDataset:
-        return self._keep(super().random_map(transform, seed=seed))
+        return self._keep(super().random_map(transform, seed=seed), f"random_map(seed={seed})")
 
     def filter(self, transform: Any) -> IdentifiedMapDataset:
         return self._keep(super().filter(transform))
+
+    def slice(self, sl: slice) -> IdentifiedMapDataset:
+        start, stop, step = sl.indices(len(self))
+        return self._keep(super().slice(sl), f"slice({start}, {stop}, {step})")
+
+    def shuffle(self, seed: int | None = None) -> IdentifiedMapDataset:
+        return self._keep(super().shuffle(seed), f"shuffle(seed={seed})")
+
+    def seed(self, seed: int) -> IdentifiedMapDataset:
+        return self._keep(super().seed(seed), f"seed({seed})")
+
+    def batch(
+        self, batch_size: int, *, drop_remainder: bool = False, batch_fn: Any = None
+    ) -> IdentifiedMapDataset:
+        made = super().batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
+        how = "" if batch_fn is None else f", batch_fn={_name_of(batch_fn)}"
+        return self._keep(made, f"batch({batch_size}, drop_remainder={drop_remainder}{how})")
+
+    def repeat(
+        self, num_epochs: int | None = None, *, reseed_each_epoch: bool = True
+    ) -> IdentifiedMapDataset:
+        made = super().repeat(num_epochs, reseed_each_epoch=reseed_each_epoch)
+        return self._keep(made, f"repeat({num_epochs}, reseed_each_epoch={reseed_each_epoch})")
 
     def to_iter_dataset(
         self, read_options: grain.ReadOptions | None = None, *, allow_nones: bool = False
@@ -202,6 +243,12 @@ class IdentifiedMapDataset(grain.MapDataset):
 
     def __str__(self) -> str:
         return f"IdentifiedMapDataset({self.what})"
+
+
+def _name_of(fn: Any) -> str:
+    """A function's name as the same code gives it in every process (no address)."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{getattr(fn, '__module__', '')}.{name}".lstrip(".")
 
 
 def with_identity(ds: Any, identity: dict[str, Any], *, what: str) -> Any:
