@@ -180,6 +180,27 @@ def test_data_loader_checkpoint_restores_in_place(positional):
     assert all(np.array_equal(next(again)["inputs"], e) for e in expected)
 
 
+def test_a_lanes_data_loader_state_is_refused_under_another_max_seq_len(positional):
+    """The lanes order keeps max_seq_len of room at each lane's end, so another one moves the
+    epochs' ends; its DataLoader repr left it out, and a state restored onto other batches."""
+
+    def lanes(max_seq_len):
+        return TokenPipeline(positional, seq_len=16, global_batch_size=4, seed=2, lanes=8,
+                             order="lanes", max_seq_len=max_seq_len)  # fmt: skip
+
+    it = iter(lanes(None).data_loader())
+    next(it)
+    state = it.get_state()
+    with pytest.raises(ValueError, match=r"DataSource in checkpoint does not match"):
+        iter(lanes(200).data_loader()).set_state(state)
+    # the longest phase's own seq_len, given or not, is the same order: restored
+    assert "max_seq_len" not in repr(lanes(16).batch_source())
+    expected = next(it)["inputs"]
+    again = iter(lanes(16).data_loader())
+    again.set_state(state)
+    assert np.array_equal(next(again)["inputs"], expected)
+
+
 def test_segmentation_from_eos_and_chunk_joins(make_rox):
     docs = [np.full(n, 7 + i, np.uint16) for i, n in enumerate([5, 9, 3, 40, 2, 11] * 30)]
     path = make_rox("d", docs, separator=0, block_size=64)

@@ -154,6 +154,14 @@ class GlobalBatchSource:
                 *([p.plan.padding_left_out] if p.plan.padding_left_out else []),
                 # holes read as whole windows: named where a schedule reads any
                 *(["holes: whole windows"] if p.plan.reads_holes else []),
+                # the lanes order keeps room for max_seq_len at each lane's end: named where
+                # it is not the longest phase's (the repr of 0.1's lanes order is as before)
+                *(
+                    [f"max_seq_len {o.max_seq_len}"]
+                    if isinstance(o := self.orders[0], LaneOrder)
+                    and o.max_seq_len != max(ph.seq_len for ph in self.schedule.phases)
+                    else []
+                ),
             ]
         )
         shown = ",".join(f"{n}:{f}" if n else f for n, f in data.items())
