@@ -641,6 +641,36 @@ def test_a_mixture_state_restores_only_onto_its_sources_in_their_order():
     assert [int(next(older)) for _ in range(6)] == expected
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda k: np.arange(5000) + k * (np.arange(5000) % 7 == 3),  # numpy shortens its repr
+        lambda k: [(np.arange(3) + i + k * (i == 2500),) for i in range(5000)],  # tuples too
+        lambda k: list(range(300_000 + k)),  # past the 100,000 items digested whole
+        lambda k: [i + k * (i == 299_999) for i in range(300_000)],  # the last item, sampled
+    ],
+)
+def test_a_mixture_state_is_refused_on_other_arrays_and_long_lists(make):
+    """A source over a NumPy array was named by numpy's shortened repr, one over a list of
+    tuples of arrays by the tuples' shortened reprs, and a list of more than 100,000 items by
+    its length alone: a state restored onto other content of the same size."""
+
+    def mix(data):
+        sources = {"a": grain.MapDataset.source(data), "b": grain.MapDataset.range(100, 200)}
+        return mix_datasets(sources, {"a": 1, "b": 1}).to_iter_dataset(
+            grain.ReadOptions(num_threads=0)
+        )
+
+    it = iter(mix(make(0)))
+    for _ in range(3):
+        next(it)
+    state = it.get_state()
+    again = iter(mix(make(0)))  # equal content, another object: restored
+    again.set_state(state)
+    with pytest.raises(ValueError, match=r"dataset 'a': saved '\w+\(.*digest=\w+\)' -> now"):
+        iter(mix(make(1))).set_state(state)
+
+
 def test_a_mixture_counts_from_the_end_and_names_bad_weights_and_empty_sources():
     """``ds[-1]`` is the last element, and a negative index counts modulo the length, as for
     Grain's own datasets (it was "n=-1024 must be >= 0"); all-zero weights and an empty source of weight > 0 are refused naming them (they

@@ -28,26 +28,56 @@ from grain_rox._sources._identity import IdentifiedIterDataset, IdentifiedMapDat
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _SHOWN = 400  # longer descriptions keep their start and a digest of the whole
-_DIGEST_ITEMS = 100_000  # Python containers up to this size are identified by their content
+# Python containers up to this size are identified by all their elements; longer ones by this
+# many, evenly spaced (the first and the last among them)
+_DIGEST_ITEMS = 100_000
+# arrays up to this size are identified by all their bytes; larger ones (a memory map of a
+# corpus) by their size and _SAMPLES windows of _SAMPLE bytes, evenly spaced
+_DIGEST_BYTES = 256 << 20
+_SAMPLES, _SAMPLE = 64, 1 << 20
+
+
+def _feed_array(h: Any, x: np.ndarray) -> None:
+    """Feed ``x``'s dtype, shape and bytes (sampled past ``_DIGEST_BYTES``) to ``h``."""
+    h.update(f"{x.dtype.str}{x.shape}".encode())
+    if x.dtype.hasobject:  # references, not values: the elements' reprs
+        for item in x.reshape(-1):
+            h.update(repr(item).encode())
+        return
+    if x.nbytes <= _DIGEST_BYTES:
+        h.update(np.ascontiguousarray(x).tobytes())
+        return
+    rows = x.reshape(-1)  # a view where x is contiguous; elements, not bytes, are sampled
+    per = max(1, _SAMPLE // max(1, x.itemsize))
+    for start in np.linspace(0, rows.size - per, _SAMPLES).astype(np.int64):
+        h.update(np.ascontiguousarray(rows[start : start + per]).tobytes())
 
 
 def _content_digest(items: Sequence[Any]) -> str:
-    """SHA-1 digest (16 hex digits) of a Python container's elements: arrays by dtype, shape
-    and bytes, mappings key by key, anything else by repr."""
+    """SHA-1 digest (16 hex digits) of a container's elements: arrays by dtype, shape and
+    bytes, mappings key by key, lists and tuples item by item, anything else by repr; past
+    ``_DIGEST_ITEMS`` items, that many of them, evenly spaced (and the length)."""
     h = hashlib.sha1()
 
     def feed(x: Any) -> None:
         if isinstance(x, np.ndarray):
-            h.update(f"{x.dtype.str}{x.shape}".encode())
-            h.update(np.ascontiguousarray(x).tobytes())
+            _feed_array(h, x)
         elif isinstance(x, Mapping):
             for k in sorted(x, key=repr):
                 h.update(repr(k).encode())
                 feed(x[k])
+        elif isinstance(x, (list, tuple)):
+            h.update(f"{type(x).__name__}{len(x)}[".encode())
+            for y in x:
+                feed(y)
+            h.update(b"]")
         else:
             h.update(repr(x).encode())
         h.update(b"\x00")
 
+    if len(items) > _DIGEST_ITEMS:
+        h.update(f"len={len(items)}".encode())
+        items = [items[int(i)] for i in np.linspace(0, len(items) - 1, _DIGEST_ITEMS)]
     for item in items:
         feed(item)
     return h.hexdigest()[:16]
@@ -55,13 +85,20 @@ def _content_digest(items: Sequence[Any]) -> str:
 
 def _source_description(source: Any) -> str:
     """A source's repr when it identifies the content (grain_rox sources hold a content
-    fingerprint); a digest of the elements of a Python list or tuple; else (a repr that is
-    an object address, different in every process) the type and length."""
+    fingerprint); a digest of the elements of a Python list or tuple (sampled past
+    ``_DIGEST_ITEMS`` of them) or of a NumPy array's bytes (sampled past ``_DIGEST_BYTES``);
+    else (a repr that is an object address, different in every process) the type and
+    length."""
     name = type(source).__qualname__
     if isinstance(source, (list, tuple)):
-        if len(source) > _DIGEST_ITEMS:
-            return f"{name}(len={len(source)})"
-        return f"{name}(len={len(source)}, digest={_content_digest(source)})"
+        sampled = "sampled " if len(source) > _DIGEST_ITEMS else ""
+        return f"{name}(len={len(source)}, {sampled}digest={_content_digest(source)})"
+    if isinstance(source, np.ndarray):
+        sampled = "sampled " if source.nbytes > _DIGEST_BYTES else ""
+        return (
+            f"{name}(shape={source.shape}, dtype={source.dtype}, {sampled}digest="
+            f"{_content_digest([source])})"
+        )
     text = repr(source)
     if _ADDRESS.search(text) or text.startswith("<"):
         try:
