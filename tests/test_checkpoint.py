@@ -259,3 +259,55 @@ def test_grain_dataset_iterators_save_and_restore_through_our_handler(tmp_path):
             other = iter(others[name]())
             manager.restore(3, args=ocp.args.Composite(data=RoxCheckpointRestore(other)))
         manager.close()
+
+
+def test_a_token_pipelines_per_process_states_restore_on_another_process_count(corpus, tmp_path):
+    """iter_dataset(rows=...) states are the same global position in every process (rows are
+    no part of them), yet only a .batches() identity was taken as one, and the error told a
+    TokenPipeline user to use a TokenPipeline."""
+    pipe = make_pipe(corpus)
+    saved = tmp_path / "data"
+    saved.mkdir()
+    for i in range(2):
+        it = iter(pipe.iter_dataset(rows=(4 * i, 4 * i + 4)))
+        next(it)
+        (saved / f"process_{i}-of-2.json").write_text(json.dumps(it.get_state()))
+    whole = iter(pipe.iter_dataset())
+    next(whole)
+    expected = next(whole)["inputs"]
+    again = RoxCheckpointHandler().restore(saved, RoxCheckpointRestore(iter(pipe.iter_dataset())))
+    assert np.array_equal(next(again)["inputs"], expected)
+    (saved / "process_1-of-2.json").write_text(json.dumps({"identity": {}, "state": {}}))
+    with pytest.raises(FileNotFoundError) as info:
+        RoxCheckpointHandler().restore(saved, RoxCheckpointRestore(iter(pipe.iter_dataset())))
+    assert str(info.value).endswith(
+        "these per-process states are not one position every process shares (as a "
+        "TokenPipeline's or a .batches() dataset's are, saved whole), so they restore only on "
+        "the number of processes that saved them"
+    )
+
+
+def test_a_state_of_the_other_kind_of_iterator_says_which_it_is(corpus, tmp_path):
+    pipe = make_pipe(corpus)
+    with MultiHostDataLoadIterator(pipe) as it:
+        next(it), next(it)
+        device_state = it.get_state()
+        third = np.asarray(next(it)["inputs"])
+    # the advice below continues at the same batch
+    assert np.array_equal(next(iter(pipe.iter_dataset(first_step=2)))["inputs"], third)
+    with pytest.raises(ValueError) as info:
+        iter(pipe.iter_dataset()).set_state(json.loads(device_state))
+    assert str(info.value) == (
+        "not a TokenPipeline state: it is a MultiHostDataLoadIterator's (step 2); restore it "
+        "with set_state on a MultiHostDataLoadIterator over the same input, or continue this "
+        "iterator there with iter_dataset(first_step=2)"
+    )
+    dataset_it = iter(pipe.iter_dataset())
+    next(dataset_it)
+    with MultiHostDataLoadIterator(pipe) as it, pytest.raises(ValueError) as info:
+        it.set_state(json.dumps(dataset_it.get_state()))
+    assert str(info.value) == (
+        "not a MultiHostDataLoadIterator state: it is a Grain dataset iterator's (keys "
+        "'identity' and 'state', e.g. of TokenPipeline.iter_dataset() or .batches()); restore "
+        "it with set_state on an iterator of that same dataset"
+    )

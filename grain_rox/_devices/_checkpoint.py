@@ -50,6 +50,11 @@ def _is_global(state: dict[str, Any]) -> bool:
     return "pipeline" in state
 
 
+# Identities whose state is one global position, the same in every process: a .batches()
+# dataset's (any shard) and a TokenPipeline's (any rows)
+_SHARED_IDENTITIES = ({"data", "batch_size", "seed"}, {"data", "phases", "seed"})
+
+
 def _shared_batches_state(directory: epath.Path) -> str | None:
     """The state every process of a complete per-process save holds, if they all hold the
     same ``.batches()`` state (then it is valid on any number of processes); else None."""
@@ -71,7 +76,7 @@ def _shared_batches_state(directory: epath.Path) -> str | None:
     # iterator's (saved as it is) is Grain's own
     grain_state = state.get("grain", state) if isinstance(state, dict) else None
     identity = grain_state.get("identity") if isinstance(grain_state, dict) else None
-    if not (isinstance(identity, dict) and {"data", "batch_size", "seed"} <= set(identity)):
+    if not (isinstance(identity, dict) and any(k <= set(identity) for k in _SHARED_IDENTITIES)):
         return None
     return text
 
@@ -126,9 +131,10 @@ class RoxCheckpointHandler(ocp.CheckpointHandler):
             found = sorted(p.name for p in directory.iterdir())
             raise FileNotFoundError(
                 f"no data state for process {jax.process_index()} of {jax.process_count()} in "
-                f"{directory} (it holds {found}); per-process states restore only on the same "
-                "number of processes — use a TokenPipeline or a sharded .batches() dataset "
-                "for elastic restores"
+                f"{directory} (it holds {found}); these per-process states are not one "
+                "position every process shares (as a TokenPipeline's or a .batches() "
+                "dataset's are, saved whole), so they restore only on the number of processes "
+                "that saved them"
             )
         _set_state(args.item, path.read_text())
         return args.item

@@ -54,6 +54,12 @@ def decode_state(state: bytes | str | dict[str, Any]) -> dict[str, Any]:
     kinds = [k for k in _KINDS if k in state]
     if missing or len(kinds) != 1:
         need = missing + ([] if len(kinds) == 1 else ["exactly one of 'pipeline' / 'grain'"])
+        if set(state) == {"identity", "state"}:  # a grain_rox Grain dataset iterator's
+            raise ValueError(
+                "not a MultiHostDataLoadIterator state: it is a Grain dataset iterator's (keys "
+                "'identity' and 'state', e.g. of TokenPipeline.iter_dataset() or .batches()); "
+                "restore it with set_state on an iterator of that same dataset"
+            )
         raise ValueError(
             f"not a MultiHostDataLoadIterator state: it lacks {', '.join(map(repr, need))} "
             f"(keys: {sorted(state)}); pass the state get_state() returned, unchanged"

@@ -65,6 +65,17 @@ def check_identity(saved: Any, now: Mapping[str, Any], *, what: str) -> None:
 
 def split_state(state: Any, *, what: str) -> tuple[Mapping[str, Any], Any]:
     """``(identity, inner state)`` of a state made by :func:`with_identity`, type-checked."""
+    if isinstance(state, Mapping) and {"version", "step"} <= set(state):
+        step = state["step"]
+        resume = (
+            f", or continue this iterator there with iter_dataset(first_step={step})"
+            if what == "TokenPipeline" and "pipeline" in state
+            else ""
+        )
+        raise ValueError(
+            f"not a {what} state: it is a MultiHostDataLoadIterator's (step {step}); restore "
+            f"it with set_state on a MultiHostDataLoadIterator over the same input{resume}"
+        )
     if not isinstance(state, Mapping) or set(state) != {"identity", "state"}:
         shown = repr(state)[:200]
         raise ValueError(
