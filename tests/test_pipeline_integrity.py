@@ -917,9 +917,10 @@ def test_one_source_joining_sets_of_other_tokenizers_or_eos_ids_is_refused(tmp_p
         TokenPipeline(str(folder), seq_len=8, global_batch_size=4).map_dataset()
     said = str(info.value)
     assert said.startswith(
-        f"TokenPipeline: the source ({folder / 'a.rox'}, ...) joins shard sets that end their "
-        f"documents with different EOS ids, or where not every set records one ({folder / 'a.manifest.json'}: "
-        f"tokenizer 'bytes', EOS id 256; {folder / 'b.manifest.json'}: tokenizer "
+        f"TokenPipeline: the source ({folder / 'a.rox'}, ...): its shard sets end their "
+        "documents with different EOS ids, or not every set records one ("
+        f"{folder / 'a.manifest.json'}: tokenizer 'bytes', EOS id 256; "
+        f"{folder / 'b.manifest.json'}: tokenizer "
     )
     assert said.endswith(
         "EOS id 1): the segment features would cut one set's documents at another's EOS id. "
@@ -947,8 +948,8 @@ def test_a_set_without_a_manifest_beside_one_gets_no_eos_id_assumed(tmp_path):
     with pytest.raises(ValueError) as info:
         TokenPipeline(str(folder), seq_len=8, global_batch_size=4).map_dataset()
     assert (
-        f"; 1 shard(s) without a manifest (first: {folder / 'raw.rox'}): tokenizer None, EOS id "
-        "None): the segment features would cut"
+        f"; 1 shard(s) without a manifest (first: {folder / 'raw.rox'}): no tokenizer recorded, "
+        "EOS id None): the segment features would cut"
     ) in str(info.value)
     for given in ({"eos_id": 256}, {"segmentation": False}):  # the user's word for all of it
         pipe = TokenPipeline(str(folder), seq_len=8, global_batch_size=4, **given)
@@ -958,6 +959,45 @@ def test_a_set_without_a_manifest_beside_one_gets_no_eos_id_assumed(tmp_path):
 
     with open_rox(str(folder)) as corpus:
         assert (corpus.eos_id, corpus.tokenizer, corpus.pad_id) == (None, None, None)
-    with pytest.raises(ValueError, match=r"pass eos_id="):
+    with pytest.raises(ValueError) as info:
         RoxDocumentSource(str(folder), seq_len=64)
+    assert str(info.value).startswith(
+        f"{folder / 'a.rox'}: no EOS id to split documents at (its shard sets end their "
+        "documents with different EOS ids, or not every set records one ("
+    )
     assert len(RoxDocumentSource(str(folder), seq_len=64, eos_id=256)) >= 40
+    # RoxTokenSource served the folder without its segment features, without a word
+    with pytest.raises(ValueError, match=r"RoxTokenSource: .*the segment features need one EOS"):
+        RoxTokenSource(str(folder), seq_len=16)
+    features = RoxTokenSource(str(folder), seq_len=16, eos_id=256)[0]
+    assert "inputs_segmentation" in features
+    # a source with such shards, beside a source of another tokenizer, is still compared
+    other = tmp_path / "other"
+    words = ["doc", *map(str, range(40))]
+    tok = _word_tokenizer(tmp_path / "t", words)
+    write_rox([f"doc {i} " * 20 for i in range(40)], str(other / "b.rox"), tokenizer=tok)
+    for given in ({"eos_id": 256}, {"segmentation": False}):
+        with pytest.raises(ValueError, match=r"the sources were tokenized differently \('a' \("):
+            TokenPipeline({"a": str(folder), "b": str(other)}, weights={"a": 1, "b": 1},
+                          seq_len=8, global_batch_size=4, **given).map_dataset()  # fmt: skip
+
+
+def test_one_tokenizer_copied_to_another_folder_is_the_same_tokenizer(tmp_path):
+    """A tokenizer.json is named by its folder (hf:llama, hf:copy): the same file in two
+    folders was taken for two tokenizers."""
+    import shutil
+
+    words = ["the", "cat", "sat"]
+    first = _word_tokenizer(tmp_path / "llama", words)
+    (tmp_path / "copy").mkdir()
+    shutil.copy(first, tmp_path / "copy" / "tokenizer.json")
+    texts = [f"the cat sat {i}" for i in range(200)]
+    write_rox(texts, str(tmp_path / "data" / "part1.rox"), tokenizer=first)
+    write_rox(texts, str(tmp_path / "data" / "part2.rox"),
+              tokenizer=str(tmp_path / "copy" / "tokenizer.json"))  # fmt: skip
+    pipe = TokenPipeline(str(tmp_path / "data"), seq_len=8, global_batch_size=4)
+    assert pipe.map_dataset()[0]["inputs_segmentation"].shape == (4, 8)
+    write_rox(texts, str(tmp_path / "alone" / "p.rox"), tokenizer=first)
+    both = {"a": str(tmp_path / "data"), "b": str(tmp_path / "alone")}
+    pipe = TokenPipeline(both, weights={"a": 1, "b": 1}, seq_len=8, global_batch_size=4)
+    assert pipe.map_dataset()[0]["inputs"].shape == (4, 8)

@@ -82,6 +82,29 @@ class ShardInfo:
     num_padding_tokens: int | None = None
 
 
+def tokenizer_key(tok: dict[str, Any] | None) -> str:
+    """What makes two recorded tokenizers the same: their kind, vocabulary size, EOS id and
+    content (the sha256 where one is recorded, else the name: a tokenizer.json copied to
+    another folder, whose name is that folder's, is the same tokenizer).
+
+    >>> a = {"kind": "hf", "name": "hf:llama", "sha256": "ab", "vocab_size": 9, "eos_id": 1}
+    >>> tokenizer_key(a) == tokenizer_key({**a, "name": "hf:copy"})
+    True
+    """
+    if tok is None:
+        return "null"
+    content = tok.get("sha256") or tok.get("name")
+    return json.dumps([tok.get("kind"), content, tok.get("vocab_size"), tok.get("eos_id")])
+
+
+def tokenizer_words(tok: dict[str, Any] | None) -> str:
+    """A recorded tokenizer in words: ``tokenizer 'cl100k_base' sha256 223921b76ee9``."""
+    if tok is None:
+        return "no tokenizer recorded"
+    sha = f" sha256 {tok['sha256'][:12]}" if tok.get("sha256") else ""
+    return f"tokenizer {tok.get('name')!r}{sha}"
+
+
 class RoxCorpus:
     """One or many `.rox` shards read as a single corpus. Make one with :func:`open_rox`.
 
@@ -198,6 +221,30 @@ class RoxCorpus:
                 (f"{len(bare)} shard(s) without a manifest (first: {bare[0]})", None, None)
             )
         return facts
+
+    def describe_sets(self) -> str:
+        """Each set's tokenizer and EOS id, for messages (``a.manifest.json: tokenizer
+        'bytes', EOS id 256; ...``)."""
+        return "; ".join(
+            f"{what}: {tokenizer_words(tok)}, EOS id {eos}" for what, tok, eos in self.set_facts()
+        )
+
+    def eos_disagreement(self) -> str | None:
+        """What is wrong when this corpus's shard sets do not share one EOS id, some recording
+        one (a set of other EOS ids, or one without a manifest beside one with): the segment
+        features would cut one set's documents at another's EOS id; None when they agree or
+        none records one (roxxel's own files)."""
+        facts = self.set_facts()
+        if len({json.dumps(eos) for _, _, eos in facts}) <= 1:
+            return None
+        return (
+            "its shard sets end their documents with different EOS ids, or not every set "
+            f"records one ({self.describe_sets()})"
+        )
+
+    def why_no_eos(self) -> str:
+        """Why :attr:`eos_id` is None, for messages: the sets disagree, or no manifest."""
+        return self.eos_disagreement() or "the shards have no manifest"
 
     def _shared_fact(self, name: str) -> Any:
         """The manifests' ``name`` when every shard has a manifest and all of them agree; else

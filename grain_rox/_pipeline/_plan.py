@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from grain_rox._format._log_once import log_once
-from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._format._rox_corpus import RoxCorpus, open_rox, tokenizer_key, tokenizer_words
 from grain_rox._format._served_shards import ServedShards, served_shards
 from grain_rox._order._blocks import DEFAULT_BLOCK_TOKENS, BlockOrder
 from grain_rox._order._curriculum import SAMPLE_LIMIT
@@ -172,21 +172,22 @@ def source_label(name: str, corpus: RoxCorpus) -> str:
     return f"source {name!r} ({corpus.paths[0]}...)" if name else corpus.paths[0]
 
 
-def _tokenizer_label(corpus: RoxCorpus) -> str:
-    tok = corpus.tokenizer or {}
-    sha = f" sha256 {tok['sha256'][:12]}" if tok.get("sha256") else ""
-    return f"tokenizer {tok.get('name')!r}{sha}, EOS id {corpus.eos_id}"
-
-
 def _check_one_tokenizer(corpora: Mapping[str, RoxCorpus]) -> None:
-    """Refuse sources whose manifests record different tokenizers or EOS ids."""
-    recorded = {n: c for n, c in corpora.items() if c.tokenizer is not None}
-    facts = {json.dumps([c.tokenizer, c.eos_id], sort_keys=True) for c in recorded.values()}
-    if len(facts) <= 1:
+    """Refuse sources whose sets' manifests record different tokenizers or EOS ids (each set
+    of each source compared, by content: a tokenizer.json copied elsewhere is the same)."""
+    recorded = [
+        (n, c, what, tok, eos)
+        for n, c in corpora.items()
+        for what, tok, eos in c.set_facts()
+        if tok is not None
+    ]
+    if len({json.dumps([tokenizer_key(tok), eos]) for *_, tok, eos in recorded}) <= 1:
         return
     shown = "; ".join(
-        f"{n!r} ({c.paths[0]}{', ...' if len(c.paths) > 1 else ''}): {_tokenizer_label(c)}"
-        for n, c in recorded.items()
+        f"{n!r} ({what if len(c.set_facts()) > 1 else c.paths[0]}"
+        f"{', ...' if len(c.paths) > 1 and len(c.set_facts()) == 1 else ''}): "
+        f"{tokenizer_words(tok)}, EOS id {eos}"
+        for n, c, what, tok, eos in recorded
     )
     raise ValueError(
         f"TokenPipeline: the sources were tokenized differently ({shown}): the same token id "
@@ -198,37 +199,27 @@ def _check_one_tokenizer(corpora: Mapping[str, RoxCorpus]) -> None:
 def _check_sets_within(name: str, corpus: RoxCorpus, *, allow_mixed_tokenizers: bool,
                        eos_given: bool) -> None:  # fmt: skip
     """Refuse one source (a folder, glob or list) joining shard sets that disagree: on the EOS
-    id (its segment features would cut documents at one set's EOS in the other's tokens), on
-    an EOS some sets record and others (roxxel's, without a manifest) do not (it would be
-    assumed for them), or, unless ``allow_mixed_tokenizers``, on the tokenizer."""
-    facts = corpus.set_facts()
-    if len(facts) < 2:
-        return
-    eos = {json.dumps(e) for _, _, e in facts}
-    recorded = [(what, tok) for what, tok, _ in facts if tok is not None]
-    tokenizers = {json.dumps(tok, sort_keys=True) for _, tok in recorded}
-    mixed_eos = len(eos) > 1 and not eos_given
-    if not mixed_eos and (len(tokenizers) <= 1 or allow_mixed_tokenizers):
-        return
-    shown = "; ".join(
-        f"{what}: tokenizer {(tok or {}).get('name')!r}, EOS id {e}" for what, tok, e in facts
+    id (:meth:`RoxCorpus.eos_disagreement`) unless ``eos_given``, or, unless
+    ``allow_mixed_tokenizers``, on the tokenizer."""
+    label = (
+        f"TokenPipeline: {f'source {name!r}' if name else 'the source'} ({corpus.paths[0]}, ...)"
     )
-    label = f"source {name!r}" if name else "the source"
-    if mixed_eos:
-        problem = (
-            "that end their documents with different EOS ids, or where not every set records "
-            f"one ({shown}): the segment features would cut one set's documents at another's "
-            "EOS id. Name each set as a source of its own (with weights), or pass eos_id= if "
-            "every set ends its documents with that id"
+    disagreement = None if eos_given else corpus.eos_disagreement()
+    if disagreement is not None:
+        raise ValueError(
+            f"{label}: {disagreement}: the segment features would cut one set's documents at "
+            "another's EOS id. Name each set as a source of its own (with weights), or pass "
+            "eos_id= if every set ends its documents with that id"
         )
-    else:
-        problem = (
-            f"that were tokenized differently ({shown}): the same token id means different "
-            "text in each. Re-tokenize them with one tokenizer (grain-rox convert --tokenizer "
-            "...), name each set as a source of its own, or pass allow_mixed_tokenizers=True "
-            "if mixing them is intended"
+    recorded = {tokenizer_key(tok) for _, tok, _ in corpus.set_facts() if tok is not None}
+    if len(recorded) > 1 and not allow_mixed_tokenizers:
+        raise ValueError(
+            f"{label} joins shard sets that were tokenized differently "
+            f"({corpus.describe_sets()}): the same token id means different text in each. "
+            "Re-tokenize them with one tokenizer (grain-rox convert --tokenizer ...), name each "
+            "set as a source of its own, or pass allow_mixed_tokenizers=True if mixing them is "
+            "intended"
         )
-    raise ValueError(f"TokenPipeline: {label} ({corpus.paths[0]}, ...) joins shard sets {problem}")
 
 
 def open_sources(

@@ -158,7 +158,7 @@ def export_array_record(
     eos = eos_id if eos_id is not None else corpus.eos_id
     if eos is None:
         raise ValueError(
-            f"{corpus.paths[0]}: no EOS id to split documents at (the shards have no manifest); "
+            f"{corpus.paths[0]}: no EOS id to split documents at ({corpus.why_no_eos()}); "
             "pass eos_id= (--eos-id)"
         )
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)

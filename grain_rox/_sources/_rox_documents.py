@@ -106,8 +106,8 @@ class RoxDocumentSource:
         eos = eos_id if eos_id is not None else self.corpus.eos_id
         if eos is None:
             raise ValueError(
-                f"{self.corpus.paths[0]}: no EOS id to split documents at (the shards have no "
-                "manifest); pass eos_id="
+                f"{self.corpus.paths[0]}: no EOS id to split documents at "
+                f"({self.corpus.why_no_eos()}); pass eos_id="
             )
         self.eos_id = int(eos)
         self.seq_len = int(seq_len)

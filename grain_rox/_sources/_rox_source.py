@@ -77,6 +77,13 @@ class RoxTokenSource:
             eos_id = int_arg(eos_id, "eos_id", where="RoxTokenSource", minimum=0)
         self.corpus = open_unchanged(paths)
         self.seq_len = seq_len
+        disagreement = None if eos_id is not None else self.corpus.eos_disagreement()
+        if disagreement is not None:  # else the segment features would vanish without a word
+            raise ValueError(
+                f"RoxTokenSource: {self.corpus.paths[0]}: {disagreement}; the segment features "
+                "need one EOS id: pass eos_id= if every set ends its documents with it, or "
+                "read each set with a source of its own"
+            )
         self.eos_id = eos_id if eos_id is not None else self.corpus.eos_id
         self.dtype = np.dtype(dtype)
         stored = {self.corpus.paths[0]: self.corpus.dtype}
