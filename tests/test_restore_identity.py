@@ -270,6 +270,22 @@ def test_grain_transformations_keep_the_identity_and_name_their_arguments(
         iter(first.batches(4, **CONFIG).to_iter_dataset(NO_THREADS)).set_state(state)
 
 
+def test_grain_transformations_of_a_source_give_grains_own_order(sources):
+    """Grain derives a .seed()'s default seeds from the depth of the nodes after it: a wrapper
+    of ours between them gave another .seed(5).shuffle() order than Grain's own chain."""
+    _, first, _, _ = sources
+    rows = [values(b) for b in first.batches(4, shuffle=False, num_epochs=1)]
+    plain = grain.MapDataset.source(rows)
+    for chain in (
+        lambda ds: ds.seed(5).shuffle(),
+        lambda ds: ds.seed(5).map(lambda b: b).shuffle(),
+        lambda ds: ds.seed(5).random_map(lambda b, rng: [b, int(rng.integers(1000))]),
+        lambda ds: ds[1:].seed(3).repeat(2).shuffle(),
+    ):
+        ours = chain(first.batches(4, shuffle=False, num_epochs=1).map(values))
+        assert list(ours) == list(chain(plain))
+
+
 def test_a_sliced_token_pipeline_dataset_is_refused_on_other_shards_or_seeds(tmp_path):
     """The endless pipeline's own advice for a shuffle, ds[:n].shuffle(seed=...), gave a
     dataset whose state named no data: it restored onto other shards and another seed."""

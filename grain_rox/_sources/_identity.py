@@ -202,45 +202,50 @@ class IdentifiedMapDataset(grain.MapDataset):
         return self._parent._getitems(indices)
 
     def _keep(self, ds: grain.MapDataset, op: str | None = None) -> IdentifiedMapDataset:
-        """``ds`` (a transformation of this dataset) with this identity, plus ``op``."""
+        """``ds`` (a transformation of this dataset's parent) with this identity, plus ``op``.
+
+        Each transformation applies to the parent, not to this wrapper, so the chain under the
+        outer wrapper is Grain's own: Grain derives a ``.seed()``'s default seeds from the
+        nodes' depth, and a wrapper between them changed a ``.seed(5).shuffle()`` order."""
         identity = self.identity
         if op is not None:
             identity = {**identity, "ops": [*identity.get("ops", []), op]}
         return IdentifiedMapDataset(ds, identity, what=self.what)
 
     def map(self, transform: Any) -> IdentifiedMapDataset:
-        return self._keep(super().map(transform))
+        return self._keep(self._parent.map(transform))
 
     def map_with_index(self, transform: Any) -> IdentifiedMapDataset:
-        return self._keep(super().map_with_index(transform))
+        return self._keep(self._parent.map_with_index(transform))
 
     def random_map(self, transform: Any, *, seed: int | None = None) -> IdentifiedMapDataset:
-        return self._keep(super().random_map(transform, seed=seed), f"random_map(seed={seed})")
+        made = self._parent.random_map(transform, seed=seed)
+        return self._keep(made, f"random_map(seed={seed})")
 
     def filter(self, transform: Any) -> IdentifiedMapDataset:
-        return self._keep(super().filter(transform))
+        return self._keep(self._parent.filter(transform))
 
     def slice(self, sl: slice) -> IdentifiedMapDataset:
         start, stop, step = sl.indices(len(self))
-        return self._keep(super().slice(sl), f"slice({start}, {stop}, {step})")
+        return self._keep(self._parent.slice(sl), f"slice({start}, {stop}, {step})")
 
     def shuffle(self, seed: int | None = None) -> IdentifiedMapDataset:
-        return self._keep(super().shuffle(seed), f"shuffle(seed={seed})")
+        return self._keep(self._parent.shuffle(seed), f"shuffle(seed={seed})")
 
     def seed(self, seed: int) -> IdentifiedMapDataset:
-        return self._keep(super().seed(seed), f"seed({seed})")
+        return self._keep(self._parent.seed(seed), f"seed({seed})")
 
     def batch(
         self, batch_size: int, *, drop_remainder: bool = False, batch_fn: Any = None
     ) -> IdentifiedMapDataset:
-        made = super().batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
+        made = self._parent.batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
         how = "" if batch_fn is None else f", batch_fn={_name_of(batch_fn)}"
         return self._keep(made, f"batch({batch_size}, drop_remainder={drop_remainder}{how})")
 
     def repeat(
         self, num_epochs: int | None = None, *, reseed_each_epoch: bool = True
     ) -> IdentifiedMapDataset:
-        made = super().repeat(num_epochs, reseed_each_epoch=reseed_each_epoch)
+        made = self._parent.repeat(num_epochs, reseed_each_epoch=reseed_each_epoch)
         return self._keep(made, f"repeat({num_epochs}, reseed_each_epoch={reseed_each_epoch})")
 
     def to_iter_dataset(
