@@ -727,6 +727,15 @@ def test_text_that_is_not_what_its_byte_order_mark_says_names_the_file(tmp_path)
     assert list(read_files([str(bad)], encoding_errors="replace")) == ["h\ufffdi"]
 
 
+def test_a_utf16_file_of_one_json_object_is_said_to_be_one(tmp_path):
+    path = tmp_path / "one.json"
+    path.write_bytes('{\n  "text": "hello"\n}\n'.encode("utf-16"))
+    with pytest.raises(
+        ValueError, match=r"one\.json holds one JSON object \(keys \['text'\]\), not"
+    ):
+        list(read_files([str(path)]))
+
+
 def test_utf16_without_a_mark_is_skipped_with_the_command_that_converts_it(tmp_path, caplog):
     (tmp_path / "le.txt").write_bytes("no mark here".encode("utf-16-le"))
     (tmp_path / "be.txt").write_bytes("no mark here".encode("utf-16-be"))
@@ -778,6 +787,9 @@ def test_a_record_naming_its_text_field_twice_is_an_error_not_the_last_value(tmp
     )
     with pytest.raises(ValueError, match=r"b\.json\[1\] names the field 'body' more than once"):
         list(read_files([str(tmp_path / "b.json")], text_column="body"))
+    (tmp_path / "e.jsonl").write_text('{"text": "a", "\\u0074ext": "b"}\n')  # one key escaped
+    with pytest.raises(ValueError, match=r"e\.jsonl:1 names the field 'text' more than once"):
+        list(read_files([str(tmp_path / "e.jsonl")]))
     (tmp_path / "c.jsonl").write_text('{"text": "a", "title": "text"}\n{"text": "\\"text\\""}\n')
     assert list(read_files([str(tmp_path / "c.jsonl")])) == ["a", '"text"']  # no key twice
 

@@ -648,6 +648,7 @@ def test_a_mixture_state_restores_only_onto_its_sources_in_their_order():
         lambda k: [(np.arange(3) + i + k * (i == 2500),) for i in range(5000)],  # tuples too
         lambda k: list(range(300_000 + k)),  # past the 100,000 items digested whole
         lambda k: [i + k * (i == 299_999) for i in range(300_000)],  # the last item, sampled
+        lambda k: np.array([np.arange(5000) + k * (np.arange(5000) == 2500), None], object),
     ],
 )
 def test_a_mixture_state_is_refused_on_other_arrays_and_long_lists(make):

@@ -32,54 +32,48 @@ _SHOWN = 400  # longer descriptions keep their start and a digest of the whole
 # many, evenly spaced (the first and the last among them)
 _DIGEST_ITEMS = 100_000
 # arrays up to this size are identified by all their bytes; larger ones (a memory map of a
-# corpus) by their size and _SAMPLES windows of _SAMPLE bytes, evenly spaced
+# corpus) by their shape and about _SAMPLES * _SAMPLE bytes of rows, evenly spaced
 _DIGEST_BYTES = 256 << 20
 _SAMPLES, _SAMPLE = 64, 1 << 20
 
 
-def _feed_array(h: Any, x: np.ndarray) -> None:
-    """Feed ``x``'s dtype, shape and bytes (sampled past ``_DIGEST_BYTES``) to ``h``."""
-    h.update(f"{x.dtype.str}{x.shape}".encode())
-    if x.dtype.hasobject:  # references, not values: the elements' reprs
-        for item in x.reshape(-1):
-            h.update(repr(item).encode())
-        return
-    if x.nbytes <= _DIGEST_BYTES:
-        h.update(np.ascontiguousarray(x).tobytes())
-        return
-    rows = x.reshape(-1)  # a view where x is contiguous; elements, not bytes, are sampled
-    per = max(1, _SAMPLE // max(1, x.itemsize))
-    for start in np.linspace(0, rows.size - per, _SAMPLES).astype(np.int64):
-        h.update(np.ascontiguousarray(rows[start : start + per]).tobytes())
+def _feed(h: Any, x: Any) -> None:
+    """Feed ``x`` to ``h``: arrays by dtype, shape and bytes (sampled past ``_DIGEST_BYTES``;
+    object arrays element by element), mappings key by key, lists and tuples item by item,
+    anything else by repr."""
+    if isinstance(x, np.ndarray):
+        h.update(f"{x.dtype.str}{x.shape}".encode())
+        if x.nbytes > _DIGEST_BYTES and x.ndim:  # rows evenly spaced, _SAMPLES * _SAMPLE bytes
+            rows = max(1, min(len(x), _SAMPLES * _SAMPLE // max(1, x[0].nbytes)))
+            x = x[np.linspace(0, len(x) - 1, rows).astype(np.int64)]
+        if x.dtype.hasobject:  # references, not values: each element's own content
+            for item in x.reshape(-1):
+                _feed(h, item)
+        else:
+            h.update(np.ascontiguousarray(x).tobytes())
+    elif isinstance(x, Mapping):
+        for k in sorted(x, key=repr):
+            h.update(repr(k).encode())
+            _feed(h, x[k])
+    elif isinstance(x, (list, tuple)):
+        h.update(f"{type(x).__name__}{len(x)}[".encode())
+        for y in x:
+            _feed(h, y)
+        h.update(b"]")
+    else:
+        h.update(repr(x).encode())
+    h.update(b"\x00")
 
 
 def _content_digest(items: Sequence[Any]) -> str:
-    """SHA-1 digest (16 hex digits) of a container's elements: arrays by dtype, shape and
-    bytes, mappings key by key, lists and tuples item by item, anything else by repr; past
+    """SHA-1 digest (16 hex digits) of a container's elements (see :func:`_feed`); past
     ``_DIGEST_ITEMS`` items, that many of them, evenly spaced (and the length)."""
     h = hashlib.sha1()
-
-    def feed(x: Any) -> None:
-        if isinstance(x, np.ndarray):
-            _feed_array(h, x)
-        elif isinstance(x, Mapping):
-            for k in sorted(x, key=repr):
-                h.update(repr(k).encode())
-                feed(x[k])
-        elif isinstance(x, (list, tuple)):
-            h.update(f"{type(x).__name__}{len(x)}[".encode())
-            for y in x:
-                feed(y)
-            h.update(b"]")
-        else:
-            h.update(repr(x).encode())
-        h.update(b"\x00")
-
     if len(items) > _DIGEST_ITEMS:
         h.update(f"len={len(items)}".encode())
         items = [items[int(i)] for i in np.linspace(0, len(items) - 1, _DIGEST_ITEMS)]
     for item in items:
-        feed(item)
+        _feed(h, item)
     return h.hexdigest()[:16]
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from grain_rox._text._text_files import (
+    bom_encoding,
     byte_chunks,
     chain,
     decode,
@@ -133,7 +134,7 @@ class _Repeated(dict):
 def _parse_records(text: str, column: str) -> Any:
     """``json.loads(text)``; an object naming ``column`` twice comes back as :class:`_Repeated`.
     Only text quoting the column's name more than once is parsed key by key (the slow way)."""
-    if text.count(f'"{column}"') < 2:
+    if text.count(f'"{column}"') < 2 and "\\u" not in text:  # (a key may be escaped)
         return json.loads(text)
 
     def pairs(items: list[tuple[str, Any]]) -> dict:
@@ -187,9 +188,12 @@ def _as_text(value: str, where: str, errors: str) -> str:
 
 def _not_jsonl(path: str, errors: str) -> str | None:
     """What ``path`` holds if it is one JSON document that is not a list, else ``None``."""
+    data = b"".join(byte_chunks(path))
+    encoding = bom_encoding(data)  # UTF-16/32 text is read as such (see _convert)
     try:
-        value = json.loads(decode(b"".join(byte_chunks(path)), path, errors))
-    except json.JSONDecodeError:
+        text = data.decode(encoding, errors) if encoding else decode(data, path, errors)
+        value = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return None
     if isinstance(value, dict):
         return f"one JSON object (keys {sorted(value)[:5]})"
