@@ -388,6 +388,12 @@ def test_a_state_is_refused_on_another_tokenizer_that_the_folder_name_hid(tmp_pa
     _, same = iterator(v1)  # the same file: restored
     same.set_state(state)
     assert next(same)["text"][0].tolist() == want
+    moved = tmp_path / "moved" / "elsewhere"  # the same file in another folder: restored too
+    moved.mkdir(parents=True)
+    shutil.copy(os.path.join(v1, "tokenizer.json"), moved / "tokenizer.json")
+    _, copied = iterator(str(moved))
+    copied.set_state(state)
+    assert next(copied)["text"][0].tolist() == want
 
     def refused(tokenizer, label):
         _, other = iterator(tokenizer)
@@ -397,16 +403,16 @@ def test_a_state_is_refused_on_another_tokenizer_that_the_folder_name_hid(tmp_pa
         assert message.startswith(
             "cannot restore this HFEagerSource.batches() state: its data or config changed "
             "(data: saved \"HFEagerSource(rows=64, columns=['text'], "
-            f"tokenizer='hf:tok sha256:{sha1[:16]} eos=1', fingerprint="
+            f"tokenizer='hf sha256:{sha1[:16]} eos=1', fingerprint="
         )
         assert f"-> now \"HFEagerSource(rows=64, columns=['text'], tokenizer='{label}', " in message
 
-    refused(v2, f"hf:tok sha256:{sha2[:16]} eos=1")
-    refused(HFTokenizer(v1, eos_token="<|endoftext|>"), f"hf:tok sha256:{sha1[:16]} eos=2")
+    refused(v2, f"hf sha256:{sha2[:16]} eos=1")
+    refused(HFTokenizer(v1, eos_token="<|endoftext|>"), f"hf sha256:{sha1[:16]} eos=2")
     shutil.copy(os.path.join(v2, "tokenizer.json"), os.path.join(v1, "tokenizer.json"))
-    refused(v1, f"hf:tok sha256:{sha2[:16]} eos=1")  # the same path, rewritten
+    refused(v1, f"hf sha256:{sha2[:16]} eos=1")  # the same path, rewritten
     assert repr(source) == (
-        f"HFEagerSource(rows=64, columns=['text'], tokenizer='hf:tok sha256:{sha1[:16]} eos=1', "
+        f"HFEagerSource(rows=64, columns=['text'], tokenizer='hf sha256:{sha1[:16]} eos=1', "
         f"fingerprint={source._identity})"
     )
 
@@ -429,8 +435,8 @@ def test_a_stream_state_is_refused_on_another_tokenizer_naming_it(tmp_path):
         other.set_state(state)
     assert str(info.value) == (
         "cannot restore this HFStreamingSource state: its data or config changed (records: "
-        f"saved {{'tokenize': ['text'], 'tokenizer': 'hf:tok sha256:{sha1[:16]} eos=1', "
-        f"'eos': True}} -> now {{'tokenize': ['text'], 'tokenizer': 'hf:tok sha256:"
+        f"saved {{'tokenize': ['text'], 'tokenizer': 'hf sha256:{sha1[:16]} eos=1', "
+        f"'eos': True}} -> now {{'tokenize': ['text'], 'tokenizer': 'hf sha256:"
         f"{sha2[:16]} eos=1', 'eos': True}}). Restore with the same data and config, or start "
         "a new run"
     )

@@ -66,10 +66,11 @@ def identity_record(tok: Tokenizer, kind: str, sha256: str | None) -> dict[str, 
 
 
 def tokenizer_label(tok: Tokenizer) -> str:
-    """``tok`` named by what decides its ids, short enough for a repr: its name, its
-    vocabulary's sha256 (16 hex digits; a digest of its :meth:`~Tokenizer.identity` for a
-    tokenizer that has none) and its EOS id. Another tokenizer.json in a folder of the same
-    name, the same file rewritten, or another EOS token give another label.
+    """``tok`` named by what decides its ids, short enough for a repr: its name (``hf`` for a
+    tokenizer.json, whose name is its folder's), its vocabulary's sha256 (16 hex digits; a
+    digest of its :meth:`~Tokenizer.identity` for a tokenizer that has none) and its EOS id.
+    Another tokenizer.json in a folder of the same name, the same file rewritten, or another
+    EOS token give another label; the same file in another folder gives the same.
 
     >>> from grain_rox._text._tokenizers import ByteTokenizer
     >>> tokenizer_label(ByteTokenizer())
@@ -78,4 +79,7 @@ def tokenizer_label(tok: Tokenizer) -> str:
     identity = tok.identity()
     sha256 = identity.get("sha256")
     content = f"sha256:{sha256[:16]}" if sha256 else f"identity:{facts_digest(identity)}"
-    return f"{tok.name} {content} eos={tok.eos_id}"
+    # a tokenizer.json is named by its folder (hf:<folder>): the same file elsewhere is the
+    # same tokenizer, so its content names it, and its kind
+    name = "hf" if sha256 and identity.get("kind") == "hf" else tok.name
+    return f"{name} {content} eos={tok.eos_id}"
