@@ -62,6 +62,24 @@ def test_records_of_an_in_memory_array_are_read_only():
     assert src.get_batch([1, 2]).tolist() == [[3, 4, 5], [6, 7, 8]]
 
 
+@pytest.mark.parametrize(
+    "values",
+    [np.arange(6, dtype=">i4"), np.array(["ab", "abc", "x"], dtype="<U3")],
+    ids=["big-endian-int", "fixed-width-text"],
+)
+def test_a_record_has_the_files_dtype_as_a_batch_row_does(tmp_path, values):
+    """A single record of a 1-D file was a NumPy scalar made into an array: ``>i4`` came back
+    as the native ``int32``, a ``<U3`` row as short as its text (``<U2``)."""
+    np.save(tmp_path / "v.npy", values)
+    src = NumpySource(str(tmp_path / "v.npy"))
+    row, batch, items = src[0], src.get_batch([0]), src._getitems([0])
+    assert (row.dtype, batch.dtype, items[0].dtype) == (values.dtype,) * 3
+    assert (row.shape, items[0].shape) == ((), ())  # a 0-d array, as before
+    assert row.tolist() == batch[0].tolist() == items[0].tolist() == values[0].tolist()
+    named = NumpySource({"v": str(tmp_path / "v.npy")})
+    assert named[0]["v"].dtype == named._getitems([0])[0]["v"].dtype == values.dtype
+
+
 def test_batches_need_a_seed(npy_pair):
     with pytest.raises(
         ValueError, match=r"^batches\(\): seed=None; the order is a function of the seed"

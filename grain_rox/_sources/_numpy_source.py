@@ -91,6 +91,18 @@ def _as_path(spec: Any) -> Any:
     return spec
 
 
+def _rows_at(rows: Any) -> Any:
+    """The index that reads ``rows`` of an array as arrays in its own dtype: one row (an int)
+    as a view, 0-d for a 1-D array (``a[3]`` would be a NumPy scalar, in the native byte
+    order for a ``>i4`` file and as short as its text for a ``<U3`` one), a batch as is.
+
+    >>> a = np.array([7, 8], dtype=">i4")
+    >>> a[_rows_at(1)].dtype, a[_rows_at(np.array([1]))].dtype, a[1].dtype
+    (dtype('>i4'), dtype('>i4'), dtype('int32'))
+    """
+    return (rows, ...) if isinstance(rows, int) else rows
+
+
 def _read_only(rows: Any) -> np.ndarray:
     """``rows`` as a read-only array: a row of an in-memory array is a view of the user's
     array, and an in-place edit of a record must not change it or later reads."""
@@ -229,9 +241,10 @@ class NumpySource(ProcessLocal, BatchesMixin):
     def _pick(self, rows: Any) -> Any:
         # a batch checks its files each time (one stat each); a row at most every 0.1 s
         wait = 0.1 if isinstance(rows, int) else 0.0
+        at = _rows_at(rows)
         if self._single:
-            return _read_only(self._array("", recheck_after=wait)[rows])
-        return {k: _read_only(self._array(k, recheck_after=wait)[rows]) for k in self.shapes}
+            return _read_only(self._array("", recheck_after=wait)[at])
+        return {k: _read_only(self._array(k, recheck_after=wait)[at]) for k in self.shapes}
 
     def __getitem__(self, index: int) -> Any:
         return self._pick(record_index(index, self._num_rows, "row"))
@@ -251,7 +264,7 @@ class NumpySource(ProcessLocal, BatchesMixin):
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         batch = self.get_batch(indices)
         if self._single:
-            return list(batch)
-        return [{k: v[j] for k, v in batch.items()} for j in range(len(indices))]
+            return [batch[j, ...] for j in range(len(indices))]  # as ``self[i]``: a 0-d row too
+        return [{k: v[j, ...] for k, v in batch.items()} for j in range(len(indices))]
 
     __getitems__ = _getitems
