@@ -48,7 +48,9 @@ def random_documents(
 
 
 def unsealed(manifest: dict) -> dict:
-    """A manifest's JSON without its checksum, as a grain_rox from before checksums (or
-    another tool) wrote it: a test's edit then reaches the checks behind the checksum."""
+    """A manifest's JSON without its checksum and its ``"sealed"`` claim, as a grain_rox from
+    before checksums (or another tool) wrote it: a test's edit then reaches the checks behind
+    the checksum."""
     manifest.pop("checksum", None)
+    manifest.pop("sealed", None)
     return manifest

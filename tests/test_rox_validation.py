@@ -411,6 +411,36 @@ def test_an_edited_manifest_is_refused_by_its_checksum_and_an_older_one_is_read(
         assert corpus.eos_id == json.loads(text)["eos_id"]
 
 
+def test_a_sealed_manifest_whose_checksum_was_removed_is_refused(written):
+    """Deleting the checksum made an edit pass as a manifest from before the seal: every
+    manifest now says it was sealed, and one that says so without its checksum is refused,
+    by open_rox and verify alike."""
+    path, manifest_path = written
+    data = json.loads(Path(manifest_path).read_text())
+    assert data["sealed"] is True and data["checksum"].startswith("sha256:")
+    data["eos_id"] = 5
+    del data["checksum"]
+    Path(manifest_path).write_text(json.dumps(data))
+    err = assert_open_fails(path, "its checksum is missing", error_path=manifest_path)
+    assert err.problem == (
+        'its checksum is missing, but it says it was sealed ("sealed": true, as grain_rox '
+        "writes every manifest): the seal was removed, and an edit of its facts (EOS id, "
+        "counts, checksums of the shards) would pass unseen"
+    )
+    assert err.fix == (
+        "restore the manifest from a copy of the set (grain-rox verify then checks the shards "
+        "against it) or re-create the shard set with grain-rox; to read the shards without "
+        "its extras, delete the manifest"
+    )
+    [report] = verify_rox(path)
+    assert not report.ok and "its checksum is missing" in (report.problem or "")
+    data["checksum"] = None  # a checksum of any value is checked
+    Path(manifest_path).write_text(json.dumps(data))
+    assert_open_fails(
+        path, "its checksum None is not that of its content", error_path=manifest_path
+    )
+
+
 def test_manifest_dtype_disagrees_with_footer(written):
     path, manifest_path = written
     data = json.loads(Path(manifest_path).read_text())

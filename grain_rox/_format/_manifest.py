@@ -278,7 +278,7 @@ class Manifest:
         }
 
     def to_json(self) -> str:
-        data = self._data()
+        data = {**self._data(), "sealed": True}  # so a copy without its checksum is refused
         data["checksum"] = _checksum(data)  # an edited manifest is refused, not believed
         return json.dumps(data, indent=1, sort_keys=False) + "\n"
 
@@ -296,18 +296,8 @@ class Manifest:
                 f"({MANIFEST_VERSION})",
                 "upgrade grain_rox",
             )
-        recorded = data.get("checksum") if not where else None
-        if recorded is not None:  # manifests from before it was recorded have none
-            content = {k: v for k, v in data.items() if k != "checksum"}
-            if recorded != _checksum(content):
-                raise RoxFormatError(
-                    path,
-                    "the manifest was edited or damaged after it was written: its checksum "
-                    f"{recorded!r} is not that of its content ({_checksum(content)}); its "
-                    "facts (EOS id, counts, checksums of the shards) cannot be trusted",
-                    "re-create the shard set with grain-rox, or delete the manifest to read "
-                    "the shards without its extras",
-                )
+        if not where:  # a pending manifest is sealed by the one that holds it
+            _check_seal(data, path)
         members = member_pattern(path)
         names = list(data["shards"])
         pending_data = data.get("pending")
@@ -378,6 +368,49 @@ class Manifest:
 
 _RECORD_COUNTS = ("file_size", "num_blocks", "raw_size", "num_tokens")
 _RECORD_OPTIONAL_COUNTS = ("num_padding_tokens", "num_documents")
+
+
+def _check_seal(data: dict[str, Any], path: str) -> None:
+    """Raise unless the manifest ``data`` read from ``path`` is as it was written: its
+    ``checksum`` is that of the rest of its content.
+
+    Every manifest grain_rox writes now is sealed and says so (``"sealed": true``), so one
+    that says so but has no checksum had it removed, the way an edit would get past the seal,
+    and is refused. Only a manifest with neither key, as a grain_rox from before the seal
+    wrote it, is read unsealed; a ``checksum`` of any value (``null`` too) is checked.
+
+    >>> content = {"shards": {}, "sealed": True}
+    >>> _check_seal({**content, "checksum": _checksum(content)}, "t.manifest.json")
+    >>> _check_seal({"shards": {}}, "t.manifest.json")  # from before manifests were sealed
+    >>> try:
+    ...     _check_seal(content, "t.manifest.json")
+    ... except RoxFormatError as e:
+    ...     print(e.problem[:50])
+    its checksum is missing, but it says it was sealed
+    """
+    if "checksum" not in data:
+        if "sealed" in data:
+            raise RoxFormatError(
+                path,
+                'its checksum is missing, but it says it was sealed ("sealed": true, as '
+                "grain_rox writes every manifest): the seal was removed, and an edit of its "
+                "facts (EOS id, counts, checksums of the shards) would pass unseen",
+                "restore the manifest from a copy of the set (grain-rox verify then checks "
+                "the shards against it) or re-create the shard set with grain-rox; to read "
+                "the shards without its extras, delete the manifest",
+            )
+        return  # written before manifests were sealed
+    recorded = data["checksum"]
+    content = {k: v for k, v in data.items() if k != "checksum"}
+    if recorded != _checksum(content):
+        raise RoxFormatError(
+            path,
+            "the manifest was edited or damaged after it was written: its checksum "
+            f"{recorded!r} is not that of its content ({_checksum(content)}); its "
+            "facts (EOS id, counts, checksums of the shards) cannot be trusted",
+            "re-create the shard set with grain-rox, or delete the manifest to read "
+            "the shards without its extras",
+        )
 
 
 def _checksum(data: dict[str, Any]) -> str:
