@@ -404,3 +404,16 @@ def test_the_rows_an_epoch_leaves_out_are_logged(caplog, monkeypatch):
         and "(0.6% of an epoch)" in said[2][1]
     )
     assert all("pass a batch_size that divides" in m for _, m in said)
+
+
+def test_a_subclass_batch_of_other_features_gives_its_rows_as_they_are(tmp_path):
+    """A subclass's get_batch may add a feature that is no array (a list of names)."""
+
+    class Named(NumpySource):
+        def get_batch(self, indices):
+            return {**super().get_batch(indices), "name": [f"row{i}" for i in indices]}
+
+    src = Named({"x": np.arange(8, dtype=np.int32).reshape(4, 2)})
+    rows = src.__getitems__([0, 3])
+    assert [r["name"] for r in rows] == ["row0", "row3"]
+    assert [r["x"].tolist() for r in rows] == [[0, 1], [6, 7]]

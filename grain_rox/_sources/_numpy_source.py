@@ -264,7 +264,13 @@ class NumpySource(ProcessLocal, BatchesMixin):
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         batch = self.get_batch(indices)
         if self._single:
-            return [batch[j, ...] for j in range(len(indices))]  # as ``self[i]``: a 0-d row too
-        return [{k: v[j, ...] for k, v in batch.items()} for j in range(len(indices))]
+            return [_row(batch, j) for j in range(len(indices))]  # as ``self[i]``: a 0-d row too
+        return [{k: _row(v, j) for k, v in batch.items()} for j in range(len(indices))]
 
     __getitems__ = _getitems
+
+
+def _row(values: Any, j: int) -> Any:
+    """Row ``j`` of a batch's feature: an array's as a 0-d view in its dtype (a numpy scalar
+    would be the native one), anything else (a subclass's list) indexed as it is."""
+    return values[j, ...] if isinstance(values, np.ndarray) else values[j]
