@@ -667,3 +667,36 @@ def test_editing_a_state_it_handed_out_leaves_the_dataset_identity_alone(tmp_pat
     again = iter(ds.to_iter_dataset(NO_THREADS))
     again.set_state(it.get_state())
     np.testing.assert_array_equal(next(again)["inputs"], ds[1]["inputs"])
+
+
+def test_a_refusal_over_other_data_says_what_the_fingerprint_covers_and_the_data_now(tmp_path):
+    """It showed two fingerprints and nothing else: not where the data is, nor what changes
+    a fingerprint."""
+    from grain_rox import write_rox
+
+    rng = np.random.default_rng(0)
+    for name in "ab":
+        docs = [rng.integers(1, 1000, 200, dtype=np.uint16) for _ in range(50)]
+        write_rox(docs, str(tmp_path / f"{name}.rox"), separator=0)
+
+    def pipe(name):
+        return TokenPipeline(str(tmp_path / f"{name}.rox"), seq_len=16, global_batch_size=8)
+
+    covers = (
+        "a data fingerprint covers the content and, for files, their names and order: a file "
+        "rewritten, added, removed or renamed since the save changes it; restore onto the data "
+        "the run was saved with"
+    )
+    it = iter(pipe("a").iter_dataset())
+    next(it)
+    with pytest.raises(ValueError) as info:
+        iter(pipe("b").iter_dataset()).set_state(it.get_state())
+    assert str(info.value).endswith(f"or start a new run ({covers})")
+    with MultiHostDataLoadIterator(pipe("a")) as first:
+        next(first)
+        state = first.get_state()
+    with MultiHostDataLoadIterator(pipe("b")) as other, pytest.raises(ValueError) as info:
+        other.set_state(state)
+    assert str(info.value).endswith(
+        f"or start a new run. The data now: {tmp_path / 'b.rox'}; {covers}"
+    )

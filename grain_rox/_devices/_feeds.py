@@ -33,6 +33,7 @@ from grain_rox._order._curriculum import ENDLESS, history_problems, legacy_count
 from grain_rox._pipeline._batch_source import GlobalBatchSource
 from grain_rox._pipeline._pipeline import TokenPipeline
 from grain_rox._sources._batch_dataset import dataset_source
+from grain_rox._sources._identity import DATA_HINT
 from grain_rox._sources._tokens_layout import TOKENS
 
 _log = logging.getLogger("grain_rox")
@@ -270,6 +271,11 @@ class PipelineFeed:
                     ". This run continues exactly only with the grain_rox release that saved "
                     "the state"
                 )
+            if "data" in changed and not hint:
+                now_data = ", ".join(
+                    f"{n}: {spec}" if n else str(spec) for n, spec in self.pipeline.sources.items()
+                )
+                hint = f". The data now: {now_data[:300]}; {DATA_HINT}"
             raise ValueError(
                 f"cannot restore this data state: the pipeline changed ({details}). Restore "
                 f"with the same data and config, or start a new run{hint}"

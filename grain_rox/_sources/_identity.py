@@ -16,7 +16,7 @@ dataset so its iterator's state is ``{"identity": {...}, "state": <Grain's state
 >>> other.set_state(state)
 Traceback (most recent call last):
 ...
-ValueError: cannot restore this demo state: its data or config changed (data: saved 'abc' -> now 'xyz'). Restore with the same data and config, or start a new run
+ValueError: cannot restore this demo state: its data or config changed (data: saved 'abc' -> now 'xyz'). Restore with the same data and config, or start a new run (a data fingerprint covers the content and, for files, their names and order: a file rewritten, added, removed or renamed since the save changes it; restore onto the data the run was saved with)
 """
 
 from __future__ import annotations
@@ -48,6 +48,14 @@ def identity_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[s
     ]
 
 
+# Said where a restore is refused for its data: what the fingerprints shown cover
+DATA_HINT = (
+    "a data fingerprint covers the content and, for files, their names and order: a file "
+    "rewritten, added, removed or renamed since the save changes it; restore onto the data "
+    "the run was saved with"
+)
+
+
 def check_identity(saved: Any, now: Mapping[str, Any], *, what: str) -> None:
     """Raise ``ValueError`` naming every changed field if ``saved`` is not ``now``."""
     if not isinstance(saved, Mapping):
@@ -57,9 +65,11 @@ def check_identity(saved: Any, now: Mapping[str, Any], *, what: str) -> None:
         )
     changes = identity_changes(saved, now)
     if changes:
+        hint = f" ({DATA_HINT})" if any(c.startswith("data: ") for c in changes) else ""
         raise ValueError(
             f"cannot restore this {what} state: its data or config changed "
-            f"({'; '.join(changes)}). Restore with the same data and config, or start a new run"
+            f"({'; '.join(changes)}). Restore with the same data and config, or start a new "
+            f"run{hint}"
         )
 
 
