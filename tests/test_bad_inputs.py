@@ -727,9 +727,10 @@ def test_text_that_is_not_what_its_byte_order_mark_says_names_the_file(tmp_path)
     assert list(read_files([str(bad)], encoding_errors="replace")) == ["h\ufffdi"]
 
 
-def test_a_utf16_file_of_one_json_object_is_said_to_be_one(tmp_path):
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-8-sig"])
+def test_a_utf16_file_of_one_json_object_is_said_to_be_one(tmp_path, encoding):
     path = tmp_path / "one.json"
-    path.write_bytes('{\n  "text": "hello"\n}\n'.encode("utf-16"))
+    path.write_bytes('{\n  "text": "hello"\n}\n'.encode(encoding))  # with a byte order mark
     with pytest.raises(
         ValueError, match=r"one\.json holds one JSON object \(keys \['text'\]\), not"
     ):
@@ -790,6 +791,9 @@ def test_a_record_naming_its_text_field_twice_is_an_error_not_the_last_value(tmp
     (tmp_path / "e.jsonl").write_text('{"text": "a", "\\u0074ext": "b"}\n')  # one key escaped
     with pytest.raises(ValueError, match=r"e\.jsonl:1 names the field 'text' more than once"):
         list(read_files([str(tmp_path / "e.jsonl")]))
+    (tmp_path / "f.jsonl").write_text('{"a/b": "x", "a\\/b": "y"}\n')  # "/" escaped as "\/"
+    with pytest.raises(ValueError, match=r"f\.jsonl:1 names the field 'a/b' more than once"):
+        list(read_files([str(tmp_path / "f.jsonl")], text_column="a/b"))
     (tmp_path / "c.jsonl").write_text('{"text": "a", "title": "text"}\n{"text": "\\"text\\""}\n')
     assert list(read_files([str(tmp_path / "c.jsonl")])) == ["a", '"text"']  # no key twice
 

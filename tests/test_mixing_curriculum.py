@@ -649,6 +649,8 @@ def test_a_mixture_state_restores_only_onto_its_sources_in_their_order():
         lambda k: list(range(300_000 + k)),  # past the 100,000 items digested whole
         lambda k: [i + k * (i == 299_999) for i in range(300_000)],  # the last item, sampled
         lambda k: np.array([np.arange(5000) + k * (np.arange(5000) == 2500), None], object),
+        # past 256 MiB, sampled: two rows of 192 MiB, the second one rewritten
+        lambda k: np.broadcast_to(np.array([[0], [k]], np.int32), (2, 48 << 20)),
     ],
 )
 def test_a_mixture_state_is_refused_on_other_arrays_and_long_lists(make):

@@ -1001,3 +1001,22 @@ def test_one_tokenizer_copied_to_another_folder_is_the_same_tokenizer(tmp_path):
     both = {"a": str(tmp_path / "data"), "b": str(tmp_path / "alone")}
     pipe = TokenPipeline(both, weights={"a": 1, "b": 1}, seq_len=8, global_batch_size=4)
     assert pipe.map_dataset()[0]["inputs"].shape == (4, 8)
+
+
+def test_one_sources_sets_of_other_separators_take_the_users_eos_id(tmp_path):
+    """Two sets of one tokenizer written with other separators: refused without a word on the
+    EOS, and taken with eos_id= (or without segments), as the refusal advises; the check
+    across sources compared their EOS ids again and refused them as other tokenizers."""
+    folder = tmp_path / "data"
+    write_rox(["hello world " * 50] * 20, str(folder / "a.rox"), tokenizer="bytes")
+    write_rox(["hello world " * 50] * 20, str(folder / "b.rox"), tokenizer="bytes", separator=10)
+    with pytest.raises(ValueError, match=r"its shard sets end their documents with different EOS"):
+        TokenPipeline(str(folder), seq_len=16, global_batch_size=8).map_dataset()
+    for given in ({"eos_id": 256}, {"segmentation": False}):
+        pipe = TokenPipeline(str(folder), seq_len=16, global_batch_size=8, **given)
+        assert pipe.map_dataset()[0]["inputs"].shape == (8, 16)
+    write_rox(["more " * 50] * 20, str(tmp_path / "c" / "c.rox"), tokenizer="bytes")
+    both = {"ab": str(folder), "c": str(tmp_path / "c")}
+    pipe = TokenPipeline(both, weights={"ab": 1, "c": 1}, seq_len=16, global_batch_size=8,
+                         eos_id=256)  # fmt: skip
+    assert pipe.map_dataset()[0]["inputs"].shape == (8, 16)

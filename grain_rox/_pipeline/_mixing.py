@@ -32,7 +32,7 @@ _SHOWN = 400  # longer descriptions keep their start and a digest of the whole
 # many, evenly spaced (the first and the last among them)
 _DIGEST_ITEMS = 100_000
 # arrays up to this size are identified by all their bytes; larger ones (a memory map of a
-# corpus) by their shape and about _SAMPLES * _SAMPLE bytes of rows, evenly spaced
+# corpus) by their shape and _SAMPLES windows of _SAMPLE bytes, evenly spaced
 _DIGEST_BYTES = 256 << 20
 _SAMPLES, _SAMPLE = 64, 1 << 20
 
@@ -43,10 +43,14 @@ def _feed(h: Any, x: Any) -> None:
     anything else by repr."""
     if isinstance(x, np.ndarray):
         h.update(f"{x.dtype.str}{x.shape}".encode())
-        if x.nbytes > _DIGEST_BYTES and x.ndim:  # rows evenly spaced, _SAMPLES * _SAMPLE bytes
-            rows = max(1, min(len(x), _SAMPLES * _SAMPLE // max(1, x[0].nbytes)))
-            x = x[np.linspace(0, len(x) - 1, rows).astype(np.int64)]
-        if x.dtype.hasobject:  # references, not values: each element's own content
+        if x.nbytes > _DIGEST_BYTES and not x.dtype.hasobject:
+            # _SAMPLES windows of _SAMPLE bytes, evenly spaced over the elements in order: from
+            # a flat view where x is contiguous, else by x.flat (a window's copy alone)
+            flat = x.reshape(-1) if x.flags.c_contiguous else x.flat
+            per = max(1, _SAMPLE // x.itemsize)
+            for start in np.linspace(0, x.size - per, _SAMPLES).astype(np.int64).tolist():
+                h.update(np.ascontiguousarray(flat[start : start + per]).tobytes())
+        elif x.dtype.hasobject:  # references, not values: each element's own content
             for item in x.reshape(-1):
                 _feed(h, item)
         else:

@@ -172,16 +172,23 @@ def source_label(name: str, corpus: RoxCorpus) -> str:
     return f"source {name!r} ({corpus.paths[0]}...)" if name else corpus.paths[0]
 
 
-def _check_one_tokenizer(corpora: Mapping[str, RoxCorpus]) -> None:
+def _check_one_tokenizer(corpora: Mapping[str, RoxCorpus], *, eos_given: bool) -> None:
     """Refuse sources whose sets' manifests record different tokenizers or EOS ids (each set
-    of each source compared, by content: a tokenizer.json copied elsewhere is the same)."""
+    of each source compared, by content: a tokenizer.json copied elsewhere is the same; the EOS
+    ids not where ``eos_given`` says one for all). The sets of one source are compared by
+    :func:`_check_sets_within`."""
     recorded = [
         (n, c, what, tok, eos)
         for n, c in corpora.items()
         for what, tok, eos in c.set_facts()
         if tok is not None
     ]
-    if len({json.dumps([tokenizer_key(tok), eos]) for *_, tok, eos in recorded}) <= 1:
+    if len({n for n, *_ in recorded}) < 2:
+        return
+    keys = {
+        json.dumps([tokenizer_key(tok), None if eos_given else eos]) for *_, tok, eos in recorded
+    }
+    if len(keys) <= 1:
         return
     shown = "; ".join(
         f"{n!r} ({what if len(c.set_facts()) > 1 else c.paths[0]}"
@@ -234,7 +241,7 @@ def open_sources(
             name, corpus, allow_mixed_tokenizers=allow_mixed_tokenizers, eos_given=eos_given
         )
     if not allow_mixed_tokenizers:
-        _check_one_tokenizer(corpora)
+        _check_one_tokenizer(corpora, eos_given=eos_given)
     return corpora
 
 

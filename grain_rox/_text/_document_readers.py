@@ -131,10 +131,16 @@ class _Repeated(dict):
     """A JSON object that names the text column more than once (JSON keeps only the last)."""
 
 
+def _may_escape(text: str, column: str) -> bool:
+    """Whether ``text`` may spell ``column`` with escapes: ``\\u`` (any character), or a
+    backslash where the name holds a character JSON escapes so (``/``, ``"``, ``\\``)."""
+    return "\\u" in text or (bool(set(column) & set('/"\\')) and "\\" in text)
+
+
 def _parse_records(text: str, column: str) -> Any:
     """``json.loads(text)``; an object naming ``column`` twice comes back as :class:`_Repeated`.
     Only text quoting the column's name more than once is parsed key by key (the slow way)."""
-    if text.count(f'"{column}"') < 2 and "\\u" not in text:  # (a key may be escaped)
+    if text.count(f'"{column}"') < 2 and not _may_escape(text, column):
         return json.loads(text)
 
     def pairs(items: list[tuple[str, Any]]) -> dict:
@@ -192,7 +198,7 @@ def _not_jsonl(path: str, errors: str) -> str | None:
     encoding = bom_encoding(data)  # UTF-16/32 text is read as such (see _convert)
     try:
         text = data.decode(encoding, errors) if encoding else decode(data, path, errors)
-        value = json.loads(text)
+        value = json.loads(without_bom(text))
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
     if isinstance(value, dict):
