@@ -814,7 +814,7 @@ def test_an_empty_batch_is_refused_saying_so(table):
             HFEagerSource(datasets.Dataset.from_dict(table), include_keys=keys).get_batch([])
 
 
-def test_nested_lists_of_different_lengths_name_the_row_the_lengths_and_the_fix():
+def test_nested_lists_of_different_lengths_name_the_row_the_lengths_and_the_fix(tmp_path):
     """Such a row was "row has nested lists of different lengths", naming neither the row
     nor a fix, at every read of it (get_batch and batches too)."""
     ds = datasets.Dataset.from_dict({"sents": [[[1, 2], [3]], [[4]], [[5, 6], [7, 8]]]})
@@ -833,6 +833,21 @@ def test_nested_lists_of_different_lengths_name_the_row_the_lengths_and_the_fix(
         with pytest.raises(ValueError) as info:
             read()
         assert str(info.value) == message
+    # streamed: numpy's "inhomogeneous shape" error said neither the column nor a fix
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ragged = str(tmp_path / "r.parquet")
+    pq.write_table(pa.table({"sents": [[[5, 6], [7, 8]], [[1, 2], [3]]]}), ragged)
+    stream = iter(HFStreamingSource([ragged]).dataset(num_epochs=1))
+    assert next(stream)["sents"].tolist() == [[5, 6], [7, 8]]
+    with pytest.raises(ValueError) as info:
+        next(stream)
+    assert str(info.value).endswith(
+        "column 'sents': a row holds nested lists of different lengths, which make no array; "
+        "pad them to one length first (dataset.map) or leave the column out "
+        "(exclude_keys=['sents'])"
+    )
     deeper = HFEagerSource(data={"x": [[[[1], [2, 3]]], [[[4], [5]]]]})
     with pytest.raises(ValueError) as info:
         deeper.get_batch([0, 1])

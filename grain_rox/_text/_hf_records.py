@@ -173,10 +173,23 @@ class RecordFormat:
         return [{k: v[j] for k, v in per_column.items()} for j in range(count)]
 
     def row(self, record: dict[str, Any]) -> dict[str, Any]:
-        """One record from one numpy-formatted (or plain) row."""
+        """One record from one numpy-formatted (or plain) row; nested lists of different
+        lengths are an error naming the column and the fix (numpy's says neither)."""
         out = {}
         for key, value in record.items():
-            out[key] = self.encode(key, [value])[0] if key in self.tokenize else to_numpy(value)
+            if key in self.tokenize:
+                out[key] = self.encode(key, [value])[0]
+                continue
+            try:
+                out[key] = to_numpy(value)
+            except ValueError as e:
+                if "inhomogeneous" not in str(e):
+                    raise
+                raise ValueError(
+                    f"column {key!r}: a row holds nested lists of different lengths, which make "
+                    "no array; pad them to one length first (dataset.map) or leave the column "
+                    f"out (exclude_keys=[{key!r}])"
+                ) from None
         return out
 
 
