@@ -505,7 +505,7 @@ def _plot(args: argparse.Namespace) -> dict[str, Any]:
                 f"{corpus.paths[0]}: no EOS id to find the documents at (the shards have no "
                 "manifest, or their manifests disagree); pass --eos-id"
             )
-        lengths = document_lengths(corpus, int(eos), corpus.pad_id)
+        lengths = document_lengths(corpus, int(eos))
         recorded = corpus.num_documents
     title = " ".join(args.path)
     log = plot_lengths(lengths, args.plot, title)

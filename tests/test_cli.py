@@ -533,13 +533,13 @@ def test_plotted_lengths_leave_out_padding_and_say_what_the_manifest_counts(tmp_
         assert corpus.num_tokens == 16
         assert corpus.tokens(0, 8).tolist() == [5, 6, 7, 0, 0, 9, 9, 9]
         assert corpus.tokens(8, 16).tolist() == [9, 8, 0, 9, 9, 9, 9, 9]
-        # the first write's padding is not part of the next document: [9, 8], not 9 9 9 9 8
-        assert document_lengths(corpus, 0, 9).tolist() == [3, 1]
-        assert document_lengths(corpus, 0).tolist() == [3, 5]  # without the pad id: glued on
+        # the first write's padding is not part of the next document, which begins with the
+        # pad id: [9, 8], not 9 9 9 9 8, nor [8] (the pad id guessed as padding)
+        assert document_lengths(corpus, 0).tolist() == [3, 2]
     png = str(tmp_path / "p.png")
     assert main(["inspect", path, "--plot", png]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "plotted 2 documents, tokens per document (EOS not counted): min 1, median 2, max 3 "
+        "plotted 2 documents, tokens per document (EOS not counted): min 2, median 2.5, max 3 "
         "(the manifests record 3 documents: empty ones, or an EOS id inside documents, make "
         f"the difference); wrote {png}"
     )

@@ -2,9 +2,9 @@
 
 A document is the tokens before each EOS, found with one vectorised scan per chunk of each
 shard (as :class:`~grain_rox.RoxDocumentSource` finds them), the EOS itself not counted. Runs
-of EOS (the padding of a write's last block, when the pad is the EOS) are no documents; a
-padding token other than the EOS at the start of a document (the last block of an earlier
-write, before an append) is not counted in it; tokens after the last EOS are no document.
+of EOS are no documents; the padding of each write's last block is left out where the
+manifest records it (a document that begins with the pad id keeps it); tokens after the last
+EOS are a document only where a manifest says the data ends there.
 The x axis is logarithmic when the longest document is over 100 times the shortest.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from grain_rox._format._rox_corpus import RoxCorpus
+from grain_rox._format._served import served_spans
 
 _SCAN = 1 << 24  # tokens compared at a time: a bounded temporary of 16 MiB
 _LOG_RANGE = 100  # max / min above which the x axis is logarithmic
@@ -28,8 +29,10 @@ def _positions(corpus: RoxCorpus, token: int) -> np.ndarray:
     return np.concatenate(found)
 
 
-def document_lengths(corpus: RoxCorpus, eos_id: int, pad_id: int | None = None) -> np.ndarray:
-    """The tokens of each document of ``corpus`` (EOS not counted), in corpus order.
+def document_lengths(corpus: RoxCorpus, eos_id: int) -> np.ndarray:
+    """The tokens of each document of ``corpus`` (EOS not counted), in corpus order, found in
+    the stretches its manifests say are data (the padding of each write left out, as
+    :class:`~grain_rox.RoxDocumentSource` reads them).
 
     >>> import tempfile, os
     >>> from grain_rox import open_rox, write_rox
@@ -39,18 +42,15 @@ def document_lengths(corpus: RoxCorpus, eos_id: int, pad_id: int | None = None) 
     [3, 5]
     """
     ends = _positions(corpus, eos_id)
-    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
-    if pad_id is not None and pad_id != eos_id:  # an earlier write's padding before a document
-        pads = _positions(corpus, pad_id)
-        if pads.size:
-            # the last position of the run of consecutive pad tokens each pad position is in
-            breaks = np.flatnonzero(np.diff(pads) != 1)
-            run_last = np.concatenate([pads[breaks], pads[-1:]])
-            run_of = np.concatenate([[0], np.cumsum(np.diff(pads) != 1)])
-            i = np.minimum(np.searchsorted(pads, starts), pads.size - 1)
-            led = pads[i] == starts
-            starts[led] = run_last[run_of[i[led]]] + 1
-    lengths = ends - starts
+    found = [np.empty(0, np.int64)]
+    for span in served_spans(corpus):
+        inside = ends[np.searchsorted(ends, span.start) : np.searchsorted(ends, span.stop)]
+        starts = np.concatenate([[span.start], inside[:-1] + 1]).astype(np.int64)
+        found.append(inside - starts[: inside.size])
+        tail_start = int(inside[-1]) + 1 if inside.size else span.start
+        if span.known_end and tail_start < span.stop:  # data after the last EOS: a document
+            found.append(np.array([span.stop - tail_start], np.int64))
+    lengths = np.concatenate(found)
     return lengths[lengths > 0]
 
 
