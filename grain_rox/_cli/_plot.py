@@ -12,21 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from grain_rox._format._documents import split_documents, token_offsets
 from grain_rox._format._rox_corpus import RoxCorpus
 from grain_rox._format._served import served_spans
 
-_SCAN = 1 << 24  # tokens compared at a time: a bounded temporary of 16 MiB
 _LOG_RANGE = 100  # max / min above which the x axis is logarithmic
-
-
-def _positions(corpus: RoxCorpus, token: int) -> np.ndarray:
-    """Every corpus-wide position of ``token``, in order."""
-    found = [np.empty(0, np.int64)]
-    for s, shard in enumerate(corpus.shards):
-        for lo, tokens in corpus.iter_shard(s, _SCAN):
-            hits = np.flatnonzero(tokens == token)
-            found.append(hits.astype(np.int64) + (shard.first_token + lo))
-    return np.concatenate(found)
 
 
 def document_lengths(corpus: RoxCorpus, eos_id: int) -> np.ndarray:
@@ -41,16 +31,8 @@ def document_lengths(corpus: RoxCorpus, eos_id: int) -> np.ndarray:
     >>> document_lengths(open_rox(path), eos_id=256).tolist()  # "" and the padding: no documents
     [3, 5]
     """
-    ends = _positions(corpus, eos_id)
-    found = [np.empty(0, np.int64)]
-    for span in served_spans(corpus):
-        inside = ends[np.searchsorted(ends, span.start) : np.searchsorted(ends, span.stop)]
-        starts = np.concatenate([[span.start], inside[:-1] + 1]).astype(np.int64)
-        found.append(inside - starts[: inside.size])
-        tail_start = int(inside[-1]) + 1 if inside.size else span.start
-        if span.known_end and tail_start < span.stop:  # data after the last EOS: a document
-            found.append(np.array([span.stop - tail_start], np.int64))
-    lengths = np.concatenate(found)
+    found = split_documents(served_spans(corpus), token_offsets(corpus, eos_id))
+    lengths = found.stops - found.starts - found.ended  # the EOS not counted
     return lengths[lengths > 0]
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from grain_rox._format._documents import split_documents, token_offsets
 from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_unchanged
 from grain_rox._format._served import ServedSpan, served_spans
@@ -178,13 +179,7 @@ class RoxDocumentSource:
                 self.corpus.paths[0],
                 f"{size:,}",
             )
-        ends = [
-            np.flatnonzero(chunk == self.eos_id) + (sh.first_token + at)
-            for s, sh in enumerate(self.corpus.shards)
-            for at, chunk in self.corpus.iter_shard(s)
-        ]
-        eos = np.concatenate(ends) if ends else np.empty(0, np.int64)
-        starts, lengths = self._documents(eos)
+        starts, lengths = self._documents(token_offsets(self.corpus, self.eos_id))
         keep = lengths > 1  # a lone EOS (padding runs) is no document
         starts, lengths = starts[keep], lengths[keep]
         window = self.seq_len + 1
@@ -218,35 +213,22 @@ class RoxDocumentSource:
         return piece_start, piece_len
 
     def _documents(self, eos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(start, length) of every document: each stretch of served text (the padding a
-        write ends with left out, see ``_format._served``) split after each EOS (``eos``: the
-        corpus offsets of every EOS). Text after a stretch's last EOS is a document too, EOS
-        or not, where a manifest says where the data ends; else (a shard without a manifest,
-        as roxxel writes them, whose end may be a pad id other than the EOS) it is not served,
-        and a warning names it."""
-        starts: list[np.ndarray] = []
-        stops: list[np.ndarray] = []
-        for span in self._spans:
-            inside = eos[np.searchsorted(eos, span.start) : np.searchsorted(eos, span.stop)]
-            starts.append(np.concatenate([[span.start], inside + 1]).astype(np.int64))
-            stops.append(np.concatenate([inside + 1, [span.stop]]).astype(np.int64))
-            tail = int(starts[-1][-1])  # after the last EOS: the span's last document, or none
-            if tail < span.stop and span.known_end:
-                continue
-            starts[-1], stops[-1] = starts[-1][:-1], stops[-1][:-1]
-            if tail < span.stop:
-                logger.warning(
-                    "RoxDocumentSource(%s, ...): the last %d tokens (from corpus offset %d) "
-                    "follow the last EOS %d with no manifest to say whether they are text or "
-                    "a writer's padding, and are not served; write the shards with grain_rox "
-                    "(a manifest) or end every document with the EOS",
-                    self.corpus.paths[0],
-                    span.stop - tail,
-                    tail,
-                    self.eos_id,
-                )
-        start = np.concatenate([*starts, np.empty(0, np.int64)])
-        return start, np.concatenate([*stops, np.empty(0, np.int64)]) - start
+        """(start, length) of every document (see :func:`~grain_rox._format._documents.
+        split_documents`; ``eos``: the corpus offsets of every EOS); text after a stretch's
+        last EOS that no manifest says is data is not served, and a warning names it."""
+        found = split_documents(self._spans, eos)
+        for tail, stop in found.unknown_tails:
+            logger.warning(
+                "RoxDocumentSource(%s, ...): the last %d tokens (from corpus offset %d) "
+                "follow the last EOS %d with no manifest to say whether they are text or "
+                "a writer's padding, and are not served; write the shards with grain_rox "
+                "(a manifest) or end every document with the EOS",
+                self.corpus.paths[0],
+                stop - tail,
+                tail,
+                self.eos_id,
+            )
+        return found.starts, found.stops - found.starts
 
     def __len__(self) -> int:
         return int(self._pieces()[0].size)
