@@ -38,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from grain_rox._devices._feeds import Feed, GrainFeed, PipelineFeed
 from grain_rox._devices._iterator_state import STATE_VERSION, decode_state
-from grain_rox._devices._narrowing import leaf_names, narrowed_leaf, narrowing_error
+from grain_rox._devices._narrowing import leaf_names, refuse_narrowing
 from grain_rox._devices._placement import default_mesh
 from grain_rox._devices._resident import resident_feed
 from grain_rox._order._permutation import json_plain
@@ -282,11 +282,11 @@ class MultiHostDataLoadIterator:
         # included: a step that donates the batch cannot donate one buffer twice.
         arrays = [np.ascontiguousarray(leaf) for leaf in leaves]  # JAX copies strided views slower
         self._feed.check_rows(arrays)
-        narrowed = narrowed_leaf(arrays)  # 64-bit integers JAX would place wrapped
-        if narrowed is not None:
-            i, bad, narrow = narrowed
-            where = f"a batch of {_input_kind(self._feed)}"
-            raise narrowing_error(where, leaf_names(local)[i], arrays[i].dtype, bad, narrow)
+        refuse_narrowing(  # 64-bit integers JAX would place wrapped
+            arrays,
+            where=lambda: f"a batch of {_input_kind(self._feed)}",
+            names=lambda: leaf_names(local),
+        )
         if self._place_by_call:
             try:
                 if self._call_fits(treedef, arrays):

@@ -15,7 +15,7 @@ ValueError: a batch's leaf [0] holds int64 values up to 4294967303, which JAX pl
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -36,7 +36,7 @@ def _wrapped(value: int, dtype: np.dtype) -> int:
     return int(np.array([value], np.uint64 if value >= 0 else np.int64).astype(dtype)[0])
 
 
-def narrowed_leaf(arrays: Sequence[np.ndarray]) -> tuple[int, int, np.dtype] | None:
+def _narrowed_leaf(arrays: Sequence[np.ndarray]) -> tuple[int, int, np.dtype] | None:
     """``(leaf index, a value that would wrap, the dtype JAX places it as)`` for the first
     leaf of ``arrays`` JAX would wrap a value of, or None (the cost: a min and a max of each
     64-bit integer leaf, with ``jax_enable_x64`` off; nothing otherwise)."""
@@ -55,29 +55,30 @@ def narrowed_leaf(arrays: Sequence[np.ndarray]) -> tuple[int, int, np.dtype] | N
     return None
 
 
-def narrowing_error(
-    where: str, name: str, dtype: np.dtype, bad: int, placed: np.dtype
-) -> ValueError:
-    """The error for leaf ``name`` of ``dtype`` holding ``bad``, which JAX places as ``placed``."""
-    return ValueError(
-        f"{where}'s leaf {name} holds {dtype.name} values {'up to' if bad > 0 else 'down to'} "
-        f"{bad}, which JAX places as {placed.name} (jax_enable_x64 is off), so they would wrap "
-        f"({bad} -> {_wrapped(bad, placed)}). Enable 64-bit JAX (jax.config.update("
-        "'jax_enable_x64', True), before any array is made), or bring the values into "
-        f"{placed.name}'s range (or leave the leaf out) before they reach the devices"
-    )
-
-
 def refuse_narrowing(
-    arrays: Sequence[np.ndarray], *, where: str, names: Sequence[str] | None = None
+    arrays: Sequence[np.ndarray],
+    *,
+    where: str | Callable[[], str],
+    names: Sequence[str] | Callable[[], Sequence[str]] | None = None,
 ) -> None:
-    """Raise :func:`narrowing_error` if JAX would wrap a value of ``arrays`` (the leaves of
-    one batch, named by ``names``; by index without), held by ``where``."""
-    found = narrowed_leaf(arrays)
-    if found is not None:
-        i, bad, placed = found
-        name = names[i] if names is not None else f"[{i}]"
-        raise narrowing_error(where, name, arrays[i].dtype, bad, placed)
+    """Raise ``ValueError`` if JAX would wrap a value of ``arrays`` (the leaves of one batch),
+    naming the leaf, the value and the fix. ``where`` (what holds them) and ``names`` (each
+    leaf's name; by index without) may be functions, asked only to word the error: on a hot
+    path a batch that fits costs no words."""
+    found = _narrowed_leaf(arrays)
+    if found is None:
+        return
+    i, bad, placed = found
+    names = names() if callable(names) else names
+    name = names[i] if names is not None else f"[{i}]"
+    raise ValueError(
+        f"{where() if callable(where) else where}'s leaf {name} holds {arrays[i].dtype.name} values "
+        f"{'up to' if bad > 0 else 'down to'} {bad}, which JAX places as {placed.name} "
+        f"(jax_enable_x64 is off), so they would wrap ({bad} -> {_wrapped(bad, placed)}). "
+        "Enable 64-bit JAX (jax.config.update('jax_enable_x64', True), before any array is "
+        f"made), or bring the values into {placed.name}'s range (or leave the leaf out) "
+        "before they reach the devices"
+    )
 
 
 def leaf_names(tree: Any) -> list[str]:
