@@ -177,10 +177,11 @@ def _check_one_tokenizer(corpora: Mapping[str, RoxCorpus], *, eos_given: bool) -
     of each source compared, by content: a tokenizer.json copied elsewhere is the same; the EOS
     ids not where ``eos_given`` says one for all). The sets of one source are compared by
     :func:`_check_sets_within`."""
+    facts = {n: c.set_facts() for n, c in corpora.items()}
     recorded = [
-        (n, c, what, tok, eos)
-        for n, c in corpora.items()
-        for what, tok, eos in c.set_facts()
+        (n, what, tok, eos)
+        for n, sets in facts.items()
+        for what, tok, eos in sets
         if tok is not None
     ]
     if len({n for n, *_ in recorded}) < 2:
@@ -190,11 +191,14 @@ def _check_one_tokenizer(corpora: Mapping[str, RoxCorpus], *, eos_given: bool) -
     }
     if len(keys) <= 1:
         return
+
+    def where(n: str, what: str) -> str:  # a source of one set by its paths, else the set
+        paths = corpora[n].paths
+        return what if len(facts[n]) > 1 else paths[0] + (", ..." if len(paths) > 1 else "")
+
     shown = "; ".join(
-        f"{n!r} ({what if len(c.set_facts()) > 1 else c.paths[0]}"
-        f"{', ...' if len(c.paths) > 1 and len(c.set_facts()) == 1 else ''}): "
-        f"{tokenizer_words(tok)}, EOS id {eos}"
-        for n, c, what, tok, eos in recorded
+        f"{n!r} ({where(n, what)}): {tokenizer_words(tok)}, EOS id {eos}"
+        for n, what, tok, eos in recorded
     )
     raise ValueError(
         f"TokenPipeline: the sources were tokenized differently ({shown}): the same token id "
