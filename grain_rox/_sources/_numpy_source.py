@@ -273,4 +273,4 @@ class NumpySource(ProcessLocal, BatchesMixin):
 def _row(values: Any, j: int) -> Any:
     """Row ``j`` of a batch's feature: an array's as a 0-d view in its dtype (a numpy scalar
     would be the native one), anything else (a subclass's list) indexed as it is."""
-    return values[j, ...] if isinstance(values, np.ndarray) else values[j]
+    return values[_rows_at(j)] if isinstance(values, np.ndarray) else values[j]
