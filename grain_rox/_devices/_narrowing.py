@@ -71,8 +71,9 @@ def refuse_narrowing(
     i, bad, placed = found
     names = names() if callable(names) else names
     name = names[i] if names is not None else f"[{i}]"
+    holder = where() if callable(where) else where
     raise ValueError(
-        f"{where() if callable(where) else where}'s leaf {name} holds {arrays[i].dtype.name} values "
+        f"{holder}'s leaf {name} holds {arrays[i].dtype.name} values "
         f"{'up to' if bad > 0 else 'down to'} {bad}, which JAX places as {placed.name} "
         f"(jax_enable_x64 is off), so they would wrap ({bad} -> {_wrapped(bad, placed)}). "
         "Enable 64-bit JAX (jax.config.update('jax_enable_x64', True), before any array is "

@@ -80,9 +80,10 @@ class TokenPipeline:
 
     Sources whose manifests record different tokenizers or EOS ids (their token ids mean
     different things) are refused unless ``allow_mixed_tokenizers=True``; sources that record
-    no tokenizer (roxxel's own files) are not checked. So is one source (a folder, glob or
-    list) joining sets that disagree, and one joining sets of other EOS ids, or sets that
-    record one beside sets that do not (roxxel's), unless ``eos_id=`` says it for all. An endless pipeline serves steps below
+    no tokenizer (roxxel's own files) are not checked. One source (a folder, glob or list)
+    joining sets of other tokenizers is refused the same way; one joining sets of other EOS
+    ids, or sets that record one beside sets that do not (roxxel's), is refused unless
+    ``eos_id=`` gives the EOS of them all. An endless pipeline serves steps below
     :attr:`step_limit` (about ``2**61 / batch_size``), and its datasets have Grain's endless
     length, ``sys.maxsize`` (so Grain's ``.repeat()`` refuses them, and a ``.shuffle()`` needs
     a finite prefix, ``ds[:n]``); a finite one serves ``num_batches`` steps.

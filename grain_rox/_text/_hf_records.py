@@ -187,8 +187,7 @@ class RecordFormat:
                     raise
                 raise ValueError(
                     f"column {key!r}: a row holds nested lists of different lengths, which make "
-                    "no array; pad them to one length first (dataset.map) or leave the column "
-                    f"out (exclude_keys=[{key!r}])"
+                    f"no array; {_ragged_fix(key)}"
                 ) from None
         return out
 
@@ -280,7 +279,14 @@ def _ragged_row_problem(key: str, index: int, row: Any) -> str:
     shown = ", ".join(str(n) for n in lengths[:8]) + (", ..." if len(lengths) > 8 else "")
     return (
         f"column {key!r}: row {index} holds {where} of different lengths [{shown}], which make "
-        "no array; pad them to one length first (dataset.map) or leave the column out "
+        f"no array; {_ragged_fix(key)}"
+    )
+
+
+def _ragged_fix(key: str) -> str:
+    """The two ways out of a column whose nested lists differ in length."""
+    return (
+        "pad them to one length first (dataset.map) or leave the column out "
         f"(exclude_keys=[{key!r}])"
     )
 

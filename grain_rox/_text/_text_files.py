@@ -127,11 +127,12 @@ def as_utf8(chunks: Iterable[bytes], encoding: str, path: str, errors: str) -> I
         if tail:
             yield tail.encode("utf-8")
     except UnicodeDecodeError as e:
+        name = encoding.upper()
         raise ValueError(
-            f"{path} opens with a {encoding.upper()} byte order mark but is not {encoding.upper()} "
-            f"text near byte offset {done + e.start} ({e.reason}); convert it to UTF-8 (e.g. iconv -f {encoding.upper()} -t "
-            "utf-8), or pass --encoding-errors replace (encoding_errors='replace') to read it "
-            "with U+FFFD replacement characters"
+            f"{path} opens with a {name} byte order mark but is not {name} text near byte "
+            f"offset {done + e.start} ({e.reason}); convert it to UTF-8 (e.g. iconv -f {name} "
+            "-t utf-8), or pass --encoding-errors replace (encoding_errors='replace') to read "
+            "it with U+FFFD replacement characters"
         ) from None
 
 
