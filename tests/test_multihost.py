@@ -485,3 +485,27 @@ def test_a_uint32_pipeline_served_as_int64_is_refused_where_jax_would_narrow_it(
     ):
         for _ in range(200):
             next(it)
+
+
+def test_a_float64_leaf_rounded_to_32_bits_is_said_once(monkeypatch, caplog):
+    """With jax_enable_x64 off JAX rounds float64 to float32: it continued without a word."""
+    import logging
+
+    from grain_rox._devices import _narrowing
+
+    monkeypatch.setattr(_narrowing, "_ROUNDED_SAID", set())
+    data = grain.MapDataset.range(32).map(lambda i: {"w": np.float64(i) / 3, "i": np.int32(i)})
+    with (
+        caplog.at_level(logging.WARNING, logger="grain_rox"),
+        MultiHostDataLoadIterator(data.batch(8)) as it,
+    ):
+        got = [next(it) for _ in range(3)]
+    assert got[0]["w"].dtype == np.float32
+    said = [r.getMessage() for r in caplog.records if "rounded" in r.getMessage()]
+    assert len(said) == 1, said  # once a process, not once a batch
+    assert said[0].startswith("a batch of a Grain input (BatchMapDataset)'s leaf ['w'] is float64")
+    assert said[0].endswith(
+        "which JAX places as float32 (jax_enable_x64 is off): its values are rounded to "
+        "float32's precision (said once a process). Make it float32 where it is made to say "
+        "so, or enable 64-bit JAX (jax.config.update('jax_enable_x64', True)) to keep them"
+    )
