@@ -286,6 +286,57 @@ def test_grain_transformations_of_a_source_give_grains_own_order(sources):
         assert list(ours) == list(chain(plain))
 
 
+def test_grain_iter_transformations_give_grains_own_order(sources):
+    """The same after to_iter_dataset(): the IterDataset wrapper sat between a .seed() and the
+    random_map/batch after it, one node deeper than Grain's own chain, so its default seeds
+    (and the random values drawn) were not Grain's."""
+    _, first, _, _ = sources
+    rows = [values(b) for b in first.batches(4, shuffle=False, num_epochs=1)]
+    plain = grain.MapDataset.source(rows)
+
+    def draw(b, rng):
+        return [b, int(rng.integers(1000))]
+
+    for chain in (
+        lambda ds: ds.seed(5).to_iter_dataset(NO_THREADS).random_map(draw),
+        lambda ds: ds.seed(5).to_iter_dataset(NO_THREADS).map(lambda b: b).random_map(draw),
+        lambda ds: ds.seed(5).to_iter_dataset(NO_THREADS).random_map(draw).batch(2),
+        lambda ds: ds.to_iter_dataset(NO_THREADS).seed(7).filter(lambda b: True).random_map(draw),
+    ):
+        ours = chain(first.batches(4, shuffle=False, num_epochs=1).map(values))
+        assert str(list(ours)) == str(list(chain(plain)))
+
+
+def test_grain_iter_transformations_keep_the_identity_and_name_their_arguments(sources):
+    """An IterDataset's batch/random_map/seed join "ops" (as "iter.": a MapDataset's batch(2)
+    position counts batches, an IterDataset's elements), and a state restores across them
+    only onto the same arguments; map/filter keep the position check."""
+    _, first, _, copy = sources
+
+    def it(source, op):
+        ds = source.batches(4, shuffle=False, num_epochs=1).map(values)
+        return iter(op(ds.to_iter_dataset(NO_THREADS)))
+
+    two, three = (lambda ds: ds.batch(2)), (lambda ds: ds.batch(3))
+    first_it = it(first, two)
+    next(first_it)
+    state = first_it.get_state()
+    assert state["identity"]["ops"] == ["iter.batch(2, drop_remainder=False)"]
+    expected = str([next(first_it) for _ in range(2)])
+    again = it(copy, two)
+    again.set_state(state)
+    assert str([next(again) for _ in range(2)]) == expected
+    with pytest.raises(ValueError, match=r"-> now \['iter.batch\(3, drop_remainder=False\)'\]"):
+        it(first, three).set_state(state)
+    mapped = it(first, lambda ds: ds.map(lambda b: b).filter(lambda b: True))
+    with pytest.raises(ValueError, match=r"its position .* is not"):
+        mapped.set_state({**mapped.get_state(), "state": {"next_index": 10**6}})
+    seeded = it(first, lambda ds: ds.seed(1).random_map(lambda b, rng: b))
+    next(seeded)
+    with pytest.raises(ValueError, match=r"iter.seed\(1\).*iter.seed\(2\)"):
+        it(first, lambda ds: ds.seed(2).random_map(lambda b, rng: b)).set_state(seeded.get_state())
+
+
 def test_a_sliced_token_pipeline_dataset_is_refused_on_other_shards_or_seeds(tmp_path):
     """The endless pipeline's own advice for a shuffle, ds[:n].shuffle(seed=...), gave a
     dataset whose state named no data: it restored onto other shards and another seed."""

@@ -167,6 +167,43 @@ class IdentifiedIterDataset(grain.IterDataset):
     def __iter__(self) -> grain.DatasetIterator:
         return _IdentifiedIterator(self._parent.__iter__(), self)
 
+    def _keep(
+        self, ds: grain.IterDataset, op: str | None = None, *, same_position: bool = True
+    ) -> IdentifiedIterDataset:
+        """``ds`` (a transformation of this dataset's parent) with this identity, plus ``op``,
+        as ``IdentifiedMapDataset._keep``: applied under the wrapper, Grain's depth-derived
+        default seeds are plain Grain's. ``same_position``: ``ds``'s iterators keep the
+        parent's ``{"next_index"}`` state (map, filter, batch), so its range is still checked;
+        ``random_map``'s and ``map_with_index``'s nest it, and Grain checks those."""
+        identity = self.identity
+        if op is not None:  # "iter.": a MapDataset's batch(2) counts batches, not elements
+            identity = {**identity, "ops": [*identity.get("ops", []), f"iter.{op}"]}
+        length = self.length if same_position else None
+        return IdentifiedIterDataset(ds, identity, what=self.what, length=length)
+
+    def map(self, transform: Any) -> IdentifiedIterDataset:
+        return self._keep(self._parent.map(transform))
+
+    def filter(self, transform: Any) -> IdentifiedIterDataset:
+        return self._keep(self._parent.filter(transform))
+
+    def map_with_index(self, transform: Any) -> IdentifiedIterDataset:
+        return self._keep(self._parent.map_with_index(transform), same_position=False)
+
+    def random_map(self, transform: Any, *, seed: int | None = None) -> IdentifiedIterDataset:
+        made = self._parent.random_map(transform, seed=seed)
+        return self._keep(made, f"random_map(seed={seed})", same_position=False)
+
+    def seed(self, seed: int) -> IdentifiedIterDataset:
+        return self._keep(self._parent.seed(seed), f"seed({seed})")
+
+    def batch(
+        self, batch_size: int, *, drop_remainder: bool = False, batch_fn: Any = None
+    ) -> IdentifiedIterDataset:
+        made = self._parent.batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
+        how = "" if batch_fn is None else f", batch_fn={_name_of(batch_fn)}"
+        return self._keep(made, f"batch({batch_size}, drop_remainder={drop_remainder}{how})")
+
     def __str__(self) -> str:
         return f"IdentifiedIterDataset({self.what})"
 
