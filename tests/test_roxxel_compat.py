@@ -37,6 +37,7 @@ from _corpora import unsealed
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from shard_bytes import make_shard
 
 from grain_rox import RoxFormatError, open_rox, write_rox
 
@@ -287,6 +288,23 @@ def test_big_endian_and_bfloat16_values_survive(tmp_path: Path) -> None:
         assert be[0].tobytes() == b"\x00\x01\x01\x02\xff\xff"
         assert bf.dtype == BF16
         assert bf.tokens(0, 3).astype(np.float32).tolist() == [1.5, -2.0, 0.15625]
+
+
+@pytest.mark.parametrize(
+    "field",
+    [b"\x00\x00uint16", b"\x00uint16\x00", b"uint16\x00\x00"],
+    ids=["left", "both", "right"],
+)
+def test_dtype_name_padded_on_either_side_reads_as_in_roxxel(tmp_path: Path, field: bytes) -> None:
+    # roxxel's reader strips NULs from both ends of the dtype field (another writer may pad
+    # on the left); its stream() then reads the tokens as that dtype
+    path = tmp_path / "pad.rox"
+    tokens = np.arange(300, 316, dtype="<u2")
+    path.write_bytes(make_shard([tokens[:8].tobytes(), tokens[8:].tobytes()], dtype_field=field))
+    ref = assert_grain_reads_like_roxxel(str(path))
+    assert ref.dtype == "uint16"
+    with open_rox(str(path)) as corpus:
+        assert corpus.tokens(0, 16).tolist() == tokens.tolist()
 
 
 SHARD_SPECS: dict[str, Callable[[Path], str | list[str]]] = {

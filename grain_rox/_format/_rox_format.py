@@ -66,11 +66,14 @@ _REWRITE = "re-create the shard from its source data (grain-rox convert or roxxe
 def decode_dtype(name_bytes: bytes, path: str) -> np.dtype:
     """Return the numpy dtype named by a footer's 8-byte dtype field.
 
-    >>> decode_dtype(b"uint16\\x00\\x00", "x.rox")
-    dtype('uint16')
+    NULs are stripped from both ends, as roxxel's reader does (``.strip("\\x00")``), so a
+    name another writer padded on the left reads as it does in roxxel.
+
+    >>> decode_dtype(b"uint16\\x00\\x00", "x.rox"), decode_dtype(b"\\x00\\x00\\x00int32", "x.rox")
+    (dtype('uint16'), dtype('int32'))
     """
     try:
-        name = name_bytes.rstrip(b"\x00").decode("ascii")
+        name = name_bytes.strip(b"\x00").decode("ascii")
     except UnicodeDecodeError:
         raise RoxFormatError(
             path, f"the footer's dtype field {name_bytes!r} is not an ASCII dtype name", _REWRITE
