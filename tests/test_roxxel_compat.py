@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import glob
 import io
 import json
@@ -39,7 +40,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from shard_bytes import make_shard
 
+import grain_rox
 from grain_rox import RoxFormatError, open_rox, write_rox
+from grain_rox._sources import _array_record_export as array_record_export
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FOOTER = struct.Struct("<qq8s8s")
@@ -288,6 +291,31 @@ def test_big_endian_and_bfloat16_values_survive(tmp_path: Path) -> None:
         assert be[0].tobytes() == b"\x00\x01\x01\x02\xff\xff"
         assert bf.dtype == BF16
         assert bf.tokens(0, 3).astype(np.float32).tolist() == [1.5, -2.0, 0.15625]
+
+
+def test_big_endian_tokens_keep_their_byte_order_across_shards_and_in_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # roxxel writes '>u2' shards of 3 blocks (24 tokens); both documents cross shard joins
+    docs = [np.arange(1, 30, dtype=">u2"), np.arange(300, 340, dtype=">u2")]
+    sep = np.array([0], ">u2").tobytes()
+    roxxel_write(tmp_path / "be.rox", docs, separator=sep, block_size=16, max_shard_bytes=100)
+    ref = assert_grain_reads_like_roxxel(str(tmp_path / "be.rox"))  # bytes of tokens() too
+    assert len(ref.paths) == 5
+    with open_rox(str(tmp_path / "be.rox")) as corpus:
+        assert corpus.tokens(20, 30).dtype == np.dtype(">u2")  # crosses shards 0 and 1
+        assert corpus.tokens(20, 30).tolist() == [*range(21, 30), 0]
+    # documents read in 7-token chunks: each is joined from pieces (numpy joins make them native)
+    chunked = functools.partial(array_record_export.rox_documents, chunk_tokens=7)
+    monkeypatch.setattr(array_record_export, "rox_documents", chunked)
+    result = grain_rox.export_array_record(
+        str(tmp_path / "be.rox"), str(tmp_path / "be.array_record"), eos_id=0
+    )
+    assert result.dtype == ">u2"
+    source = grain_rox.ArrayRecordSource(result.path, dtype=result.dtype)
+    assert [np.asarray(source[i]).tolist() for i in range(len(source))] == [
+        d.tolist() for d in docs
+    ]
 
 
 @pytest.mark.parametrize(

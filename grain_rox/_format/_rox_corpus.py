@@ -581,7 +581,8 @@ class RoxCorpus:
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` of the virtual stream (all shards' raw regions, in order).
 
-        A zero-copy view when the range lies in one shard; a new array when it crosses shards.
+        A zero-copy view when the range lies in one shard; a new array when it crosses shards,
+        in the corpus's dtype too (numpy's concatenate would make big-endian tokens native).
         """
         n = self.num_tokens
         if not 0 <= start <= stop <= n:
@@ -599,7 +600,7 @@ class RoxCorpus:
             pieces.append(self._map(s).slice(pos - starts[s], end - starts[s]))
             pos = end
             s += 1
-        return np.concatenate(pieces)
+        return np.concatenate(pieces, dtype=self.dtype)
 
     # ---- checking --------------------------------------------------------------------------
     def verify(self, *, checksums: bool = True) -> None:

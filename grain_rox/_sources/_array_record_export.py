@@ -177,7 +177,8 @@ def export_array_record(
                 docs, desc=f"exporting {os.path.basename(output)}", unit="doc", disable=None
             )
         for doc in docs:
-            record = np.ascontiguousarray(doc).tobytes()
+            # the bytes of the dtype the result names (a document joined from pieces is native)
+            record = np.ascontiguousarray(doc, dtype=corpus.dtype).tobytes()
             writer.write(record)
             digest.update(record)
             count += 1
