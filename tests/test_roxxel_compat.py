@@ -520,6 +520,22 @@ def test_roxxel_tokenizer_written_file_reads_as_expected_ids(
         assert corpus.tokens(0, corpus.num_tokens).tolist() == expected
 
 
+def test_pre_tokenized_lists_with_an_empty_one_write_the_same_file_as_roxxel(
+    tmp_path: Path,
+) -> None:
+    # roxxel's tokenizer path takes lists of ids; an empty one is an empty document (its EOS)
+    items = [[104, 105], [], (33,), []]
+    roxxel_write(tmp_path / "r.rox", items, tokenizer=FakeTokEosAttr(), block_size=12)
+    write_rox(items, tmp_path / "g.rox", dtype="int16", separator=30000, block_size=12)
+    assert (
+        _parse_shard(tmp_path / "r.rox").raw
+        == np.array(
+            [104, 105, 30000, 30000, 33, 30000, 30000, 30000, 30000, 30000, 30000, 30000], "<i2"
+        ).tobytes()
+    )
+    assert (tmp_path / "g.rox").read_bytes() == (tmp_path / "r.rox").read_bytes()
+
+
 def test_roxxel_tokenizer_hexdump_matches_reference(tmp_path: Path) -> None:
     roxxel_write(
         tmp_path / "t.rox", ["abc", "defgh", "ij"], tokenizer=FakeTokEosAttr(), block_size=12

@@ -184,8 +184,8 @@ class ItemEncoder:
                     "(np.frombuffer(b, dtype)) or text with a tokenizer="
                 )
             return np.frombuffer(item, np.uint8)
-        if isinstance(item, (list, tuple)):
-            item = np.asarray(item)
+        if isinstance(item, (list, tuple)):  # [] is an empty document, not numpy's float64
+            item = np.asarray(item) if len(item) else np.empty((0,), self.dtype)
         if isinstance(item, np.ndarray):
             arr = item.reshape(-1)
             if self.tokenizer is not None and arr.dtype.kind in "ui" and arr.size:
