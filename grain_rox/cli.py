@@ -537,7 +537,10 @@ def _inspect(args: argparse.Namespace) -> int:
     tok = info["tokenizer"]
     print(f"shards      {info['shards']}")
     print(f"dtype       {info['dtype']}")
-    print(f"block size  {info['block_size']} bytes")
+    uneven = (
+        " (the first block's: blocks differ in size)" if info["uniform_blocks"] is False else ""
+    )
+    print(f"block size  {info['block_size']} bytes{uneven}")
     print(f"blocks      {info['blocks']:,}")
     if info["padding_tokens"] is None:
         print(f"tokens      {info['tokens']:,} (block padding included: no manifest says how much)")

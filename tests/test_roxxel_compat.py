@@ -43,6 +43,7 @@ from shard_bytes import make_shard
 import grain_rox
 from grain_rox import RoxFormatError, open_rox, write_rox
 from grain_rox._sources import _array_record_export as array_record_export
+from grain_rox.cli import main as cli_main
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FOOTER = struct.Struct("<qq8s8s")
@@ -394,6 +395,10 @@ def test_roxxel_append_with_other_block_size_gives_nonuniform_blocks(tmp_path: P
         assert corpus.block_size == 64
         # The old tail padding stays mid-stream after an append.
         assert corpus[1].tobytes() == b"x" * 36 + b"\x00" * 28
+    out = io.StringIO()  # inspect says the block size shown is not every block's
+    with contextlib.redirect_stdout(out):
+        assert cli_main(["inspect", str(path)]) == 0
+    assert "block size  64 bytes (the first block's: blocks differ in size)" in out.getvalue()
 
 
 def test_roxxel_append_with_same_block_size_keeps_padding_mid_stream(tmp_path: Path) -> None:

@@ -85,10 +85,16 @@ def decode_dtype(name_bytes: bytes, path: str) -> np.dtype:
     try:
         dtype = np.dtype(name)
     except Exception:  # numpy raises TypeError, ValueError or SyntaxError for odd names
+        # a full field may be a longer name cut short; a shorter one is just not a dtype
+        cut = len(name) == 8
         raise RoxFormatError(
             path,
-            f"the footer's dtype {name!r} is not a numpy dtype (roxxel truncates names longer "
-            "than 8 bytes, e.g. 'complex64' -> 'complex6')",
+            f"the footer's dtype {name!r} is not a numpy dtype"
+            + (
+                " (roxxel truncates names longer than 8 bytes, e.g. 'complex64' -> 'complex6')"
+                if cut
+                else ""
+            ),
             "store tokens as an integer or float dtype of at most 8 characters",
         ) from None
     if dtype.kind not in "uif" or dtype.itemsize > 8:
