@@ -126,6 +126,30 @@ def test_grain_own_checkpoint_handler_works_on_our_iterator(corpus, tmp_path):
     manager.close()
 
 
+def test_orbax_v1_checkpointables_take_our_iterator_as_they_take_grains(corpus, tmp_path):
+    """Orbax v1 saves Grain's iterators (StatefulCheckpointables: async save/load); ours was
+    refused ("Could not identify a valid handler"). Its save writes what RoxCheckpointSave
+    does (one global file for a TokenPipeline), taken at the batch of the call."""
+    v1 = pytest.importorskip("orbax.checkpoint.experimental.v1")
+    pipe = make_pipe(corpus)
+    it = MultiHostDataLoadIterator(pipe)
+    for _ in range(3):
+        next(it)
+    v1.save_checkpointables(tmp_path / "c", {"data": it})
+    expected = np.asarray(next(it)["inputs"])
+    assert sorted(os.listdir(tmp_path / "c" / "data")) == ["data_state.json"]
+    fresh = MultiHostDataLoadIterator(pipe)
+    v1.load_checkpointables(tmp_path / "c", {"data": fresh})
+    assert fresh.step == 3
+    np.testing.assert_array_equal(np.asarray(next(fresh)["inputs"]), expected)
+    wrong = MultiHostDataLoadIterator(make_pipe(corpus, seed=12))
+    with pytest.raises(Exception) as refused:  # Orbax wraps the error it got in its own
+        v1.load_checkpointables(tmp_path / "c", {"data": wrong})
+    assert "seed: saved 11 -> now 12" in str(refused.value.__cause__)
+    for x in (it, fresh, wrong):
+        x.close()
+
+
 @pytest.mark.parametrize("wrapped", [True, False])
 def test_data_loader_iterators_restore_through_our_handler(corpus, tmp_path, wrapped):
     """A ``grain.DataLoader`` iterator, in a MultiHostDataLoadIterator or bare. A bare one's

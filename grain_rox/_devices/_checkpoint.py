@@ -98,6 +98,41 @@ def _set_state(item: Any, text: str) -> None:
         item.set_state(text.encode("utf-8") if isinstance(item.get_state(), bytes) else text)
 
 
+def write_state(directory: epath.Path, raw: Any) -> None:
+    """Write ``raw``, an iterator's ``get_state()``, into ``directory``: a global state (a
+    TokenPipeline's) once, by the primary process; any other as this process's file."""
+    # JSON text or bytes (a MultiHostDataLoadIterator's, a DataLoader iterator's), or the
+    # dict a Grain dataset iterator gives (as Grain's own handler takes it)
+    state = raw if isinstance(raw, dict) else json.loads(_text(raw))
+    if _is_global(state):
+        if jax.process_index() == 0:
+            (directory / GLOBAL_STATE_FILE).write_text(json.dumps(state, indent=1))
+        return
+    name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+    (directory / name).write_text(json.dumps(state, indent=1))
+
+
+def read_state(directory: epath.Path, item: Any) -> None:
+    """Restore ``item`` from the state :func:`write_state` left in ``directory``."""
+    path = directory / GLOBAL_STATE_FILE
+    if not path.exists():
+        path = directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+    if not path.exists():
+        elastic = _shared_batches_state(directory)
+        if elastic is not None:
+            _set_state(item, elastic)
+            return
+        found = sorted(p.name for p in directory.iterdir())
+        raise FileNotFoundError(
+            f"no data state for process {jax.process_index()} of {jax.process_count()} in "
+            f"{directory} (it holds {found}); these per-process states are not one "
+            "position every process shares (as a TokenPipeline's or a .batches() "
+            "dataset's are, saved whole), so they restore only on the number of processes "
+            "that saved them"
+        )
+    _set_state(item, path.read_text())
+
+
 class RoxCheckpointHandler(ocp.CheckpointHandler):
     """Orbax handler for data iterators; see the module doc (registered for the args below).
 
@@ -106,37 +141,10 @@ class RoxCheckpointHandler(ocp.CheckpointHandler):
     """
 
     def save(self, directory: epath.Path, args: RoxCheckpointSave) -> None:
-        raw = args.item.get_state()
-        # JSON text or bytes (a MultiHostDataLoadIterator's, a DataLoader iterator's), or the
-        # dict a Grain dataset iterator gives (as Grain's own handler takes it)
-        state = raw if isinstance(raw, dict) else json.loads(_text(raw))
-        directory = epath.Path(directory)
-        if _is_global(state):
-            if jax.process_index() == 0:
-                (directory / GLOBAL_STATE_FILE).write_text(json.dumps(state, indent=1))
-            return
-        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-        (directory / name).write_text(json.dumps(state, indent=1))
+        write_state(epath.Path(directory), args.item.get_state())
 
     def restore(self, directory: epath.Path, args: RoxCheckpointRestore) -> Any:
-        directory = epath.Path(directory)
-        path = directory / GLOBAL_STATE_FILE
-        if not path.exists():
-            path = directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-        if not path.exists():
-            elastic = _shared_batches_state(directory)
-            if elastic is not None:
-                _set_state(args.item, elastic)
-                return args.item
-            found = sorted(p.name for p in directory.iterdir())
-            raise FileNotFoundError(
-                f"no data state for process {jax.process_index()} of {jax.process_count()} in "
-                f"{directory} (it holds {found}); these per-process states are not one "
-                "position every process shares (as a TokenPipeline's or a .batches() "
-                "dataset's are, saved whole), so they restore only on the number of processes "
-                "that saved them"
-            )
-        _set_state(args.item, path.read_text())
+        read_state(epath.Path(directory), args.item)
         return args.item
 
     def metadata(self, directory: epath.Path) -> None:

@@ -21,6 +21,7 @@ between a TokenPipeline and a Grain input sits behind one interface in ``_feeds`
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import functools
@@ -29,11 +30,12 @@ import logging
 import queue
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from grain_rox._devices._feeds import Feed, GrainFeed, PipelineFeed
@@ -508,6 +510,28 @@ class MultiHostDataLoadIterator:
             step,
             _input_kind(self._feed),
         )
+
+    # ---- Orbax v1: a StatefulCheckpointable, as Grain's own iterators are -------------------
+    async def save(self, directory: Any) -> Awaitable[None]:
+        """Orbax v1's save (``ocp.v1.save_checkpointables(path, {"data": it})``): the state
+        at this batch, written once Orbax has made ``directory``, as
+        :class:`~grain_rox.RoxCheckpointSave` writes it (so it restores as that does)."""
+        from grain_rox._devices._checkpoint import write_state  # Orbax, loaded on first use
+
+        state = self.get_state()  # now: batches taken while Orbax writes do not change it
+
+        async def write() -> None:
+            path = epath.Path(await directory.await_creation())
+            await asyncio.to_thread(write_state, path, state)
+
+        return write()
+
+    async def load(self, directory: Any) -> Awaitable[None]:
+        """Orbax v1's load (``ocp.v1.load_checkpointables``): ``set_state`` from what
+        :meth:`save` (or :class:`~grain_rox.RoxCheckpointSave`) wrote in ``directory``."""
+        from grain_rox._devices._checkpoint import read_state
+
+        return asyncio.to_thread(read_state, epath.Path(directory), self)
 
     # ---- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
