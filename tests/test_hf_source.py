@@ -586,6 +586,19 @@ def test_sources_sharing_a_cache_dir_keep_their_own_data(tmp_path):
     assert [pickle.loads(pickle.dumps(second))[i]["a"].item() for i in range(3)] == [7, 8, 9]
 
 
+def test_editing_a_stream_state_leaves_the_source_identity_alone(parquet_files):
+    """A state's identity shared its lists with the source's own: a caller that edited the
+    state it got changed what every later iterator checks, refusing genuine states."""
+    ds = HFStreamingSource(parquet_files, shuffle_buffer=8, seed=1).dataset(num_epochs=1)
+    it = iter(ds)
+    next(it)
+    genuine = json.loads(json.dumps(it.get_state()))  # as a checkpoint holds it
+    it.get_state()["identity"]["columns"].append("z")
+    again = iter(ds)
+    again.set_state(genuine)
+    assert int(next(again)["x"]) == int(next(it)["x"])
+
+
 def test_streaming_state_taken_right_after_a_restore_and_empty_shards(parquet_files, tmp_path):
     ds = HFStreamingSource(parquet_files, shuffle_buffer=8, seed=1).dataset(num_epochs=1)
     it = iter(ds)

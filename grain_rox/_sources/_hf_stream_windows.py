@@ -10,6 +10,7 @@ window, and the state's shape never changes.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping
@@ -193,7 +194,8 @@ class StreamIterator(grain.DatasetIterator):
 
     def get_state(self) -> dict[str, Any]:
         return {
-            "identity": self._identity,
+            # a copy: its lists are the source's own, which every later iterator checks against
+            "identity": copy.deepcopy(self._identity),
             "state": {
                 "epoch": self._epoch,
                 "window": self._window_index,
