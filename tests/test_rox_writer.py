@@ -271,6 +271,28 @@ def test_append_with_other_tokenizer_settings_is_refused(tmp_path):
         write_rox([np.array([1], np.uint16)], path, separator=0, block_size=8, if_exists="append")
 
 
+def test_append_with_another_pad_id_is_refused_so_padding_is_never_read_as_text(tmp_path):
+    """The set's padding is found by its one pad id: an append that pads with another one
+    recorded none of the first write's padding and served its tokens as text."""
+    from grain_rox._format._served import served_stretches
+
+    path = str(tmp_path / "p.rox")
+    write_rox([np.array([1, 2, 3], np.uint16)], path, separator=0, pad_id=5, block_size=16)
+    with pytest.raises(ValueError, match=r"pad_id 5 != 9 \(pass pad_id=5\)"):
+        write_rox([np.array([4, 6], np.uint16)], path, separator=0, pad_id=9, block_size=16,
+                  if_exists="append")  # fmt: skip
+    with pytest.raises(ValueError, match=r"pad_id 5 != 0 \(pass pad_id=5\)"):  # the default
+        write_rox([np.array([4, 6], np.uint16)], path, separator=0, block_size=16,
+                  if_exists="append")  # fmt: skip
+    write_rox([np.array([4, 6], np.uint16)], path, separator=0, pad_id=5, block_size=16,
+              if_exists="append")  # fmt: skip
+    with open_rox(path) as corpus:
+        tokens = corpus.tokens(0, corpus.num_tokens)
+        served = [tokens[a:b].tolist() for a, b in served_stretches(corpus)[0]]
+    assert tokens.tolist() == [1, 2, 3, 0, 5, 5, 5, 5, 4, 6, 0, 5, 5, 5, 5, 5]
+    assert served == [[1, 2, 3, 0], [4, 6, 0]]
+
+
 def test_sharded_write_named_like_a_member_is_refused_and_deletes_nothing(tmp_path):
     """``x_0003.rox`` with max_shard_bytes= would make the set x_0003, whose names cover
     x_0003.rox, a member of the set x: an overwrite would delete it."""

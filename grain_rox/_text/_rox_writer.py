@@ -341,7 +341,8 @@ def _check_append(
     layout: TokenLayout,
     if_exists: IfExists,
 ) -> None:
-    """An append (or a member written beside the set) keeps the set's dtype, EOS, tokenizer."""
+    """An append (or a member written beside the set) keeps the set's dtype, EOS, pad id and
+    tokenizer."""
     if (if_exists == "append" or shards.member) and previous.dtype:  # a grain_rox manifest
         check_append_compatible(previous, mpath, layout)
     if shards.copy_from is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,14 +21,27 @@ def _pad_run(tail: bytes, layout: TokenLayout, most: int) -> int:
     return pad_run(tokens[max(0, tokens.size - most) :], layout.pad)
 
 
+def _same_token(a: Any, b: Any) -> bool:
+    """Whether two token ids are the same (NaN, a float pad, is itself).
+
+    >>> _same_token(0, 0.0), _same_token(float("nan"), float("nan")), _same_token(5, 9)
+    (True, True, False)
+    """
+    return bool(a == b or (a != a and b != b))
+
+
 def check_append_compatible(old: Manifest, mpath: str, layout: TokenLayout) -> None:
-    """Refuse to add tokens laid out unlike the set ``old`` describes (dtype, EOS, tokenizer)."""
+    """Refuse to add tokens laid out unlike the set ``old`` describes (dtype, EOS, pad id,
+    tokenizer)."""
     dtype, sep, tok = layout.dtype, layout.separator, layout.tokenizer
     problems = []
     if old.dtype != str(dtype):
         problems.append(f"dtype {old.dtype} != {dtype}")
     if old.eos_id != sep:
         problems.append(f"eos/separator {old.eos_id} != {sep}")
+    # the set's padding is found by its one pad id: other padding would be read as text
+    if old.pad_id is not None and not _same_token(old.pad_id, layout.pad):
+        problems.append(f"pad_id {old.pad_id} != {layout.pad} (pass pad_id={old.pad_id})")
     new_tok = tok.identity() if tok is not None else None
     if old.tokenizer != new_tok:
         old_name = (old.tokenizer or {}).get("name")
