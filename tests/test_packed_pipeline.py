@@ -7,6 +7,7 @@ so a served pair (input, target) says exactly which next-token pair of the corpu
 from __future__ import annotations
 
 import json
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,23 @@ def test_phases_that_change_seq_len_and_batch_size_neither_replay_nor_skip(posit
         served += inputs.size
         k += 1
     assert np.array_equal(np.flatnonzero(seen), want)
+
+
+def test_a_longer_seq_len_in_mid_block_warns_of_the_padding_it_serves(make_rox, caplog):
+    """Rows packed at 16 read on at 128 hold one old row each, 87% padding or more, until the
+    block ends (up to 128 Mi tokens by default): that was said nowhere but the docs."""
+    docs = positional_documents(3, 40 * CHUNK, lengths=(1, 60))
+    path = make_rox("rising", docs, separator=0, dtype=np.uint32)
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        TokenPipeline(path, phases=[Phase(3, 8, 16), Phase(None, 8, 128)], **PACKED).map_dataset()
+    said = [r.getMessage() for r in caplog.records if "rises" in r.getMessage()]
+    assert len(said) == 1
+    assert "seq_len rises from 16 to 128 in the middle of a packed block" in said[0]
+    assert "at least 87% padding" in said[0] and "pass a smaller block_tokens" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):  # shorter rows: no padding
+        TokenPipeline(path, phases=[Phase(3, 8, 128), Phase(None, 8, 16)], **PACKED).map_dataset()
+    assert not [r for r in caplog.records if "rises" in r.getMessage()]
 
 
 @pytest.mark.parametrize("seed", range(24))

@@ -194,6 +194,16 @@ class PackedOrder(ChunkStream):
         first = (lo // w) * w
         return (parts[0] if len(parts) == 1 else np.concatenate(parts))[lo - first : hi - first]
 
+    def padded_rests(self) -> list[tuple[int, int, int]]:
+        """``(rows, grid, seq_len)`` of each stretch where a longer ``seq_len`` reads on a
+        block packed at ``grid``: each of those rows holds one grid row (at most ``grid + 1``
+        tokens), the rest padding (see the module doc)."""
+        return [
+            (s.stop - s.start, s.grid, s.seq_len)
+            for s in self._segments
+            if s.kind == _REST and s.seq_len > s.grid
+        ]
+
     # ---- what the pipeline asks -----------------------------------------------------------
     @property
     def windows_per_epoch(self) -> int:

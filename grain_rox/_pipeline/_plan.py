@@ -353,18 +353,18 @@ def source_orders(
                         f"packing={pipeline.packing!r} finds documents by their EOS token, and "
                         "no manifest names one: pass eos_id="
                     )
-                orders.append(
-                    PackedOrder(
-                        shard_tokens,
-                        seed=seed,
-                        chunk_tokens=chunk,
-                        runs=runs,
-                        documents=EosDocuments(data, eos_id=eos, chunk_tokens=chunk),
-                        packing=pipeline.packing,
-                        block_tokens=pipeline.block_tokens or DEFAULT_PACKED_BLOCK_TOKENS,
-                        max_seq_len=longest,
-                    )
+                packed = PackedOrder(
+                    shard_tokens,
+                    seed=seed,
+                    chunk_tokens=chunk,
+                    runs=runs,
+                    documents=EosDocuments(data, eos_id=eos, chunk_tokens=chunk),
+                    packing=pipeline.packing,
+                    block_tokens=pipeline.block_tokens or DEFAULT_PACKED_BLOCK_TOKENS,
+                    max_seq_len=longest,
                 )
+                _say_padded_rests(source_label(name, corpus), packed)
+                orders.append(packed)
             else:
                 block = pipeline.block_tokens or DEFAULT_BLOCK_TOKENS
                 orders.append(
@@ -386,6 +386,21 @@ def source_orders(
             )
             raise ValueError(f"{source_label(name, corpus)}: {e}{hint}") from None
     return orders
+
+
+def _say_padded_rests(label: str, order: PackedOrder) -> None:
+    """Warn where a phase's longer seq_len reads on a block packed at a shorter one: its rows
+    are served one per row, mostly padding, until the block ends."""
+    for rows, grid, seq_len in order.padded_rests():
+        log_once(
+            logging.WARNING,
+            f"{label}: seq_len rises from {grid} to {seq_len} in the middle of a packed "
+            f"block, so the block's {rows} rows left (packed at {grid}) are served one per "
+            f"row of {seq_len}: at least {100 * (seq_len - grid) / (seq_len + 1):.0f}% "
+            "padding in those rows, until the next block is packed at the new seq_len; to "
+            "avoid it, pass a smaller block_tokens (blocks end more often) or change seq_len "
+            "where a block ends",
+        )
 
 
 def check_step(step: Any, argument: str, total: int | None, limit: int) -> int:
