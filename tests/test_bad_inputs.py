@@ -225,6 +225,30 @@ def test_zstd_text_is_read_when_zstandard_is_installed(tmp_path):
     assert list(read_files([str(path)])) == ["zz"]
 
 
+def test_zstd_frames_are_all_read_and_a_cut_or_foreign_file_is_an_error(tmp_path, capsys):
+    zstandard = pytest.importorskip("zstandard")
+    text = "".join(f"line {i} of a text that zstd cannot squeeze to nothing\n" for i in range(9000))
+    packed = zstandard.ZstdCompressor().compress(text.encode())
+    two = tmp_path / "two.txt.zst"  # two frames, as pzstd or `cat a.zst b.zst` write
+    two.write_bytes(packed + zstandard.ZstdCompressor().compress(b"second frame"))
+    assert list(read_files([str(two)])) == [text + "second frame"]
+    cut = tmp_path / "cut.txt.zst"  # a download or copy that stopped: its first part decodes
+    cut.write_bytes(packed[: len(packed) // 2])
+    foreign = tmp_path / "plain.txt.zst"
+    foreign.write_bytes(b"plain text, named .zst")
+    for path, why in (
+        (cut, "EOFError: Compressed file ended before the end-of-stream marker was reached"),
+        (foreign, "OSError: zstd decompressor error: Unknown frame descriptor"),
+    ):
+        out = tmp_path / f"{path.name}.rox"
+        assert main(["convert", str(path), "-o", str(out), "--no-progress"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"grain-rox convert: error: {path} is not a readable zstd file ({why}); it is "
+            "damaged or misnamed: regenerate it, or leave it out of the inputs"
+        )
+        assert not out.exists()
+
+
 def test_skipped_binaries_empties_and_fifos_are_counted_logged_and_summarised(
     tmp_path, capsys, caplog
 ):

@@ -50,7 +50,49 @@ def open_input(raw: Any, compression: str | None, path: str) -> Any:  # a binary
             f"{path} is zstd-compressed: reading it needs the zstandard package "
             "(pip install zstandard), or decompress it first (zstd -d)"
         ) from None
-    return zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)
+    return _ZstdFrames(zstandard, raw)
+
+
+class _ZstdFrames:
+    """A ``.zst`` file's frames, decompressed one after another, read as a binary file; input
+    that ends inside a frame is an :class:`EOFError` and input that is not zstd an
+    :class:`OSError`, as ``gzip``, ``bz2`` and ``lzma`` raise (zstandard's ``stream_reader``
+    read a cut file's first part as the whole, and raised errors of its own)."""
+
+    _PIECE = 1 << 16  # compressed bytes decoded at once: bounds each read's output
+
+    def __init__(self, zstandard: Any, raw: Any) -> None:
+        self._zstandard = zstandard
+        self._dctx = zstandard.ZstdDecompressor()
+        self._raw = raw
+        self._frame: Any = None  # the frame being decoded, None between frames
+        self._left = b""  # input read past the end of the last frame
+
+    def __enter__(self) -> _ZstdFrames:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def read(self, size: int) -> bytes:
+        while True:
+            data, self._left = self._left or self._raw.read(min(size, self._PIECE)), b""
+            if not data:
+                if self._frame is not None:
+                    raise EOFError(
+                        "Compressed file ended before the end-of-stream marker was reached"
+                    )
+                return b""
+            if self._frame is None:
+                self._frame = self._dctx.decompressobj()
+            try:
+                out = self._frame.decompress(data)
+            except self._zstandard.ZstdError as e:
+                raise OSError(str(e)) from None
+            if self._frame.eof:
+                self._frame, self._left = None, self._frame.unused_data
+            if out:
+                return out
 
 
 def byte_chunks(
