@@ -586,6 +586,25 @@ def test_convert_a_saved_hf_dataset_checks_the_column_type_and_counts_null_texts
     )
 
 
+def test_convert_reads_a_saved_dataset_whatever_format_it_was_saved_with(tmp_path, capsys):
+    """save_to_disk keeps a with_format in state.json: the texts are read as Python strings
+    all the same (the arrow format gave pyarrow scalars, a tokenizer error naming no file; a
+    format on other columns hid the text column: "error: text")."""
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"text": ["ab", None, "c"], "n": [1, 2, 3]})
+    for name, formatted in (
+        ("arrow", ds.with_format("arrow")),
+        ("numpy_n", ds.with_format("numpy", columns=["n"])),
+        ("pandas", ds.with_format("pandas")),
+    ):
+        saved = str(tmp_path / name)
+        formatted.save_to_disk(saved)
+        out = str(tmp_path / f"{name}.rox")
+        assert main(["convert", saved, "-o", out, "--no-progress", "--on-null", "skip"]) == 0
+        assert "; 1 file read, skipped 1 null text; manifest" in capsys.readouterr().out
+        assert tokens_of(out) == [97, 98, 256, 99, 256]
+
+
 def test_a_saved_dataset_dict_says_which_splits_it_leaves_out(tmp_path, capsys, caplog):
     """Only the train split of a saved DatasetDict is converted (a test split must not be
     trained on by default): the others are named, with how to convert one (they were left

@@ -118,7 +118,9 @@ def hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str]
     if getattr(kind, "dtype", None) not in ("string", "large_string"):
         raise TypeError(f"{path}: column {text_column!r} holds {kind}, not text")
     row = 0
-    for batch in ds.select_columns([text_column]).iter(batch_size=1024):
+    # as Python strings whatever format it was saved with (with_format("arrow"), or "numpy"
+    # on other columns only: state.json keeps it)
+    for batch in ds.with_format(None).select_columns([text_column]).iter(batch_size=1024):
         for value in batch[text_column]:
             if value is None:
                 stats.null_text(f"{path} row {row}")
