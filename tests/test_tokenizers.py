@@ -483,6 +483,33 @@ def test_hf_encode_matches_library(hf: HFTokenizer, hf_path: Path) -> None:
     assert hf.encode("").shape == (0,)
 
 
+def test_hf_truncation_and_padding_saved_in_the_file_are_not_applied(
+    hf: HFTokenizer, hf_path: Path, tmp_path: Path
+) -> None:
+    """save_pretrained keeps a model's max_length in tokenizer.json: every document was cut to
+    it, or padded to it with pad ids, without a word."""
+    tokenizers = pytest.importorskip("tokenizers")
+    long_text = " ".join(SAMPLES) * 3
+    whole = hf.encode(long_text).tolist()
+    assert len(whole) > 16
+    for name, setting in (
+        ("truncating", lambda t: t.enable_truncation(max_length=8)),
+        ("padding", lambda t: t.enable_padding(pad_id=0, pad_token="<pad>", length=64)),
+    ):
+        raw = tokenizers.Tokenizer.from_file(str(hf_path))
+        setting(raw)
+        path = tmp_path / name / "tokenizer.json"
+        path.parent.mkdir()
+        raw.save(str(path))
+        tok = HFTokenizer(path)
+        assert tok.encode(long_text).tolist() == whole
+        assert tok.encode("hello world").tolist() == hf.encode("hello world").tolist()
+        assert [a.tolist() for a in tok.encode_batch(["hello world", long_text])] == [
+            hf.encode("hello world").tolist(),
+            whole,
+        ]
+
+
 def test_hf_round_trip_and_special_text(hf: HFTokenizer) -> None:
     for text in SAMPLES:
         assert hf.decode(hf.encode(text)) == text

@@ -36,8 +36,9 @@ def _resolve_tokenizer_json(path: str | os.PathLike[str]) -> Path:
 class HFTokenizer:
     """A Hugging Face ``tokenizer.json`` (a file, or a directory containing one).
 
-    Nothing is added around the text (``add_special_tokens=False``) and special-token strings
-    inside the text are encoded as ordinary text. EOS is ``eos_token`` if given, else the first
+    Nothing is added around the text (``add_special_tokens=False``), special-token strings
+    inside the text are encoded as ordinary text, and the file's truncation and padding (a
+    model's input length) are not applied: a document is encoded whole. EOS is ``eos_token`` if given, else the first
     of ``</s>``, ``<|endoftext|>``, ``<eos>``, ``<|end|>``, ``[EOS]``, ``<|end_of_text|>``
     present in the vocabulary. Pickling sends the path; the file is re-read lazily and must
     still have the same sha256.
@@ -142,6 +143,11 @@ class HFTokenizer:
             ) from e
         if hasattr(tok, "encode_special_tokens"):
             tok.encode_special_tokens = True  # literal "</s>" in text stays text
+        # A tokenizer.json saved with truncation or padding on (save_pretrained keeps a model's
+        # max_length) cut every document to it or padded it with pad ids, unsaid: a document
+        # is encoded whole, and the packer splits it
+        tok.no_truncation()
+        tok.no_padding()
         return tok
 
     @property
