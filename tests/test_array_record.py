@@ -440,6 +440,26 @@ def test_export_of_shards_without_a_manifest_leaves_out_what_may_be_padding(tmp_
     assert any("the last 4 tokens" in r.getMessage() for r in caplog.records)
 
 
+def test_export_refuses_an_eos_id_its_tokens_cannot_hold(tmp_path, capsys):
+    """An EOS id outside the dtype's range never matches a token: every document was exported
+    as one record, EOS ids inside, and the export said it wrote 1 document."""
+    path = str(tmp_path / "s.rox")
+    write_rox([np.array([5, 6], np.uint16), np.array([8], np.uint16)], path, separator=7)
+    for eos in (70000, -1):
+        out = tmp_path / f"s{eos}.array_record"
+        assert main(["export", path, "-o", str(out), "--eos-id", str(eos), "--no-progress"]) == 2
+        assert capsys.readouterr().err == (
+            f"grain-rox export: error: {path}: eos_id={eos} is outside the range of its uint16 "
+            "tokens (0..65535), so no token ends a document; pass the EOS id the set was "
+            "written with (eos_id=, --eos-id; by default the manifest's)\n"
+        )
+        assert not out.exists()
+    assert exported(path, tmp_path / "s.array_record") == [[5, 6], [8]]
+    floats = str(tmp_path / "f.rox")  # (roxxel writes float shards: no integer range there)
+    write_rox([np.array([0.5, 2.0], np.float32), np.array([3.0], np.float32)], floats, separator=7)
+    assert exported(floats, tmp_path / "f.array_record", eos_id=7) == [[0.5, 2.0], [3.0]]
+
+
 def test_stacking_documents_of_different_lengths_names_the_records(tmp_path):
     docs = [np.arange(n, dtype=np.uint16) for n in (3, 3, 5, 3, 4)]
     src = ArrayRecordSource(write_records(tmp_path / "d.array_record", docs), dtype=np.uint16)

@@ -161,6 +161,13 @@ def export_array_record(
             f"{corpus.paths[0]}: no EOS id to split documents at ({corpus.why_no_eos()}); "
             "pass eos_id= (--eos-id)"
         )
+    held = np.iinfo(corpus.dtype) if corpus.dtype.kind in "iu" else None
+    if held is not None and not held.min <= eos <= held.max:  # no token is: all were one
+        raise ValueError(
+            f"{corpus.paths[0]}: eos_id={eos} is outside the range of its {corpus.dtype} tokens "
+            f"({held.min}..{held.max}), so no token ends a document; pass the EOS id the set was "
+            "written with (eos_id=, --eos-id; by default the manifest's)"
+        )
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     temp = temp_path_for(output)  # hidden; renamed into place only once verified
     digest = hashlib.sha256()
