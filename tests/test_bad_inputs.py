@@ -178,6 +178,23 @@ def test_a_parquet_file_without_rows_is_an_error_that_points_at_no_skipped_file(
     assert not out.exists()
 
 
+def test_a_parquet_file_naming_the_text_column_twice_is_an_error_naming_it(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "twice.parquet"
+    table = pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["text", "text"])
+    pq.write_table(table, path)
+    out = tmp_path / "o.rox"
+    assert main(["convert", str(path), "-o", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"grain-rox convert: error: {path} has 2 columns named 'text', so which one holds the "
+        "text is not known; rewrite the file with one such column, or pass --text-column "
+        "naming another"
+    )
+    assert not out.exists()
+
+
 def test_zstd_without_the_zstandard_package_names_the_file_and_the_package(tmp_path, monkeypatch):
     from grain_rox._text._convert import read_files
 

@@ -279,6 +279,12 @@ def parquet_documents(path: str, column: str, stats: ReadStats) -> Iterator[str]
         raise KeyError(
             f"{path} has no column {column!r} (it has {schema.names}); pass --text-column"
         )
+    named = schema.names.count(column)
+    if named > 1:  # (pyarrow writes such files; reading one said the column did not exist)
+        raise ValueError(
+            f"{path} has {named} columns named {column!r}, so which one holds the text is not "
+            "known; rewrite the file with one such column, or pass --text-column naming another"
+        )
     kind = schema.field(column).type
     if pa.types.is_dictionary(kind):  # dictionary-encoded strings (pandas, Spark): text too
         kind = kind.value_type
