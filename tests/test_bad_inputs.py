@@ -893,3 +893,22 @@ def test_parquet_text_columns_of_every_string_kind_and_bytes_that_are_not_utf8(t
         "(invalid start byte at byte 2), though Arrow strings must be; rewrite the file with "
         "valid UTF-8 text (e.g. decode the source with errors='replace' before writing it)\n"
     )
+
+
+def test_a_saved_dataset_whose_strings_are_not_utf8_names_the_row_as_parquet_does(tmp_path, capsys):
+    """Bytes that are not UTF-8 in a saved dataset's string column were a bare codec error
+    ("'utf-8' codec can't decode byte 0xff ..."), naming no dataset or row."""
+    datasets = pytest.importorskip("datasets")
+    import pyarrow as pa
+
+    bad = str(tmp_path / "saved")
+    texts = pa.array([b"ok", b"ab\xffcd"], pa.binary()).view(pa.string())
+    datasets.Dataset(pa.table({"text": texts})).save_to_disk(bad)
+    capsys.readouterr()  # the datasets progress bar
+    assert main(["convert", bad, "-o", str(tmp_path / "b.rox"), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        f"grain-rox convert: error: {bad} row 1: column 'text' holds bytes that are not UTF-8 "
+        "(invalid start byte at byte 2), though Arrow strings must be; rewrite the file with "
+        "valid UTF-8 text (e.g. decode the source with errors='replace' before writing it)\n"
+    )
+    assert not (tmp_path / "b.rox").exists()

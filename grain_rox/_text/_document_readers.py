@@ -118,10 +118,11 @@ def hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str]
     if getattr(kind, "dtype", None) not in ("string", "large_string"):
         raise TypeError(f"{path}: column {text_column!r} holds {kind}, not text")
     row = 0
-    # as Python strings whatever format it was saved with (with_format("arrow"), or "numpy"
-    # on other columns only: state.json keeps it)
-    for batch in ds.with_format(None).select_columns([text_column]).iter(batch_size=1024):
-        for value in batch[text_column]:
+    # as Arrow whatever format it was saved with (with_format("numpy") on other columns only:
+    # state.json keeps it), made strings as Parquet's are: bytes that are not UTF-8 are named
+    texts = ds.with_format("arrow").select_columns([text_column])
+    for batch in texts.iter(batch_size=1024):
+        for value in _texts(batch.column(0), path, text_column, row):
             if value is None:
                 stats.null_text(f"{path} row {row}")
             else:
