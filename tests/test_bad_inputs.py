@@ -599,8 +599,32 @@ def test_convert_a_saved_hf_dataset_checks_the_column_type_and_counts_null_texts
         main(["convert", saved, "-o", out, "--text-column", "n", "--if-exists", "overwrite"]) == 2
     )
     assert capsys.readouterr().err == (
-        f"grain-rox convert: error: {saved}: column 'n' holds Value('int64'), not text\n"
+        f"grain-rox convert: error: {saved}: column 'n' holds Value('int64'), not text; pass "
+        "--text-column naming a column of text ('text')\n"
     )
+
+
+def test_a_text_column_without_text_names_the_columns_that_hold_some(tmp_path, capsys):
+    """The error named the file and the column's type but no fix; it now names the columns of
+    text to pass (or says there are none)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {"text": [1, 2], "body": ["a", "b"], "tag": pa.array(["x", "y"]).dictionary_encode()}
+    )
+    pq.write_table(table, tmp_path / "t.parquet")
+    (tmp_path / "t.jsonl").write_text('{"text": 3, "body": "a", "n": 1}\n')
+    pq.write_table(pa.table({"text": [1.5]}), tmp_path / "f.parquet")
+    out = str(tmp_path / "o.rox")
+    for name, fix in [
+        ("t.parquet", "pass --text-column naming a column of text ('body', 'tag')"),
+        ("t.jsonl", "pass --text-column naming a column of text ('body')"),
+        ("f.parquet", "no column here holds text: convert the values to text first"),
+    ]:
+        assert main(["convert", str(tmp_path / name), "-o", out, "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert "column 'text' holds" in err and f"not text; {fix}" in err, err
 
 
 def test_convert_reads_a_saved_dataset_whatever_format_it_was_saved_with(tmp_path, capsys):

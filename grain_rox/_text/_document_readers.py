@@ -116,7 +116,12 @@ def hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str]
         )
     kind = ds.features[text_column]
     if getattr(kind, "dtype", None) not in ("string", "large_string"):
-        raise TypeError(f"{path}: column {text_column!r} holds {kind}, not text")
+        texts = [
+            n
+            for n, f in ds.features.items()
+            if getattr(f, "dtype", None) in ("string", "large_string")
+        ]
+        raise TypeError(f"{path}: column {text_column!r} holds {kind}, not text; {_other(texts)}")
     row = 0
     # as Arrow whatever format it was saved with (with_format("numpy") on other columns only:
     # state.json keeps it), made strings as Parquet's are: bytes that are not UTF-8 are named
@@ -174,7 +179,10 @@ def _text_of(record: object, column: str, where: str) -> str | None:
         )
     value = record[column]
     if value is not None and not isinstance(value, str):
-        raise TypeError(f"{where}: column {column!r} holds {type(value).__name__}, not text")
+        texts = [k for k, v in record.items() if isinstance(v, str)]
+        raise TypeError(
+            f"{where}: column {column!r} holds {type(value).__name__}, not text; {_other(texts)}"
+        )
     return value
 
 
@@ -290,7 +298,8 @@ def parquet_documents(path: str, column: str, stats: ReadStats) -> Iterator[str]
     if pa.types.is_dictionary(kind):  # dictionary-encoded strings (pandas, Spark): text too
         kind = kind.value_type
     if not _is_arrow_text(pa, kind):
-        raise TypeError(f"{path}: column {column!r} holds {kind}, not text")
+        texts = [f.name for f in schema if _is_arrow_text(pa, _value_type(pa, f.type))]
+        raise TypeError(f"{path}: column {column!r} holds {kind}, not text; {_other(texts)}")
     try:
         row = 0
         for batch in pf.iter_batches(columns=[column], batch_size=1024):
@@ -331,3 +340,15 @@ def _texts(values: Any, path: str, column: str, first_row: int) -> list[str | No
                     "errors='replace' before writing it)"
                 ) from None
         raise
+
+
+def _other(texts: list[str]) -> str:
+    """The fix for a text column that holds no text, naming the columns that do."""
+    if texts:
+        return f"pass --text-column naming a column of text ({', '.join(map(repr, texts))})"
+    return "no column here holds text: convert the values to text first"
+
+
+def _value_type(pa: Any, kind: Any) -> Any:
+    """A dictionary-encoded column's value type; any other type as it is."""
+    return kind.value_type if pa.types.is_dictionary(kind) else kind
