@@ -12,7 +12,7 @@ import pytest
 from _corpora import random_documents
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from grain_rox import MultiHostDataLoadIterator, TokenPipeline
+from grain_rox import MultiHostDataLoadIterator, NumpySource, TokenPipeline
 from grain_rox._devices import _multihost
 from grain_rox._sources._segments import MAXTEXT_FEATURES
 
@@ -62,6 +62,25 @@ def test_custom_mesh_and_sharding(pipe):
     np.testing.assert_array_equal(np.asarray(x), pipe.map_dataset()[0]["targets"])
     with pytest.raises(ValueError, match="no 'data' axis"):
         MultiHostDataLoadIterator(pipe, mesh=Mesh(np.asarray(jax.devices()), ("batch",)))
+
+
+def test_a_sharding_that_also_splits_the_sequence_axis(pipe):
+    """Rows over 'data', the sequence over 'model' (context parallelism): the same batches,
+    on the host path and gathered on the devices."""
+    mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("data", "model"))
+    sharding = NamedSharding(mesh, PartitionSpec("data", "model"))
+    with MultiHostDataLoadIterator(pipe, data_sharding=sharding) as it:
+        batch = next(it)
+    assert it.local_rows == {16: (0, 16)}
+    for key, value in pipe.map_dataset()[0].items():
+        assert batch[key].sharding == sharding
+        assert sorted(s.data.shape for s in batch[key].addressable_shards) == [(4, 16)] * 8
+        np.testing.assert_array_equal(np.asarray(batch[key]), value)
+    rows = NumpySource(np.arange(64 * 4, dtype=np.int32).reshape(64, 4)).batches(8, seed=0)
+    with MultiHostDataLoadIterator(rows, data_sharding=sharding, placement="device") as it:
+        x = next(it)
+    assert x.sharding == sharding
+    np.testing.assert_array_equal(np.asarray(x), rows[0])
 
 
 def test_finite_length_and_clean_end(pipe):

@@ -32,12 +32,20 @@ def data_shards(sharding: NamedSharding) -> tuple[int, str]:
     if first is None:
         return 1, "(none: rows are not split)"
     axes = first if isinstance(first, tuple) else (first,)
-    return math.prod(sharding.mesh.shape[a] for a in axes), "/".join(map(repr, axes))
+    return _pieces(sharding, first), "/".join(map(repr, axes))
 
 
-def process_rows(sharding: NamedSharding, global_batch: int, ndim: int = 2) -> tuple[int, int]:
-    """The contiguous rows ``[lo, hi)`` of a global batch that this process's devices hold."""
-    shape = (global_batch,) + (1,) * (ndim - 1)
+def _pieces(sharding: NamedSharding, entry: str | tuple[str, ...] | None) -> int:
+    """How many pieces one entry of ``sharding``'s spec cuts its dimension into."""
+    axes = () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+    return math.prod(sharding.mesh.shape[a] for a in axes)
+
+
+def process_rows(sharding: NamedSharding, global_batch: int) -> tuple[int, int]:
+    """The contiguous rows ``[lo, hi)`` of a global batch that this process's devices hold
+    (whatever ``sharding`` does along the other dimensions, e.g. splits the sequence)."""
+    # each later dimension as long as the spec splits it: its pieces hold no row of their own
+    shape = (global_batch, *(_pieces(sharding, entry) for entry in tuple(sharding.spec)[1:]))
     index_map = sharding.addressable_devices_indices_map(shape)
     starts, stops = [], []
     for index in index_map.values():
