@@ -401,6 +401,37 @@ def test_device_iterator_restores_on_a_copy_and_refuses_other_data_and_order(sou
             it.set_state(state)  # refused here, not at the next batch
 
 
+@pytest.mark.parametrize("placement", ["host", "device"])
+def test_a_state_saved_before_the_first_batch_names_its_data_too(tmp_path, placement):
+    """(A checkpoint at step 0, e.g. the one a trainer saves before it starts.)"""
+    (tmp_path / "b").mkdir()
+    first = make_numpy(tmp_path, rows())
+    other = make_numpy(tmp_path / "b", rows(7))
+
+    def make(source, **changes):
+        ds = source.batches(8, **{**CONFIG, **changes}).to_iter_dataset(NO_THREADS)
+        return MultiHostDataLoadIterator(ds, prefetch=1, placement=placement)
+
+    with make(first) as it:
+        state = it.get_state()
+        expected = [values(next(it)) for _ in range(2)]
+    saved = json.loads(state)["grain"]
+    assert saved["state"] == {"next_index": 0} and saved["identity"]["seed"] == 0
+    with make(first) as again:
+        again.set_state(state)
+        assert again.step == 0 and [values(next(again)) for _ in range(2)] == expected
+    for source, change, message in [(other, {}, DATA_CHANGED), (first, {"seed": 3}, "seed")]:
+        with make(source, **change) as it, pytest.raises(ValueError, match=message):
+            it.set_state(state)
+    with MultiHostDataLoadIterator(loader(first), prefetch=1) as it:
+        state = it.get_state()
+    with (
+        MultiHostDataLoadIterator(loader(first, seed=1)) as it,
+        pytest.raises(ValueError, match="Sampler in checkpoint does not match"),
+    ):
+        it.set_state(state)
+
+
 def loader(source, seed: int = 0) -> grain.DataLoader:
     sampler = grain.samplers.IndexSampler(
         num_records=len(source),

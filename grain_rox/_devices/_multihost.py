@@ -391,7 +391,7 @@ class MultiHostDataLoadIterator:
         if self._threads or self._exhausted:
             return
         if self._host_iter is None:  # (set_state may have made it, to check the state)
-            self._host_iter = self._feed.host_iterator(self._step, self._position)
+            self._open()
         if self._feed.in_caller:
             return
         self._stop = threading.Event()
@@ -424,6 +424,14 @@ class MultiHostDataLoadIterator:
         if not _exit_hook:
             _exit_hook.append(True)
             atexit.register(_stop_all_at_exit)
+
+    def _open(self) -> None:
+        """Make the iterator of this process's batches from the step; before a Grain input's
+        first batch, take its position from it, so that a state saved then names its data
+        (and a restore checks it) like one saved later."""
+        self._host_iter = self._feed.host_iterator(self._step, self._position)
+        if self._position is None:
+            self._position = self._feed.position(self._host_iter)
 
     def _halt(self) -> None:
         threads, self._threads = self._threads, []
@@ -485,6 +493,9 @@ class MultiHostDataLoadIterator:
 
     def get_state(self) -> bytes:
         """JSON bytes: the step, and the pipeline identity or Grain's own state."""
+        grain_input = not isinstance(self._feed, PipelineFeed)  # (whose position is the step)
+        if grain_input and self._position is None and self._host_iter is None:
+            self._open()  # (not yet read: its position names its data)
         state: dict[str, Any] = {"version": STATE_VERSION, "step": self._step}
         state[self._feed.state_key] = json_plain(self._feed.saved(self._position))
         return json.dumps(state, sort_keys=True).encode("utf-8")
