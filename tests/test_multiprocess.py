@@ -31,6 +31,7 @@ from grain_rox import (
     RoxCheckpointRestore,
     RoxCheckpointSave,
     TokenPipeline,
+    testing,
 )
 from grain_rox._sources._segments import MAXTEXT_FEATURES
 
@@ -401,3 +402,29 @@ def test_numpy_batches_on_two_processes_equal_single_process_batches(waves):
                 want = expected[i]
                 assert np.array_equal(z[f"global__{i}"], want), (p, i)
                 assert np.array_equal(z[f"local__{i}"], want[p * 4 : (p + 1) * 4]), (p, i)
+
+
+def _whole_batches_on_a_mesh_whose_processes_share_the_rows(path: str):
+    """(For the test below: built here and in each process.) The data axis within a process,
+    the 'model' axis across processes: every process holds every row of a batch."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.asarray(jax.devices()).reshape(2, 4).T, ("data", "model"))
+    ds = grain_rox.NumpySource(path).batches(8, seed=5)  # whole batches, in every process
+    return MultiHostDataLoadIterator(ds, data_sharding=NamedSharding(mesh, PartitionSpec("data")))
+
+
+@pytest.mark.slow
+def test_a_grain_input_on_a_mesh_whose_processes_share_the_rows(tmp_path):
+    """A Grain input's batch is as many rows as each process gives where the processes hold
+    the same rows (it was taken for 2x as many, and JAX refused the host data)."""
+    import functools
+
+    np.save(tmp_path / "rows.npy", np.arange(64 * 4, dtype=np.int32).reshape(64, 4))
+    make = functools.partial(
+        _whole_batches_on_a_mesh_whose_processes_share_the_rows, str(tmp_path / "rows.npy")
+    )
+    with make() as it:
+        assert np.asarray(next(it)).shape == (8, 4)
+    testing.check_processes_equal(make, read=3)

@@ -295,6 +295,11 @@ class GrainFeed:
     def __init__(self, source: Any, sharding: NamedSharding):
         self.source = source
         self.shards, self.axes = data_shards(sharding)
+        lo, hi = process_rows(sharding, self.shards)
+        # global rows / this process's rows: the processes' count where each holds its own
+        # rows, fewer where processes hold the same rows (a mesh axis across them that does
+        # not split the batch: every process then gives the same, whole rows)
+        self.global_per_local = self.shards // (hi - lo)
         self.first_rows: int | None = None  # a batch's global rows, from the first batch
 
     @functools.cached_property
@@ -330,7 +335,7 @@ class GrainFeed:
         return host_iterator.get_state() if hasattr(host_iterator, "get_state") else None
 
     def global_rows(self, local_rows: int) -> int:
-        return local_rows * jax.process_count()
+        return local_rows * self.global_per_local
 
     def check_rows(self, arrays: list[np.ndarray]) -> None:
         """A Grain input's batch must split evenly over the data axis: say which batch does

@@ -145,7 +145,9 @@ class MultiHostDataLoadIterator:
 
     ``loader_or_dataset`` is a :class:`~grain_rox.TokenPipeline` (recommended: each process
     reads only its rows and the state restores on any host count), a ``grain.DataLoader``, or
-    a ``grain.MapDataset`` / ``grain.IterDataset`` whose elements are this process's rows.
+    a ``grain.MapDataset`` / ``grain.IterDataset`` whose elements are this process's rows
+    (the rows its devices hold: every row, the same in each process, where the mesh's
+    processes do not split the batch).
 
     Args:
         loader_or_dataset: The input, as above.
