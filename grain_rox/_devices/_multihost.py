@@ -147,7 +147,10 @@ class MultiHostDataLoadIterator:
     reads only its rows and the state restores on any host count), a ``grain.DataLoader``, or
     a ``grain.MapDataset`` / ``grain.IterDataset`` whose elements are this process's rows
     (the rows its devices hold: every row, the same in each process, where the mesh's
-    processes do not split the batch).
+    processes do not split the batch). A Grain input must give every process the same number
+    of batches: where one process's input ends first, it stops and the others' next global
+    batch waits for it in their training step (JAX cannot tell them); a TokenPipeline, and
+    ``.batches(shard=...)`` of one source, end on the same step everywhere.
 
     Args:
         loader_or_dataset: The input, as above.
