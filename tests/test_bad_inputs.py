@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import json
 import logging
 import lzma
@@ -264,6 +265,22 @@ def test_zstd_frames_are_all_read_and_a_cut_or_foreign_file_is_an_error(tmp_path
             "damaged or misnamed: regenerate it, or leave it out of the inputs"
         )
         assert not out.exists()
+
+
+def test_a_zstd_read_returns_at_most_the_bytes_asked(tmp_path):
+    """A read gave all that its compressed piece decoded to: 34 MB of repeated text (3 KB
+    compressed) came back as one chunk, where gzip, bz2 and xz give at most the size asked."""
+    zstandard = pytest.importorskip("zstandard")
+    from grain_rox._text._text_files import open_input
+
+    text = b"the same line of text, again and again\n" * 800_000
+    packed = zstandard.ZstdCompressor().compress(text) + zstandard.ZstdCompressor().compress(b"!")
+    reader = open_input(io.BytesIO(packed), "zstd", "x.zst")
+    sizes, got = [], []
+    while chunk := reader.read(1 << 16):
+        sizes.append(len(chunk))
+        got.append(chunk)
+    assert max(sizes) == 1 << 16 and b"".join(got) == text + b"!"
 
 
 def test_skipped_binaries_empties_and_fifos_are_counted_logged_and_summarised(

@@ -54,12 +54,15 @@ def open_input(raw: Any, compression: str | None, path: str) -> Any:  # a binary
 
 
 class _ZstdFrames:
-    """A ``.zst`` file's frames, decompressed one after another, read as a binary file; input
-    that ends inside a frame is an :class:`EOFError` and input that is not zstd an
-    :class:`OSError`, as ``gzip``, ``bz2`` and ``lzma`` raise (zstandard's ``stream_reader``
-    read a cut file's first part as the whole, and raised errors of its own)."""
+    """A ``.zst`` file's frames, decompressed one after another, read as a binary file: each
+    ``read(size)`` returns at most ``size`` bytes (b"" at the end); input that ends inside a
+    frame is an :class:`EOFError` and input that is not zstd an :class:`OSError`, as ``gzip``,
+    ``bz2`` and ``lzma`` raise (zstandard's ``stream_reader`` read a cut file's first part as
+    the whole, and raised errors of its own)."""
 
-    _PIECE = 1 << 16  # compressed bytes decoded at once: bounds each read's output
+    # compressed bytes decoded at once (zstandard's decompressobj takes no output bound):
+    # text decodes to a few times that; only input of one byte repeated decodes to far more
+    _PIECE = 1 << 13
 
     def __init__(self, zstandard: Any, raw: Any) -> None:
         self._zstandard = zstandard
@@ -67,6 +70,7 @@ class _ZstdFrames:
         self._raw = raw
         self._frame: Any = None  # the frame being decoded, None between frames
         self._left = b""  # input read past the end of the last frame
+        self._out = memoryview(b"")  # decoded bytes not yet returned
 
     def __enter__(self) -> _ZstdFrames:
         return self
@@ -74,9 +78,11 @@ class _ZstdFrames:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def read(self, size: int) -> bytes:
-        while True:
-            data, self._left = self._left or self._raw.read(min(size, self._PIECE)), b""
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            return b"".join(iter(lambda: self.read(1 << 20), b""))
+        while not self._out:
+            data, self._left = self._left or self._raw.read(self._PIECE), b""
             if not data:
                 if self._frame is not None:
                     raise EOFError(
@@ -86,13 +92,13 @@ class _ZstdFrames:
             if self._frame is None:
                 self._frame = self._dctx.decompressobj()
             try:
-                out = self._frame.decompress(data)
+                self._out = memoryview(self._frame.decompress(data))
             except self._zstandard.ZstdError as e:
                 raise OSError(str(e)) from None
             if self._frame.eof:
                 self._frame, self._left = None, self._frame.unused_data
-            if out:
-                return out
+        got, self._out = self._out[:size], self._out[size:]
+        return bytes(got)
 
 
 def byte_chunks(
