@@ -293,6 +293,21 @@ def test_append_with_another_pad_id_is_refused_so_padding_is_never_read_as_text(
     assert served == [[1, 2, 3, 0], [4, 6, 0]]
 
 
+def test_a_float_pad_or_eos_given_another_way_is_the_same_token(tmp_path):
+    """0.1 and np.float16(0.1) are one float16 token; the append check compared the Python
+    numbers (0.1 != 0.0999755859375) and refused an append with the set's own pad and EOS."""
+    path = str(tmp_path / "f.rox")
+    first = np.array([1.5, 2.5], np.float16)
+    write_rox([first], path, dtype=np.float16, pad_id=0.1, separator=0.3)
+    write_rox([np.array([3.5], np.float16)], path, dtype=np.float16, pad_id=np.float16(0.1),
+              separator=np.float16(0.3), if_exists="append")  # fmt: skip
+    write_rox([np.array([4.5], np.float16)], path, dtype=np.float16, pad_id=0.1, separator=0.3,
+              if_exists="append")  # fmt: skip
+    with pytest.raises(ValueError, match=r"pad_id 0\.(1|0999755859375) != 0\.2"):
+        write_rox([np.array([5.5], np.float16)], path, dtype=np.float16, pad_id=0.2,
+                  separator=0.3, if_exists="append")  # fmt: skip
+
+
 def test_sharded_write_named_like_a_member_is_refused_and_deletes_nothing(tmp_path):
     """``x_0003.rox`` with max_shard_bytes= would make the set x_0003, whose names cover
     x_0003.rox, a member of the set x: an overwrite would delete it."""

@@ -21,13 +21,22 @@ def _pad_run(tail: bytes, layout: TokenLayout, most: int) -> int:
     return pad_run(tokens[max(0, tokens.size - most) :], layout.pad)
 
 
-def _same_token(a: Any, b: Any) -> bool:
-    """Whether two token ids are the same (NaN, a float pad, is itself).
+def _same_token(a: Any, b: Any, dtype: np.dtype) -> bool:
+    """Whether two token ids (or None) are stored as the same ``dtype`` token: a float pad
+    given as ``0.1`` and as ``np.float16(0.1)`` is one token, and NaN is itself.
 
-    >>> _same_token(0, 0.0), _same_token(float("nan"), float("nan")), _same_token(5, 9)
-    (True, True, False)
+    >>> f16 = np.dtype(np.float16)
+    >>> _same_token(0.1, float(np.float16(0.1)), f16), _same_token(float("nan"), float("nan"), f16)
+    (True, True)
+    >>> _same_token(5, 9, np.dtype(np.uint16)), _same_token(None, 0, np.dtype(np.uint16))
+    (False, False)
     """
-    return bool(a == b or (a != a and b != b))
+    if a is None or b is None:
+        return a is b
+    try:
+        return bool(np.asarray(a, dtype).tobytes() == np.asarray(b, dtype).tobytes())
+    except (OverflowError, ValueError):  # one does not fit: not the same token
+        return False
 
 
 def check_append_compatible(old: Manifest, mpath: str, layout: TokenLayout) -> None:
@@ -37,10 +46,10 @@ def check_append_compatible(old: Manifest, mpath: str, layout: TokenLayout) -> N
     problems = []
     if old.dtype != str(dtype):
         problems.append(f"dtype {old.dtype} != {dtype}")
-    if old.eos_id != sep:
+    if not _same_token(old.eos_id, sep, dtype):
         problems.append(f"eos/separator {old.eos_id} != {sep}")
     # the set's padding is found by its one pad id: other padding would be read as text
-    if old.pad_id is not None and not _same_token(old.pad_id, layout.pad):
+    if old.pad_id is not None and not _same_token(old.pad_id, layout.pad, dtype):
         problems.append(f"pad_id {old.pad_id} != {layout.pad} (pass pad_id={old.pad_id})")
     new_tok = tok.identity() if tok is not None else None
     if old.tokenizer != new_tok:
