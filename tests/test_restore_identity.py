@@ -432,6 +432,20 @@ def test_a_state_saved_before_the_first_batch_names_its_data_too(tmp_path, place
         it.set_state(state)
 
 
+def test_a_state_after_the_end_of_an_input_opens_no_new_iterator(monkeypatch):
+    """get_state opens a Grain input's iterator before the first batch only (to name its
+    data): at the end of an input whose iterator has no position, it opened another."""
+
+    class Plain:  # an input whose iterators have no get_state
+        def __iter__(self):
+            return iter([{"x": np.arange(8).reshape(8, 1)}] * 2)
+
+    with MultiHostDataLoadIterator(Plain(), prefetch=1) as it:
+        assert len(list(it)) == 2
+        monkeypatch.setattr(it._feed, "host_iterator", lambda *a: pytest.fail("reopened"))
+        assert json.loads(it.get_state())["step"] == 2
+
+
 def loader(source, seed: int = 0) -> grain.DataLoader:
     sampler = grain.samplers.IndexSampler(
         num_records=len(source),

@@ -42,6 +42,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from grain_rox._devices._feeds import misfit_state
+from grain_rox._devices._multihost import MultiHostDataLoadIterator
 
 GLOBAL_STATE_FILE = "data_state.json"
 
@@ -94,7 +95,9 @@ def _set_state(item: Any, text: str) -> None:
             item.set_state(state)
         except (KeyError, IndexError, TypeError) as e:  # Grain's own, on a misfit state
             raise misfit_state(item, state, e) from e
-    else:
+    elif isinstance(item, MultiHostDataLoadIterator):  # takes the text as it is
+        item.set_state(text)
+    else:  # (a Grain input's get_state would open its iterator only to be asked this)
         item.set_state(text.encode("utf-8") if isinstance(item.get_state(), bytes) else text)
 
 

@@ -499,7 +499,12 @@ class MultiHostDataLoadIterator:
     def get_state(self) -> bytes:
         """JSON bytes: the step, and the pipeline identity or Grain's own state."""
         grain_input = not isinstance(self._feed, PipelineFeed)  # (whose position is the step)
-        if grain_input and self._position is None and self._host_iter is None:
+        if (
+            grain_input
+            and self._position is None
+            and self._host_iter is None
+            and not self._exhausted
+        ):
             self._open()  # (not yet read: its position names its data)
         state: dict[str, Any] = {"version": STATE_VERSION, "step": self._step}
         state[self._feed.state_key] = json_plain(self._feed.saved(self._position))
