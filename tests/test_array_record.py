@@ -458,6 +458,12 @@ def test_export_refuses_an_eos_id_its_tokens_cannot_hold(tmp_path, capsys):
     floats = str(tmp_path / "f.rox")  # (roxxel writes float shards: no integer range there)
     write_rox([np.array([0.5, 2.0], np.float32), np.array([3.0], np.float32)], floats, separator=7)
     assert exported(floats, tmp_path / "f.array_record", eos_id=7) == [[0.5, 2.0], [3.0]]
+    halves = str(tmp_path / "h.rox")  # a float EOS is kept as it is (int() made 0.5 the id 0)
+    write_rox([np.array([0.0, 2.0], np.float32), np.array([3.0], np.float32)], halves,
+              separator=0.5)  # fmt: skip
+    assert exported(halves, tmp_path / "h.array_record") == [[0.0, 2.0], [3.0]]
+    with pytest.raises(ValueError, match=r"eos_id=7.5 is not a whole number, and its tokens"):
+        export_array_record(path, str(tmp_path / "w.array_record"), eos_id=7.5)
 
 
 def test_stacking_documents_of_different_lengths_names_the_records(tmp_path):

@@ -94,8 +94,8 @@ def _check_row(row, corpora, packed: bool, pairs: dict, where: str) -> int | Non
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_rows_match_a_brute_force_reference(tmp_path, seed):
-    logging.getLogger("grain_rox").setLevel(logging.ERROR)
+def test_rows_match_a_brute_force_reference(tmp_path, seed, caplog):
+    caplog.set_level(logging.ERROR, logger="grain_rox")  # (restored after the test)
     rng = np.random.default_rng(seed)
     packing = [None, "best_fit", "first_fit"][seed % 3]
     eos = int(rng.choice([0, 1, 2**20]))

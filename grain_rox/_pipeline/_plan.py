@@ -395,8 +395,8 @@ def _say_padded_rests(label: str, order: PackedOrder) -> None:
         log_once(
             logging.WARNING,
             f"{label}: seq_len rises from {grid} to {seq_len} in the middle of a packed "
-            f"block, so the block's {rows} rows left (packed at {grid}) are served one per "
-            f"row of {seq_len}: at least {100 * (seq_len - grid) / (seq_len + 1):.0f}% "
+            f"block, so its next {rows} rows (packed at {grid}) are served one per row of "
+            f"{seq_len}: at least {100 * (seq_len - grid) / (seq_len + 1):.0f}% "
             "padding in those rows, until the next block is packed at the new seq_len; to "
             "avoid it, pass a smaller block_tokens (blocks end more often) or change seq_len "
             "where a block ends",

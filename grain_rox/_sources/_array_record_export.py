@@ -44,7 +44,7 @@ class ExportResult:
 
 
 def rox_documents(
-    corpus: RoxCorpus, eos_id: int, chunk_tokens: int = 1 << 24
+    corpus: RoxCorpus, eos_id: float, chunk_tokens: int = 1 << 24
 ) -> Iterator[np.ndarray]:
     """The corpus's documents in order, split at ``eos_id`` (EOS dropped), as written.
 
@@ -73,7 +73,7 @@ def rox_documents(
 
 
 def _span_documents(
-    corpus: RoxCorpus, span: ServedSpan, eos_id: int, exact: bool, chunk_tokens: int
+    corpus: RoxCorpus, span: ServedSpan, eos_id: float, exact: bool, chunk_tokens: int
 ) -> Iterator[np.ndarray]:
     """The documents of one stretch of served tokens, read ``chunk_tokens`` at a time (a
     document may span chunks); ``exact``: the corpus's padding is known, so an empty document
@@ -110,7 +110,7 @@ def export_array_record(
     paths: PathSpec | RoxCorpus,
     output: str | os.PathLike[str],
     *,
-    eos_id: int | None = None,
+    eos_id: float | None = None,
     group_size: int = 1,
     compression: str = "zstd",
     overwrite: bool = False,
@@ -162,6 +162,11 @@ def export_array_record(
             "pass eos_id= (--eos-id)"
         )
     held = np.iinfo(corpus.dtype) if corpus.dtype.kind in "iu" else None
+    if held is not None and not float(eos).is_integer():  # int() made 3.7 the id 3
+        raise ValueError(
+            f"{corpus.paths[0]}: eos_id={eos!r} is not a whole number, and its tokens are "
+            f"{corpus.dtype}; pass the EOS id the set was written with (an int)"
+        )
     if held is not None and not held.min <= eos <= held.max:  # no token is: all were one
         raise ValueError(
             f"{corpus.paths[0]}: eos_id={eos} is outside the range of its {corpus.dtype} tokens "
@@ -176,7 +181,7 @@ def export_array_record(
     try:
         if not writer.ok():
             raise OSError(f"cannot write {temp}: is the directory writable?")
-        docs: Any = rox_documents(corpus, int(eos))
+        docs: Any = rox_documents(corpus, int(eos) if held is not None else eos)
         if progress:
             from tqdm.auto import tqdm
 
