@@ -201,8 +201,7 @@ class IdentifiedIterDataset(grain.IterDataset):
         self, batch_size: int, *, drop_remainder: bool = False, batch_fn: Any = None
     ) -> IdentifiedIterDataset:
         made = self._parent.batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
-        how = "" if batch_fn is None else f", batch_fn={_name_of(batch_fn)}"
-        return self._keep(made, f"batch({batch_size}, drop_remainder={drop_remainder}{how})")
+        return self._keep(made, _batch_op(batch_size, drop_remainder, batch_fn))
 
     def __str__(self) -> str:
         return f"IdentifiedIterDataset({self.what})"
@@ -286,8 +285,7 @@ class IdentifiedMapDataset(grain.MapDataset):
         self, batch_size: int, *, drop_remainder: bool = False, batch_fn: Any = None
     ) -> IdentifiedMapDataset:
         made = self._parent.batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
-        how = "" if batch_fn is None else f", batch_fn={_name_of(batch_fn)}"
-        return self._keep(made, f"batch({batch_size}, drop_remainder={drop_remainder}{how})")
+        return self._keep(made, _batch_op(batch_size, drop_remainder, batch_fn))
 
     def repeat(
         self, num_epochs: int | None = None, *, reseed_each_epoch: bool = True
@@ -306,6 +304,12 @@ class IdentifiedMapDataset(grain.MapDataset):
 
     def __str__(self) -> str:
         return f"IdentifiedMapDataset({self.what})"
+
+
+def _batch_op(batch_size: int, drop_remainder: bool, batch_fn: Any) -> str:
+    """How a ``batch`` joins the identity's ops: its arguments, the function by name."""
+    how = "" if batch_fn is None else f", batch_fn={_name_of(batch_fn)}"
+    return f"batch({batch_size}, drop_remainder={drop_remainder}{how})"
 
 
 def _name_of(fn: Any) -> str:
