@@ -722,7 +722,9 @@ def test_inputs_expand_to_every_file_a_user_named(tmp_path, capsys):
     assert rel(expand_inputs([str(tmp_path / "via")])) == ["via/b.txt", "via/deeper/c.txt"]
     (root / "sub" / "up").unlink()
     (root / "empty").mkdir()
-    assert rel(expand_inputs([str(root / "e*")])) == []  # matched, and holds nothing
+    assert rel(expand_inputs([str(root / "e*"), str(root / "a.txt")])) == ["in/a.txt"]
+    with pytest.raises(FileNotFoundError, match=r"hold no files: what they match are folders"):
+        expand_inputs([str(root / "e*")])  # matched, and holds nothing: said so
     with pytest.raises(FileNotFoundError, match=r"the input directory .*empty' holds no files"):
         expand_inputs([str(root / "empty")])
     brackets = tmp_path / "br"

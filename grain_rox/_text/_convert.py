@@ -92,6 +92,11 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
             raise FileNotFoundError(f"the input glob {spec!r} matched no files")
         for path in matched:
             files.extend(_expand_path(path, seen, named=False))
+    if not files:  # (a named empty folder is refused above; globs matched only such folders)
+        raise FileNotFoundError(
+            f"the inputs {list(inputs)} hold no files: what they match are folders with "
+            "nothing in them; name the files or folders to convert"
+        )
     return files
 
 
