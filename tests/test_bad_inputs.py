@@ -621,6 +621,35 @@ def test_convert_a_saved_hf_dataset_checks_the_column_type_and_counts_null_texts
     )
 
 
+def test_json_past_pythons_limits_is_read_or_named(tmp_path, capsys):
+    """An int of 5,000 digits in any field stopped convert with Python's "Exceeds the limit
+    (4300 digits)" naming no file or line, and deep nesting with a bare RecursionError. Such
+    an int in another field is read past now (in the text field it is a number, refused);
+    nesting past the recursion limit names the line."""
+    big = "9" * 5000
+    (tmp_path / "other.jsonl").write_text(f'{{"text": "a", "n": {big}}}\n{{"text": "b"}}\n')
+    (tmp_path / "list.json").write_text(f'[{{"text": "a", "n": {big}}}]')
+    (tmp_path / "text.jsonl").write_text(f'{{"text": {big}, "body": "x"}}\n')
+    (tmp_path / "deep.jsonl").write_text('{"text": "a", "n": ' + "[" * 10**5 + "]" * 10**5 + "}\n")
+    out = str(tmp_path / "o.rox")
+    for name, docs in (("other.jsonl", [[97], [98]]), ("list.json", [[97]])):
+        args = ["convert", str(tmp_path / name), "-o", out, "--no-progress"]
+        assert main([*args, "--if-exists", "overwrite"]) == 0
+        capsys.readouterr()
+        with open_rox(out) as corpus:
+            assert corpus.tokens(0, corpus.num_tokens).tolist()[: 2 * len(docs)] == [
+                t for d in docs for t in (*d, 256)
+            ]
+    for name, message in (
+        ("text.jsonl", ":1: column 'text' holds int, not text; pass --text-column naming a "
+         "column of text ('body')"),
+        ("deep.jsonl", ":1 cannot be read as JSON here: it nests arrays or objects deeper than "
+         "Python's recursion limit; flatten it"),
+    ):  # fmt: skip
+        assert main(["convert", str(tmp_path / name), "-o", out, "--no-progress"]) == 2
+        assert f"{tmp_path / name}{message}" in capsys.readouterr().err
+
+
 def test_a_text_column_without_text_names_the_columns_that_hold_some(tmp_path, capsys):
     """The error named the file and the column's type but no fix; it now names the columns of
     text to pass (or says there are none)."""

@@ -149,13 +149,30 @@ def _parse_records(text: str, column: str) -> Any:
     """``json.loads(text)``; an object naming ``column`` twice comes back as :class:`_Repeated`.
     Only text quoting the column's name more than once is parsed key by key (the slow way)."""
     if text.count(f'"{column}"') < 2 and not _may_escape(text, column):
-        return json.loads(text)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise
+        except ValueError:  # an int past Python's digit limit: kept as its digits, below
+            pass
 
     def pairs(items: list[tuple[str, Any]]) -> dict:
         repeated = sum(1 for key, _ in items if key == column) > 1
         return _Repeated(items) if repeated else dict(items)
 
-    return json.loads(text, object_pairs_hook=pairs)
+    return json.loads(text, object_pairs_hook=pairs, parse_int=_int_or_digits)
+
+
+class _LongInt(str):
+    """The digits of a JSON int too long for Python's ``int()`` (4300 digits): another field
+    may hold one; as the text field it is refused as a number, not read as text."""
+
+
+def _int_or_digits(digits: str) -> int | _LongInt:
+    try:
+        return int(digits)
+    except ValueError:
+        return _LongInt(digits)
 
 
 def _text_of(record: object, column: str, where: str) -> str | None:
@@ -178,11 +195,10 @@ def _text_of(record: object, column: str, where: str) -> str | None:
             f"{column!r} field"
         )
     value = record[column]
-    if value is not None and not isinstance(value, str):
-        texts = [k for k, v in record.items() if isinstance(v, str)]
-        raise TypeError(
-            f"{where}: column {column!r} holds {type(value).__name__}, not text; {_other(texts)}"
-        )
+    if value is not None and (not isinstance(value, str) or isinstance(value, _LongInt)):
+        texts = [k for k, v in record.items() if type(v) is str]
+        kind = "int" if isinstance(value, _LongInt) else type(value).__name__
+        raise TypeError(f"{where}: column {column!r} holds {kind}, not text; {_other(texts)}")
     return value
 
 
@@ -228,6 +244,8 @@ def jsonl_documents(
             records = _parse_records(text, column)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:  # Python's limits: long ints, deep nesting
+            raise ValueError(f"{path} cannot be read as JSON here: {_too_much(e)}") from None
         if not isinstance(records, list):
             raise ValueError(f"{path} is not a JSON list of records")
         for i, record in enumerate(records):
@@ -257,6 +275,8 @@ def jsonl_documents(
                     "it as one text document"
                 ) from None
             raise ValueError(f"{where} is not valid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:  # Python's limits: long ints, deep nesting
+            raise ValueError(f"{where} cannot be read as JSON here: {_too_much(e)}") from None
         records_seen += 1
         value = _text_of(record, column, where)
         if value is None:
@@ -352,3 +372,10 @@ def _other(texts: list[str]) -> str:
 def _value_type(pa: Any, kind: Any) -> Any:
     """A dictionary-encoded column's value type; any other type as it is."""
     return kind.value_type if pa.types.is_dictionary(kind) else kind
+
+
+def _too_much(error: BaseException) -> str:
+    """What Python's JSON parser could not take, and the fix."""
+    if isinstance(error, RecursionError):
+        return "it nests arrays or objects deeper than Python's recursion limit; flatten it"
+    return str(error)
