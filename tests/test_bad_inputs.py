@@ -621,6 +621,19 @@ def test_convert_a_saved_hf_dataset_checks_the_column_type_and_counts_null_texts
     )
 
 
+def test_a_hf_arrow_file_named_alone_says_to_pass_its_folder(tmp_path, capsys, caplog):
+    """A saved dataset's .arrow file, named alone, was skipped as "binary" with no word of
+    the folder that converts."""
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": ["a", "b"]}).save_to_disk(str(tmp_path / "saved"))
+    (arrow,) = (tmp_path / "saved").glob("*.arrow")
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        assert main(["convert", str(arrow), "-o", str(tmp_path / "o.rox"), "--no-progress"]) == 2
+    assert "a HF dataset's Arrow file: pass the folder save_to_disk wrote" in caplog.text
+    assert main(["convert", str(tmp_path / "saved"), "-o", str(tmp_path / "o.rox"),
+                 "--no-progress"]) == 0  # fmt: skip
+
+
 def test_json_past_pythons_limits_is_read_or_named(tmp_path, capsys):
     """An int of 5,000 digits in any field stopped convert with Python's "Exceeds the limit
     (4300 digits)" naming no file or line, and deep nesting with a bare RecursionError. Such

@@ -395,6 +395,11 @@ def _file_documents(
         stats.skip(path, "empty", "it is empty")
         return
     why = binary_reason(head[:SNIFF])
+    if why is not None and path.endswith(".arrow"):  # a HF dataset's cache or saved file
+        why += (
+            "; a HF dataset's Arrow file: pass the folder save_to_disk wrote (its "
+            "state.json beside it), or save the dataset with save_to_disk"
+        )
     if why is not None:
         if on_binary == "error":
             raise ValueError(
