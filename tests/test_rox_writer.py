@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import struct
 
@@ -291,6 +292,30 @@ def test_append_with_another_pad_id_is_refused_so_padding_is_never_read_as_text(
         served = [tokens[a:b].tolist() for a, b in served_stretches(corpus)[0]]
     assert tokens.tolist() == [1, 2, 3, 0, 5, 5, 5, 5, 4, 6, 0, 5, 5, 5, 5, 5]
     assert served == [[1, 2, 3, 0], [4, 6, 0]]
+
+
+def test_recorded_padding_that_is_not_the_pad_id_is_served_and_said(tmp_path, caplog):
+    """A manifest (unsealed: an older grain_rox's, or edited) recording padding over tokens
+    that are not its pad id: they were served as text without a word."""
+    from _corpora import unsealed
+
+    from grain_rox._format._served import served_stretches
+
+    path = str(tmp_path / "p.rox")
+    write_rox([np.array([1, 2, 3], np.uint16)], path, separator=0, pad_id=5, block_size=16)
+    write_rox([np.array([4, 6], np.uint16)], path, separator=0, pad_id=5, block_size=16,
+              if_exists="append")  # fmt: skip
+    mpath = tmp_path / "p.manifest.json"
+    manifest = unsealed(json.loads(mpath.read_text()))
+    manifest["shards"]["p.rox"]["padding_spans"] = [[2, 4]]  # over [3, 0, 5, 5]
+    mpath.write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING, logger="grain_rox"), open_rox(path) as corpus:
+        served = served_stretches(corpus)
+    assert served == [[(0, 11)]]  # the shard's tokens, as they are, but its trailing padding
+    assert (
+        f"{path}: its manifest records block padding at tokens [2, 6), but they are not all its "
+        "pad id 5: served as text" in caplog.text
+    )
 
 
 def test_a_float_pad_or_eos_given_another_way_is_the_same_token(tmp_path):

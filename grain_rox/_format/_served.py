@@ -14,8 +14,10 @@ left out too where those tokens are all the pad id. So a shard's served tokens a
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
+from grain_rox._format._log_once import log_once
 from grain_rox._format._manifest import pad_run
 from grain_rox._format._rox_corpus import RoxCorpus
 
@@ -58,6 +60,16 @@ def _stretches(corpus: RoxCorpus, trailing: list[tuple[int, Any]]) -> list[list[
         gaps = sorted(
             span for span, t in zip(spans, tokens, strict=True) if pad_run(t, pad) == t.size
         )
+        if len(gaps) < len(spans):  # (the writer records only runs of its pad id)
+            lo, hi = next(sp for sp in spans if sp not in gaps)
+            more = len(spans) - len(gaps) - 1
+            log_once(
+                logging.WARNING,
+                f"{corpus.paths[s]}: its manifest records block padding at tokens [{lo}, "
+                f"{hi}){f' and {more} more places' if more else ''}, but they are not all its "
+                f"pad id {pad}: served as text, as the shard holds them; run grain-rox verify "
+                "on the set, and rewrite it if its checksums fail",
+            )
         stretches: list[tuple[int, int]] = []
         at = 0
         for lo, hi in gaps:
