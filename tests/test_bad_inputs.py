@@ -300,7 +300,7 @@ def test_skipped_binaries_empties_and_fifos_are_counted_logged_and_summarised(
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("wrote 2 documents, 8 bytes tokens (uint16) into 1 shard(s) in ")
     assert line.endswith(
-        "; 2 files read, skipped 4 files (2 binary, 1 empty, 1 not regular files) and 1 null "
+        "; 2 files read, skipped 4 files (2 binary, 1 empty, 1 not a regular file) and 1 null "
         f"text; manifest {tmp_path / 'o.manifest.json'}"
     )
     assert tokens_of(out) == [104, 101, 108, 108, 111, 256, 120, 256]

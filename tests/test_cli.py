@@ -824,7 +824,7 @@ def test_an_output_under_a_file_and_a_broken_link_among_the_inputs(tmp_path, cap
     assert f"skipped {link}: a link to {str(tmp_path / 'nowhere')!r}, which does not exist" in (
         caplog.text
     )
-    assert "1 file read, skipped 1 file (1 broken links)" in capsys.readouterr().out
+    assert "1 file read, skipped 1 file (1 broken link)" in capsys.readouterr().out
     assert open_rox(out).tokens(0, 3).tolist() == [104, 105, 256]
 
 

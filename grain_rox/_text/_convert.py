@@ -370,11 +370,11 @@ def _file_documents(
         return
     if not os.path.exists(path) and os.path.islink(path):  # a link to nothing: no text
         target = os.readlink(path)
-        stats.skip(path, "broken links", f"a link to {target!r}, which does not exist")
+        stats.skip(path, "broken link", f"a link to {target!r}, which does not exist")
         return
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
-        stats.skip(path, "not regular files", "not a regular file (a FIFO, socket or device)")
+        stats.skip(path, "not a regular file", "not a regular file (a FIFO, socket or device)")
         return
     if kind == "parquet":
         if compression_of(path):

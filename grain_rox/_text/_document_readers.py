@@ -77,11 +77,18 @@ class ReadStats:
         count = self.files_skipped
         skips = []
         if count:
-            why = ", ".join(f"{len(v)} {k}" for k, v in sorted(self.skipped.items()))
+            why = ", ".join(
+                f"{len(v)} {k if len(v) == 1 else _PLURAL.get(k, k)}"
+                for k, v in sorted(self.skipped.items())
+            )
             skips.append(f"{count} file{'' if count == 1 else 's'} ({why})")
         if self.null_texts:
             skips.append(f"{self.null_texts} null text{'' if self.null_texts == 1 else 's'}")
         return text + (f", skipped {' and '.join(skips)}" if skips else "")
+
+
+# the skips whose reason is a noun: how a count of more than one says it
+_PLURAL = {"broken link": "broken links", "not a regular file": "not regular files"}
 
 
 def hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str]:
