@@ -38,9 +38,9 @@ class HFTokenizer:
 
     Nothing is added around the text (``add_special_tokens=False``), special-token strings
     inside the text are encoded as ordinary text, and the file's truncation and padding (a
-    model's input length) are not applied: a document is encoded whole. EOS is ``eos_token`` if given, else the first
-    of ``</s>``, ``<|endoftext|>``, ``<eos>``, ``<|end|>``, ``[EOS]``, ``<|end_of_text|>``
-    present in the vocabulary. Pickling sends the path; the file is re-read lazily and must
+    model's input length) are not applied: a document is encoded whole. EOS is
+    ``eos_token`` if given, else the first of ``</s>``, ``<|endoftext|>``, ``<eos>``,
+    ``<|end|>``, ``[EOS]``, ``<|end_of_text|>`` present in the vocabulary. Pickling sends the path; the file is re-read lazily and must
     still have the same sha256.
 
     Args:
