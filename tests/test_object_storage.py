@@ -411,6 +411,26 @@ def test_an_existing_set_is_not_overwritten_by_default_nor_appended(bucket):
         upload(spec, server, if_exists="append")
 
 
+def test_one_member_written_over_a_set_in_a_bucket_is_refused_not_the_set_deleted(bucket):
+    """``x_0001.rox`` written with if_exists='overwrite' over a bucket's set x: the publish
+    recorded that member only and deleted the set's other shards without a word."""
+    url, server = bucket
+    spec = f"{url}/mem/prose.rox"
+    result = upload(spec, server)
+    member = f"{url}/mem/prose_0001.rox"
+    for if_exists in ("overwrite", "error"):
+        with pytest.raises(ValueError) as refused:
+            write_rox(DOCS[:3], member, tokenizer="bytes", if_exists=if_exists,
+                      storage_options=server.storage_options)  # fmt: skip
+        assert str(refused.value).startswith(
+            f"{member}: writing one member of a set in a bucket would replace the whole set, "
+            f"whose other {len(result.paths) - 1} shard object(s) (prose_0000.rox, "
+            "prose_0002.rox,"
+        )
+    corpus = open_rox(spec, storage_options=server.storage_options, verify=True)
+    assert corpus.paths == result.paths and corpus.num_documents == len(DOCS)
+
+
 def test_a_stopped_server_is_retried_until_it_is_back(bucket, monkeypatch):
     url, server = bucket
     spec = f"{url}/retry/prose.rox"

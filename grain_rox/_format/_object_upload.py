@@ -42,6 +42,7 @@ from grain_rox._format._manifest import (
     member_pattern,
 )
 from grain_rox._format._object_store import ObjectStore, store_for
+from grain_rox._format._shard_set import shard_number
 
 _log = logging.getLogger("grain_rox")
 
@@ -55,8 +56,21 @@ def _set_objects(store: ObjectStore, parent: str, manifest_name: str) -> tuple[l
 def _existing_set(
     store: ObjectStore, target: str, manifest_name: str, if_exists: str
 ) -> tuple[list[str], bool]:
-    """The set's shard objects and whether its manifest exists; refused unless overwriting."""
+    """The set's shard objects and whether its manifest exists; refused unless overwriting,
+    and refused for one member (``x_0003.rox``) of a set that has others."""
     existing, has_manifest = _set_objects(store, target.rsplit("/", 1)[0], manifest_name)
+    name = target.rsplit("/", 1)[1]
+    others = [n for n in existing if n != name]
+    if shard_number(name) >= 0 and others:
+        # A bucket's set is published whole: its manifest would record this member only and
+        # the publish would delete the others.
+        raise ValueError(
+            f"{target}: writing one member of a set in a bucket would replace the whole set, "
+            f"whose other {len(others)} shard object(s) ({', '.join(others[:4])}"
+            f"{', ...' if len(others) > 4 else ''}) would be deleted. Fix: rewrite the whole "
+            "set (its name without _NNNN, with max_shard_bytes= and if_exists='overwrite'), "
+            "or write this member under another set name and read both with a list of URLs"
+        )
     if (existing or has_manifest) and if_exists != "overwrite":
         raise FileExistsError(
             f"{target}: the shard set already exists in the bucket ({len(existing)} shard "
