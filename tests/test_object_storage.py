@@ -218,13 +218,17 @@ def test_reads_at_a_shards_edges_are_those_of_a_local_shard(bucket, local_set):
 
 def test_a_glob_names_the_same_shards_in_a_bucket_as_on_disk(bucket, tmp_path):
     """``**`` is not recursive in a local path's glob (Python's, as roxxel's): fsspec's was,
-    and read every set below the prefix as one corpus. A local ``*`` matched the manifest."""
+    and read every set below the prefix as one corpus. A local ``*`` matched the manifest.
+    Hidden names (``._prose.rox`` from a macOS copy, ``.old/``) were read from a bucket as
+    shards of the corpus, which a local glob or directory leaves out."""
     url, server = bucket
     for root, options in ((str(tmp_path), None), (url, server.storage_options)):
         for name, docs in (("prose", DOCS[:20]), ("sub/other", DOCS[20:30]),
-                           ("sub/deeper/x", DOCS[30:35])):  # fmt: skip
+                           ("sub/deeper/x", DOCS[30:35]), ("._prose", DOCS[35:37]),
+                           (".old/y", DOCS[37:39])):  # fmt: skip
             write_rox(docs, f"{root}/t/{name}.rox", tokenizer="bytes", storage_options=options)
-    for pattern in ("t/**/*.rox", "t/*/*.rox", "t/*.rox", "t/pro*"):
+    for pattern in ("t/**/*.rox", "t/*/*.rox", "t/*.rox", "t/pro*", "t/", "t/.*.rox",
+                    "t/.old/*.rox", "t/*prose.rox"):  # fmt: skip
         local = open_rox(f"{tmp_path}/{pattern}")
         remote = open_rox(f"{url}/{pattern}", storage_options=server.storage_options)
         assert [p.split("/t/", 1)[1] for p in remote.paths] == [

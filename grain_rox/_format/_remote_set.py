@@ -53,16 +53,42 @@ def resolve_url(
     return found, searched
 
 
+def _hidden(url: str) -> bool:
+    """Whether an object's name is hidden (``.x.rox``): a local ``*.rox`` leaves it out."""
+    return url.rsplit("/", 1)[1].startswith(".")
+
+
+def _hidden_match(pattern: str, url: str) -> bool:
+    """Whether a wildcard of ``pattern`` (``bucket/path``, no scheme) matched a hidden name
+    in ``url``, which Python's glob does not do (``*`` skips ``.x``; ``.*`` matches it).
+
+    >>> _hidden_match("b/t/*.rox", "gs://b/t/.x.rox"), _hidden_match("b/*/x.rox", "gs://b/.d/x.rox")
+    (True, True)
+    >>> _hidden_match("b/t/.*.rox", "gs://b/t/.x.rox"), _hidden_match("b/.d/*", "gs://b/.d/x.rox")
+    (False, False)
+    """
+    parts = url.split("://", 1)[1].split("/")
+    wanted = pattern.split("/")
+    return len(parts) == len(wanted) and any(
+        name.startswith(".") and not want.startswith(".") and re.search(r"[*?\[]", want)
+        for want, name in zip(wanted, parts, strict=True)
+    )
+
+
 def _resolve_url(store: ObjectStore, entry: str, roxxel_names: bool) -> tuple[list[str], str]:
     if "*" in entry or "?" in entry:
         # as a local path's glob (Python's, not recursive, as roxxel's): ** is *, one level
         # (fsspec's ** would descend into every prefix below, other sets included)
         pattern = re.sub(r"\*\*+", "*", entry.split("://", 1)[1])
-        found = [u for u in store.glob(f"{store.protocol}://{pattern}") if u.endswith(".rox")]
+        found = [
+            u
+            for u in store.glob(f"{store.protocol}://{pattern}")
+            if u.endswith(".rox") and not _hidden_match(pattern, u)
+        ]
         return found, f"the glob {entry!r} (no .rox object matches)"
     if entry.endswith("/") or store.isdir(entry):
         prefix = entry.rstrip("/")
-        found = sorted(u for u in store.listdir(prefix) if u.endswith(".rox"))
+        found = sorted(u for u in store.listdir(prefix) if u.endswith(".rox") and not _hidden(u))
         return found, f"the prefix {entry!r} (no *.rox object under it)"
     if store.exists(entry):
         return [entry], ""
