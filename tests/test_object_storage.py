@@ -220,7 +220,9 @@ def test_a_glob_names_the_same_shards_in_a_bucket_as_on_disk(bucket, tmp_path):
     """``**`` is not recursive in a local path's glob (Python's, as roxxel's): fsspec's was,
     and read every set below the prefix as one corpus. A local ``*`` matched the manifest.
     Hidden names (``._prose.rox`` from a macOS copy, ``.old/``) were read from a bucket as
-    shards of the corpus, which a local glob or directory leaves out."""
+    shards of the corpus, which a local glob or directory leaves out. A prefix that a glob
+    matches (``t/*`` matching ``t/sub``) gives its shards as a matched local directory does;
+    a bucket left them out, and served fewer documents than the same files on disk."""
     url, server = bucket
     for root, options in ((str(tmp_path), None), (url, server.storage_options)):
         for name, docs in (("prose", DOCS[:20]), ("sub/other", DOCS[20:30]),
@@ -228,13 +230,19 @@ def test_a_glob_names_the_same_shards_in_a_bucket_as_on_disk(bucket, tmp_path):
                            (".old/y", DOCS[37:39])):  # fmt: skip
             write_rox(docs, f"{root}/t/{name}.rox", tokenizer="bytes", storage_options=options)
     for pattern in ("t/**/*.rox", "t/*/*.rox", "t/*.rox", "t/pro*", "t/", "t/.*.rox",
-                    "t/.old/*.rox", "t/*prose.rox"):  # fmt: skip
+                    "t/.old/*.rox", "t/*prose.rox", "t/*", "t/s*"):  # fmt: skip
         local = open_rox(f"{tmp_path}/{pattern}")
         remote = open_rox(f"{url}/{pattern}", storage_options=server.storage_options)
         assert [p.split("/t/", 1)[1] for p in remote.paths] == [
             p.split("/t/", 1)[1] for p in local.paths
         ], pattern
         assert remote.num_tokens == local.num_tokens
+    # A matched object that is no shard is refused, not passed over, on disk and in a bucket.
+    (tmp_path / "t" / "notes.txt").write_text("x")
+    server.filesystem().pipe_file(f"{url}/t/notes.txt".split("://", 1)[1], b"x")
+    for root, options in ((str(tmp_path), None), (url, server.storage_options)):
+        with pytest.raises(RoxFormatError, match=re.escape(f"{root}/t/notes.txt: the file is")):
+            open_rox(f"{root}/t/*", storage_options=options)
 
 
 def test_a_rewrite_between_open_and_the_first_read_is_refused_in_the_opening_process(bucket):

@@ -417,11 +417,12 @@ class ObjectStore:
 
         return ls() if not url else self.call("listing the prefix", url, ls)
 
-    def glob(self, pattern: str) -> list[str]:
-        """The full URLs matching ``pattern``, sorted (fresh, not cached)."""
+    def glob(self, pattern: str) -> list[tuple[str, bool]]:
+        """The full URLs matching ``pattern``, sorted, each with whether it is a prefix (a
+        directory) rather than an object (fresh, not cached)."""
         self.fs.invalidate_cache()
-        found = self.call("listing the glob", pattern, lambda: self.fs.glob(pattern))
-        return sorted(self.url(p) for p in found)
+        found = self.call("listing the glob", pattern, lambda: self.fs.glob(pattern, detail=True))
+        return sorted((self.url(p), e.get("type") == "directory") for p, e in found.items())
 
 
 def _naming(e: BaseException, url: str, what: str) -> BaseException:

@@ -53,9 +53,14 @@ def resolve_url(
     return found, searched
 
 
-def _hidden(url: str) -> bool:
-    """Whether an object's name is hidden (``.x.rox``): a local ``*.rox`` leaves it out."""
-    return url.rsplit("/", 1)[1].startswith(".")
+def _prefix_shards(store: ObjectStore, prefix: str) -> list[str]:
+    """The ``*.rox`` objects directly under ``prefix``, sorted; hidden names (``.x.rox``) left
+    out, as a local ``*.rox`` leaves them out."""
+    return sorted(
+        u
+        for u in store.listdir(prefix)
+        if u.endswith(".rox") and not u.rsplit("/", 1)[1].startswith(".")
+    )
 
 
 def _hidden_match(pattern: str, url: str) -> bool:
@@ -79,16 +84,23 @@ def _resolve_url(store: ObjectStore, entry: str, roxxel_names: bool) -> tuple[li
     if "*" in entry or "?" in entry:
         # as a local path's glob (Python's, not recursive, as roxxel's): ** is *, one level
         # (fsspec's ** would descend into every prefix below, other sets included)
+        # Each match resolves as a local glob's does: a prefix to its *.rox objects (and none
+        # there is an error), an object as itself (a set's manifest is no shard).
         pattern = re.sub(r"\*\*+", "*", entry.split("://", 1)[1])
-        found = [
-            u
-            for u in store.glob(f"{store.protocol}://{pattern}")
-            if u.endswith(".rox") and not _hidden_match(pattern, u)
-        ]
+        found = []
+        for url, is_prefix in store.glob(f"{store.protocol}://{pattern}"):
+            if _hidden_match(pattern, url) or url.endswith(".manifest.json"):
+                continue
+            if not is_prefix:
+                found.append(url)
+                continue
+            inside = _prefix_shards(store, url)
+            if not inside:
+                return [], f"the prefix {url!r} that the glob {entry!r} matches (no *.rox in it)"
+            found.extend(inside)
         return found, f"the glob {entry!r} (no .rox object matches)"
     if entry.endswith("/") or store.isdir(entry):
-        prefix = entry.rstrip("/")
-        found = sorted(u for u in store.listdir(prefix) if u.endswith(".rox") and not _hidden(u))
+        found = _prefix_shards(store, entry.rstrip("/"))
         return found, f"the prefix {entry!r} (no *.rox object under it)"
     if store.exists(entry):
         return [entry], ""
