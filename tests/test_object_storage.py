@@ -423,6 +423,41 @@ def test_an_existing_set_is_not_overwritten_by_default_nor_appended(bucket):
         upload(spec, server, if_exists="append")
 
 
+def test_a_denial_or_missing_credentials_fails_at_once_naming_the_url_and_the_fix(
+    bucket, monkeypatch
+):
+    """gcsfs's 403 (a plain OSError "Forbidden: ...") and botocore's NoCredentialsError were
+    retried as transient (6 attempts, ~8 s) and s3fs's PermissionError named no fix."""
+    import gcsfs.retry
+
+    url, server = bucket
+    spec = f"{url}/deny/prose.rox"
+    upload(spec, server)
+    store = grain_rox._format._object_store.store_for(spec, server.storage_options)
+    options = server.storage_options
+    if server.protocol == "gs":
+
+        async def forbidden(*args, **kwargs):  # what gcsfs raises for a 403 answer
+            gcsfs.retry.validate_response(403, b'{"error": {"message": "denied"}}', spec)
+
+        monkeypatch.setattr(store.fs, "_call", forbidden)
+    else:  # no credentials anywhere
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                     "AWS_PROFILE"):  # fmt: skip
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        options = {k: v for k, v in options.items() if k not in ("key", "secret")}
+    object_store_stats(reset=True)
+    with pytest.raises(PermissionError) as denied:
+        open_rox(spec, storage_options=options)
+    assert object_store_stats().retries == 0
+    assert str(denied.value).startswith(f"{spec}: ")
+    assert "was denied (" in str(denied.value)
+    assert "Fix: check the credentials (storage_options" in str(denied.value)
+
+
 def test_one_member_written_over_a_set_in_a_bucket_is_refused_not_the_set_deleted(bucket):
     """``x_0001.rox`` written with if_exists='overwrite' over a bucket's set x: the publish
     recorded that member only and deleted the set's other shards without a word."""

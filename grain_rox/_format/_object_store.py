@@ -90,8 +90,19 @@ def _precondition_failed(e: BaseException | None) -> bool:
     return False
 
 
+def _denied(e: BaseException) -> bool:
+    """Whether ``e`` is a denial or missing credentials: s3fs's ``PermissionError``, gcsfs's
+    403 (a plain ``OSError("Forbidden: ...")``), a 401/403 status, botocore's
+    ``NoCredentialsError``."""
+    if isinstance(e, PermissionError) or (type(e) is OSError and str(e).startswith("Forbidden")):
+        return True
+    if type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+        return True
+    return getattr(e, "code", None) in (401, 403) or getattr(e, "status", None) in (401, 403)
+
+
 def _permanent(e: BaseException) -> bool:
-    if isinstance(e, _PERMANENT) or _precondition_failed(e):
+    if isinstance(e, _PERMANENT) or _precondition_failed(e) or _denied(e):
         return True
     status = getattr(e, "code", None) or getattr(e, "status", None)
     if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
@@ -265,6 +276,13 @@ class ObjectStore:
                 count(calls=1)
                 return result
             except Exception as e:
+                if _denied(e):
+                    raise PermissionError(
+                        f"{url}: {what} was denied ({type(e).__name__}: {e}). Fix: check the "
+                        "credentials (storage_options, or fsspec's FSSPEC_* environment and the "
+                        "store's own: GOOGLE_APPLICATION_CREDENTIALS, AWS_*) and that they may "
+                        "read (or, for a write, write) this bucket"
+                    ) from e
                 if _permanent(e):
                     raise _naming(e, url, what) from e
                 if attempt == attempts:
