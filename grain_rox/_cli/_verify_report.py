@@ -6,6 +6,7 @@ from __future__ import annotations
 from grain_rox._cli._wording import cli_wording
 from grain_rox._format._verify import ShardReport, shard_sets
 
+_UNCHECKED = "not checked: "  # a shard report's problem where its set's manifest is unusable
 _WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
@@ -35,6 +36,9 @@ def verify_lines(reports: list[ShardReport]) -> list[str]:
     sets = shard_sets(reports)
     shards = [r for group in sets.values() for r in group]
     bad = [r for r in shards if not r.ok]
+    # shards left unchecked by their set's unusable manifest: said in full once, not damage
+    unchecked = [r for r in bad if (r.problem or "").startswith(_UNCHECKED)]
+    said: set[str] = set()
     leftovers = [r for r in reports if r.kind == "leftover"]
     lines = []
     for name, group in sets.items():
@@ -45,13 +49,22 @@ def verify_lines(reports: list[ShardReport]) -> list[str]:
             if r.ok:
                 note = f"; WARN: {cli_wording(r.note, 'verify')}" if r.note else ""
                 lines.append(f"OK   {r.path}: {r.num_blocks} blocks, checksum {r.checksum}{note}")
+            elif r in unchecked and r.problem in said:
+                lines.append(f"FAIL {r.path}: not checked, as above")
             else:
+                said.add(r.problem or "")
                 lines.append(f"FAIL {r.path}: {cli_wording(r.problem or '', 'verify')}")
     lines += [f"WARN {r.path}: {r.note}" for r in leftovers]
+    damaged = len(bad) - len(unchecked)
     lines.append(
         f"{len(shards) - len(bad)} of {len(shards)} shards OK"
         + (f", in {_count(len(sets), 'shard set')}" if len(sets) > 1 else "")
-        + (f"; {len(bad)} damaged" if bad else "")
+        + (f"; {damaged} damaged" if damaged else "")
+        + (
+            f"; {len(unchecked)} not checked (their set's manifest is unusable)"
+            if unchecked
+            else ""
+        )
         + (f"; {len(leftovers)} leftover temporary file(s)" if leftovers else "")
     )
     # A set's dtype is its first readable shard's (a shard of another dtype is damage, above).

@@ -110,6 +110,7 @@ def verify_rox(
     [(True, 3, 'ok', 'uint8')]
     """
     reports = []
+    logged: set[str] = set()  # the problems of unusable manifests logged so far
     firsts: dict[str, ShardHeader] = {}  # each set's first readable shard: the set's dtype
     resolved = resolve_shard_paths(
         paths, roxxel_names=roxxel_names, storage_options=storage_options
@@ -180,7 +181,7 @@ def verify_rox(
             reports.append(ShardReport(path, problem, set=name))
         except OSError as e:
             reports.append(ShardReport(path, f"cannot read: {e}", set=name))
-        _log_report(reports[-1])
+        _log_report(reports[-1], logged)
         size = _size(path, storage_options)
         if size > sent:  # the rest: all of it when it was not hashed
             count(size - sent)
@@ -213,9 +214,10 @@ def verify_rox(
     return reports
 
 
-def _log_report(report: ShardReport) -> None:
+def _log_report(report: ShardReport, logged: set[str]) -> None:
     """One shard's outcome: damage at WARNING, a sound shard at DEBUG (its note, if any, is
-    in the report: ``grain-rox verify`` prints it)."""
+    in the report: ``grain-rox verify`` prints it); a set's unusable manifest once
+    (``logged``: the problems said so far)."""
     if report.ok and report.note:
         logger.debug("shard %s is sound as far as checked; %s", report.path, report.note)
     elif report.ok:
@@ -229,7 +231,9 @@ def _log_report(report: ShardReport) -> None:
             report.checksum,
         )
     elif (report.problem or "").startswith("not checked: "):
-        logger.warning("shard %s %s", report.path, report.problem)
+        if report.problem not in logged:  # said once for the set's shards
+            logged.add(report.problem or "")
+            logger.warning("the shards of the set %s are %s", report.set, report.problem)
     else:
         logger.warning("damaged shard %s: %s", report.path, report.problem)
 
