@@ -219,6 +219,23 @@ def test_a_memory_mapped_npy_array_is_served_by_its_path(npy_pair):
     assert part.paths == {} and np.array_equal(part[0], data[10])
 
 
+def test_a_view_or_copy_on_write_map_of_an_npy_is_served_as_it_reads(tmp_path):
+    """Views of a mapped file with its shape (reversed, transposed) and a copy-on-write map
+    edited in memory serve their own rows, not the file's as stored."""
+    path = str(tmp_path / "square.npy")
+    np.save(path, np.arange(9).reshape(3, 3))
+    mapped = np.load(path, mmap_mode="r")
+    for view in (mapped[::-1], mapped.T, mapped[:, ::-1]):
+        src = NumpySource(view)
+        assert src.paths == {}
+        assert [src[i].tolist() for i in range(3)] == view.tolist()
+    edited = np.load(path, mmap_mode="c")
+    edited[0, 0] = 99
+    src = NumpySource(edited)
+    assert src.paths == {} and src[0].tolist() == [99, 1, 2]
+    assert NumpySource(np.load(path, mmap_mode="r+")).paths == {"": path}
+
+
 def test_identity_is_content_a_copy_restores_a_same_size_edit_does_not(npy_pair, tmp_path):
     import shutil
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
 import os
 import threading
 import time
@@ -79,16 +80,22 @@ def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
 
 def _as_path(spec: Any) -> Any:
     """A whole ``.npy`` file opened with ``np.load(mmap_mode=...)`` is served by its path (so it
-    pickles as a path, not as its data); other arrays are served as they are."""
+    pickles as a path, not as its data); other arrays are served as they are: a view of such a
+    map (``a[::-1]``, ``a.T``: the same shape, other rows) and a copy-on-write map
+    (``mmap_mode="c"``, whose edits stay in memory) do not hold the file's rows as stored."""
     filename = getattr(spec, "filename", None)
-    if isinstance(spec, np.memmap) and filename and os.path.isfile(filename):
-        try:
-            shape, dtype = _npy_header(filename)
-        except ValueError:
-            return spec
-        if shape == spec.shape and dtype == spec.dtype and spec.offset > 0:
-            return filename
-    return spec
+    if not (isinstance(spec, np.memmap) and filename and os.path.isfile(filename)):
+        return spec
+    if spec.mode == "c" or not isinstance(spec.base, mmap.mmap):  # a view, or edits in memory
+        return spec
+    try:
+        with open(filename, "rb") as f:
+            header = _read_header(f, filename)
+    except (ValueError, OSError):
+        return spec
+    contiguous = spec.flags.f_contiguous if header.fortran else spec.flags.c_contiguous
+    same = (header.shape, header.dtype, header.offset) == (spec.shape, spec.dtype, spec.offset)
+    return filename if same and contiguous else spec
 
 
 def _rows_at(rows: Any) -> Any:
