@@ -476,6 +476,18 @@ def test_stacking_documents_of_different_lengths_names_the_records(tmp_path):
         src.get_batch([])  # (np.stack said "need at least one array to stack")
 
 
+def test_stacking_npy_records_of_different_dtypes_names_them_instead_of_casting(tmp_path):
+    arrays = [np.array([2**63 - 1, 1]), np.array([2**64 - 1, 3], np.uint64), np.array([4, 5])]
+    path = write_records(tmp_path / "n.array_record", [npy_image(a) for a in arrays])
+    for shape in (None, (2,)):
+        src = ArrayRecordSource(path, encoding="npy", shape=shape)
+        assert src.get_batch([0, 2]).tolist() == [[2**63 - 1, 1], [4, 5]]  # int64 as stored
+        with pytest.raises(
+            ValueError, match=r"record 0 holds int64 but records \[1\] hold uint64, and stack"
+        ):
+            src.get_batch([0, 1, 2])  # (np.stack made float64: 2**63 - 1 became 2**63)
+
+
 def test_identity_is_content_and_a_rewritten_file_is_refused(tmp_path):
     import shutil
 

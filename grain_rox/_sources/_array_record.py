@@ -135,6 +135,22 @@ def close_quietly(reader: Any) -> None:
         reader.close()
 
 
+def _stack(arrays: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """``arrays`` (records ``rows``) as one array; ``.npy`` records of different dtypes
+    (``encoding="npy"`` without ``dtype=``) are an error naming them: ``np.stack`` would
+    cast them to a common one (``int64`` and ``uint64`` to ``float64``, changing values)."""
+    dtypes = [a.dtype for a in arrays]
+    if len(set(dtypes)) > 1:
+        bad = [int(r) for r, d in zip(rows, dtypes, strict=True) if d != dtypes[0]][:5]
+        other = next(d for d in dtypes if d != dtypes[0])
+        raise ValueError(
+            f"records have different dtypes: record {int(rows[0])} holds {dtypes[0]} but "
+            f"records {bad} hold {other}, and stacking would cast them to one; pass dtype= "
+            "to require one dtype, or read such records one at a time (source[i])"
+        )
+    return np.stack(arrays)
+
+
 class ArrayRecordSource(ProcessLocal, BatchesMixin):
     """Arrays stored one per ArrayRecord record, as a Grain ``RandomAccessDataSource``.
 
@@ -352,7 +368,7 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
                     f"tokens but records {bad} differ; give shape= for fixed-shape records, or "
                     "pack documents (grain_rox.pack_documents)"
                 )
-            return np.stack(arrays)
+            return _stack(arrays, rows)
         read = self._read(rows)
         if self.encoding == "raw":
             assert self.dtype is not None
@@ -361,7 +377,7 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
             if all(len(r) == size and not r.startswith(NPY_MAGIC) for r, _ in read):
                 flat = np.frombuffer(b"".join(r for r, _ in read), self.dtype)
                 return flat.reshape(len(read), *self.shape)
-        return np.stack([self._decode(record, where) for record, where in read])
+        return _stack([self._decode(record, where) for record, where in read], rows)
 
     def batches(self, batch_size: int, **kwargs: Any) -> Any:
         """Fixed-shape records only: see :meth:`BatchesMixin.batches` (a seeded shuffle of all
