@@ -579,6 +579,52 @@ def test_numeric_columns_keep_their_dtype_and_remapped_rows_survive_pickling(tmp
     )
 
 
+def test_array2d_and_struct_numbers_keep_their_dtype_and_values(tmp_path):
+    """Columns that go through datasets' numpy formatter (ArrayXD, structs) keep the numbers
+    as stored: its default made every int int64 and every float float32 (0.1 lost digits,
+    2**64 - 1 became -1)."""
+    features = datasets.Features(
+        {
+            "emb": datasets.Array2D((1, 2), "float64"),
+            "big": datasets.Array2D((1, 2), "uint64"),
+            "st": {"u": datasets.Value("uint64"), "h": datasets.Sequence(datasets.Value("int8"))},
+            "ids": datasets.Sequence(datasets.Value("uint64")),
+        }
+    )
+    data = {
+        "emb": [[[0.1, 0.2]], [[0.3, 0.4]]],
+        "big": [[[2**64 - 1, 1]], [[2, 3]]],
+        "st": [{"u": 2**64 - 1, "h": [-1, 2]}, {"u": 1, "h": [3, 4]}],
+        "ids": [[2**64 - 1, 1], [2, 3]],
+    }
+    schema = features.arrow_schema  # (from_dict cannot take 2**64 - 1 in a struct)
+    columns = {
+        f.name: pa.ExtensionArray.from_storage(f.type, pa.array(data[f.name], f.type.storage_type))
+        if isinstance(f.type, pa.ExtensionType)
+        else pa.array(data[f.name], f.type)
+        for f in schema
+    }
+    ds = datasets.Dataset(pa.table(columns, schema=schema))
+    source = HFEagerSource(ds)
+    for record in (source[0], source._getitems([0])[0]):
+        assert record["emb"].dtype == np.float64 and record["emb"].tolist() == [[0.1, 0.2]]
+        assert record["big"].dtype == np.uint64 and record["big"].tolist() == [[2**64 - 1, 1]]
+        assert record["st"]["u"].dtype == np.uint64 and int(record["st"]["u"]) == 2**64 - 1
+        assert record["st"]["h"].dtype == np.int8 and record["st"]["h"].tolist() == [-1, 2]
+    batch = source.get_batch([0, 1])
+    assert batch["emb"].dtype == np.float64 and batch["emb"].tolist() == data["emb"]
+    assert batch["big"].dtype == np.uint64 and batch["big"].tolist() == data["big"]
+    assert batch["st"]["u"].dtype == np.uint64 and batch["st"]["u"].tolist() == [2**64 - 1, 1]
+    assert batch["st"]["h"].dtype == np.int8 and batch["st"]["h"].tolist() == [[-1, 2], [3, 4]]
+    ds.to_parquet(str(tmp_path / "nested.parquet"))
+    streamed = next(iter(HFStreamingSource(str(tmp_path / "nested.parquet")).dataset()))
+    assert streamed["emb"].dtype == np.float64 and streamed["emb"].tolist() == [[0.1, 0.2]]
+    assert streamed["big"].dtype == np.uint64 and streamed["big"].tolist() == [[2**64 - 1, 1]]
+    assert streamed["ids"].dtype == np.uint64 and streamed["ids"].tolist() == [2**64 - 1, 1]
+    assert streamed["st"]["h"].dtype == np.int8 and int(streamed["st"]["u"]) == 2**64 - 1
+    assert source[0]["ids"].tolist() == [2**64 - 1, 1]  # (read from Arrow: was exact)
+
+
 def test_sources_sharing_a_cache_dir_keep_their_own_data(tmp_path):
     first = HFEagerSource(data={"a": [1, 2, 3]}, cache_dir=str(tmp_path / "c"))
     second = HFEagerSource(data={"a": [7, 8, 9]}, cache_dir=str(tmp_path / "c"))

@@ -50,6 +50,7 @@ from grain_rox._text._hf_checks import (
 from grain_rox._text._hf_records import (
     ArrowColumn,
     RecordFormat,
+    arrow_dtypes,
     arrow_numeric,
     hf_datasets,
     kept_columns,
@@ -317,7 +318,11 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         else:
             _refuse_nulls(dataset, keep)
         self.format = RecordFormat(
-            columns=keep, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
+            columns=keep,
+            tokenize=tokenize,
+            tokenizer=tokenizer,
+            append_eos=append_eos,
+            dtypes=arrow_dtypes(dataset.features.arrow_schema),  # of the formatted columns
         )
         copied = not _memory_mapped(dataset)
         if copied:  # (partly) in memory: an Arrow copy that workers can map
@@ -336,7 +341,9 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         self._layout = [_chunk_layout(dataset.data), _chunk_layout(dataset._indices)]
         self._records = self.format.describe()  # the tokenizer by content, named in the repr
         self._identity = self._fingerprint()
-        self._dataset: Any = dataset.select_columns(keep).with_format("numpy")
+        # dtype=None: arrays keep their dtypes (datasets' default makes ints int64 and floats
+        # float32: an Array2D of float64 lost precision, of uint64 wrapped)
+        self._dataset: Any = dataset.select_columns(keep).with_format("numpy", dtype=None)
         schema = dataset.data.table.schema
         # Numbers and (nested) lists of numbers are read straight from Arrow, dtype kept;
         # the rest (text, images, structs, tokenized text) through datasets' numpy formatter.
@@ -457,5 +464,5 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             value = formatted[key]
             if key in self.format.tokenize:
                 value = self.format.encode(key, list(value))
-            out[key] = stack_column(key, value, rows)
+            out[key] = stack_column(key, self.format.numbers(key, value), rows)
         return out

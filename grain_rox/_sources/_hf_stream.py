@@ -9,8 +9,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from grain_rox._format._digest import facts_digest
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._hf_stream_windows import StreamDataset
@@ -127,10 +125,14 @@ class HFStreamingSource:
         self.include_keys = list(include_keys) if include_keys is not None else None
         self.exclude_keys = list(exclude_keys or ())
         self.nulls = check_nulls_arg(nulls)
-        self.dtypes: dict[str, np.dtype] = {}
+        self.dtypes: dict[str, Any] = {}
         self.kept = self.columns()
         self.format = RecordFormat(
-            columns=self.kept, tokenize=tokenize, tokenizer=tokenizer, append_eos=append_eos
+            columns=self.kept,
+            tokenize=tokenize,
+            tokenizer=tokenizer,
+            append_eos=append_eos,
+            dtypes=self.dtypes,
         )
         self._identity: dict[str, Any] | None = None
         make_grain_workers_usable()  # a user's own mp_prefetch workers start
@@ -185,11 +187,7 @@ class HFStreamingSource:
 
     def record(self, row: dict[str, Any]) -> dict[str, Any]:
         """A streamed row as the eager source's record (same keys, dtypes and tokens)."""
-        record = self.format.row(row)
-        for key, dtype in self.dtypes.items():
-            if key in record and key not in self.format.tokenize:
-                record[key] = record[key].astype(dtype, copy=False)
-        return record
+        return self.format.row(row)
 
     def build(self) -> Any:
         """The HF ``IterableDataset`` (sharded, shuffled, column-filtered)."""

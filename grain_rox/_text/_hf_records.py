@@ -85,11 +85,20 @@ def load_files(files: Sequence[str]) -> Any:
         raise unreadable(files, kind, e) from None
 
 
-def to_numpy(value: Any) -> Any:
-    """A value from a numpy-formatted dataset as arrays (nested dicts stay dicts)."""
+def to_numpy(value: Any, dtypes: Any = None) -> Any:
+    """A value from a numpy-formatted dataset or a stream as arrays (nested dicts stay dicts),
+    its numbers in ``dtypes`` where given (from :func:`number_dtypes`), made straight in them:
+    exact, as the numbers were stored so (``np.asarray`` alone makes Python's ``[2**64 - 1,
+    1]`` float64, ``[2**64, 1]``).
+
+    >>> out = to_numpy({"a": [2**64 - 1, 1], "s": "x"}, {"a": np.dtype("uint64")})
+    >>> out["a"].tolist(), out["a"].dtype.name, str(out["s"])
+    ([18446744073709551615, 1], 'uint64', 'x')
+    """
     if isinstance(value, dict):
-        return {k: to_numpy(v) for k, v in value.items()}
-    return np.asarray(value)
+        inner = dtypes if isinstance(dtypes, dict) else {}
+        return {k: to_numpy(v, inner.get(k)) for k, v in value.items()}
+    return np.asarray(value, dtype=dtypes if isinstance(dtypes, np.dtype) else None)
 
 
 def _is_text(value: Any) -> bool:
@@ -114,8 +123,11 @@ class RecordFormat:
         tokenize: Sequence[str] | None = None,
         tokenizer: Any = None,
         append_eos: bool = True,
+        dtypes: dict[str, Any] | None = None,
     ) -> None:
         self.tokenize = list(tokenize or ())
+        # column -> the dtype of its numbers as Arrow stores them (see arrow_dtypes)
+        self.dtypes = {k: v for k, v in (dtypes or {}).items() if k not in self.tokenize}
         unknown = sorted(set(self.tokenize) - set(columns))
         if unknown:
             raise ValueError(f"tokenize names columns {unknown} that are not kept: {list(columns)}")
@@ -159,6 +171,16 @@ class RecordFormat:
         tail = [self.tokenizer.eos_id] if self.append_eos else []
         return [np.asarray([*row.tolist(), *tail], dtype=np.int32) for row in ids]
 
+    def numbers(self, key: str, values: Any) -> Any:
+        """Column ``key`` of a numpy-formatted batch with its numbers in their Arrow dtypes
+        (see :func:`to_numpy`): one array, or one value per row (other shapes, dicts)."""
+        dtypes = self.dtypes.get(key)
+        if dtypes is None:
+            return values
+        if isinstance(values, np.ndarray) and values.dtype != object:
+            return values.astype(dtypes, copy=False) if isinstance(dtypes, np.dtype) else values
+        return [to_numpy(v, dtypes) for v in values]
+
     def rows(self, columns: dict[str, Any], count: int) -> list[dict[str, Any]]:
         """``count`` records from a numpy-formatted batch (``ds[list_of_indices]``)."""
         per_column: dict[str, list[Any]] = {}
@@ -166,6 +188,10 @@ class RecordFormat:
             items = list(value) if isinstance(value, np.ndarray) and value.dtype == object else None
             if key in self.tokenize:
                 per_column[key] = self.encode(key, items if items is not None else list(value))
+                continue
+            value = self.numbers(key, value)
+            if isinstance(value, list):
+                per_column[key] = value
             elif items is not None:
                 per_column[key] = [to_numpy(v) for v in items]
             else:
@@ -181,7 +207,7 @@ class RecordFormat:
                 out[key] = self.encode(key, [value])[0]
                 continue
             try:
-                out[key] = to_numpy(value)
+                out[key] = to_numpy(value, self.dtypes.get(key))
             except ValueError as e:
                 if "inhomogeneous" not in str(e):
                     raise
@@ -376,11 +402,25 @@ class ArrowColumn:
         return stack_column(self.key, self.rows(rows), index.tolist())
 
 
-def arrow_dtypes(schema: Any) -> dict[str, np.dtype]:
-    """Numpy dtype of each numeric (list) column of an Arrow schema, for rows that arrive as
-    Python values (a stream): the same dtypes the eager source reads from Arrow."""
-    return {
-        field.name: np.dtype(_innermost(field.type).to_pandas_dtype())
-        for field in schema
-        if arrow_numeric(field.type)
-    }
+def number_dtypes(arrow_type: Any) -> Any:
+    """The numpy dtype of the numbers in values of this Arrow type: one dtype for numbers,
+    (nested) lists of them and ``datasets``' ``Array2D``..``Array5D``; a dict for a struct
+    (its fields that hold numbers); ``None`` for none (text, images, lists of structs)."""
+    import pyarrow as pa
+
+    if isinstance(arrow_type, pa.ExtensionType):  # datasets' ArrayXD: lists in storage
+        arrow_type = arrow_type.storage_type
+    if arrow_numeric(arrow_type):
+        return np.dtype(_innermost(arrow_type).to_pandas_dtype())
+    if pa.types.is_struct(arrow_type) and {f.name for f in arrow_type} != {"bytes", "path"}:
+        fields = {f.name: number_dtypes(f.type) for f in arrow_type}
+        return {k: v for k, v in fields.items() if v is not None} or None
+    return None
+
+
+def arrow_dtypes(schema: Any) -> dict[str, Any]:
+    """The dtypes of each column's numbers (see :func:`number_dtypes`), for values that
+    arrive as Python or ``datasets``-formatted ones (a stream, structs, ``Array2D``): the
+    dtypes the eager source reads from Arrow."""
+    found = {field.name: number_dtypes(field.type) for field in schema}
+    return {k: v for k, v in found.items() if v is not None}
