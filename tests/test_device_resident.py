@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 
 import grain
 import jax
@@ -351,3 +352,28 @@ def test_rows_are_read_in_chunks_in_jax_dtypes(root, monkeypatch):
         dtypes = {n: a.dtype for n, a in zip(rows.names, rows.data, strict=True)}
     assert dtypes == {"['f']": np.float32, "['x']": np.uint8, "['y']": np.int32}  # y: int64
     assert calls == [1, 10, 10, 10, 10, 5]  # row 0 for the layout, then every row once
+
+
+def test_rows_of_another_dtype_than_row_0s_are_refused(monkeypatch):
+    from grain_rox._devices import _resident_data
+
+    monkeypatch.setattr(_resident_data, "CHUNK_BYTES", 8 * 4)  # 8 rows a read
+
+    class Rows:  # rows 8.. read as float32 (8.5, 9.5, ...): the host path serves them so
+        def __len__(self) -> int:
+            return 16
+
+        def __repr__(self) -> str:
+            return "Rows()"
+
+        def get_batch(self, idx):
+            idx = np.asarray(idx)
+            whole = (idx < 8).all()
+            return np.where(idx < 8, idx, idx + 0.5).astype(np.int32 if whole else np.float32)
+
+    ds = shuffled_batches(Rows(), 8, shuffle=False)
+    with MultiHostDataLoadIterator(ds) as host:
+        assert [np.asarray(b).dtype for b in host] == [np.int32, np.float32]
+    message = "the rows of rows 8..15 of Rows() is float32, not int32 (row 0's"
+    with pytest.raises(ValueError, match=re.escape(message)):  # was: 8, 9, ... as int32
+        MultiHostDataLoadIterator(ds, placement="device")

@@ -182,6 +182,13 @@ class ResidentRows:
                         f"{a}..{b - 1} of {source!r} has shape {got.shape[1:]}, not "
                         f"{dest.shape[1:]} (row 0's); use placement='host'"
                     )
+                if jax.dtypes.canonicalize_dtype(got.dtype) != dest.dtype:  # a cast would
+                    raise ValueError(  # drop fractions or wrap values without a word
+                        f"placement='device' holds rows of one dtype, but {name} of rows "
+                        f"{a}..{b - 1} of {source!r} is {got.dtype}, not {dest.dtype} (row "
+                        "0's, as JAX places it); make get_batch return one dtype for every "
+                        "row, or use placement='host'"
+                    )
                 dest[a - lo : b - lo] = got  # (the cast JAX makes on device_put)
         return out
 
