@@ -12,7 +12,7 @@ import grain
 import numpy as np
 import pytest
 
-from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline, mix_datasets
+from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline, mix_datasets, pack_documents
 from grain_rox._order._mixture import Mixture, legacy_weights
 
 OFFSETS = {"a": 0, "b": 10_000_000, "c": 20_000_000}
@@ -696,3 +696,28 @@ def test_a_mixture_counts_from_the_end_and_names_bad_weights_and_empty_sources()
         mix_datasets({"a": a, "e": grain.MapDataset.range(0, 0)}, {"a": 1, "e": 1}, length=4)
     kept = mix_datasets({"a": a, "e": grain.MapDataset.range(0, 0)}, {"a": 1, "e": 0}, length=4)
     assert len(list(kept)) == 4
+
+
+def test_a_state_over_an_hf_dataset_is_refused_on_other_rows_of_its_shape():
+    """An HF ``datasets.Dataset`` was named by its repr (its columns and row count): a
+    mixture's or a packing's state restored onto other rows of the same shape. Its HF
+    fingerprint names it now (the same rows in another object restore)."""
+    datasets = pytest.importorskip("datasets")
+
+    def hf(k: int):
+        return datasets.Dataset.from_dict({"ids": [[1 + k, 2, 3, 4]] * 6}).with_format("numpy")
+
+    def mix(data):
+        sources = {"a": grain.MapDataset.source(data), "b": grain.MapDataset.range(100, 200)}
+        return mix_datasets(sources, {"a": 1, "b": 1}).to_iter_dataset()
+
+    def pack(data):
+        return pack_documents(data, seq_len=4, batch_size=2, num_epochs=1, tokens_key="ids")
+
+    for make in (mix, pack):
+        it = iter(make(hf(0)))
+        next(it)
+        state = it.get_state()
+        iter(make(hf(0))).set_state(state)
+        with pytest.raises(ValueError, match=r"saved 'Dataset\(num_rows=6, fingerprint=\w+\)'"):
+            iter(make(hf(1))).set_state(state)

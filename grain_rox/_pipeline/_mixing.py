@@ -85,8 +85,8 @@ def _source_description(source: Any) -> str:
     """A source's repr when it identifies the content (grain_rox sources hold a content
     fingerprint); a digest of the elements of a Python list or tuple (sampled past
     ``_DIGEST_ITEMS`` of them) or of a NumPy array's bytes (sampled past ``_DIGEST_BYTES``);
-    else (a repr that is an object address, different in every process) the type and
-    length."""
+    an HF ``datasets.Dataset``'s fingerprint; else (a repr that is an object address, different
+    in every process) the type and length."""
     name = type(source).__qualname__
     if isinstance(source, (list, tuple)):
         sampled = "sampled " if len(source) > _DIGEST_ITEMS else ""
@@ -97,6 +97,12 @@ def _source_description(source: Any) -> str:
             f"{name}(shape={source.shape}, dtype={source.dtype}, {sampled}digest="
             f"{_content_digest([source])})"
         )
+    hf = type(source).__module__.split(".")[0] == "datasets"
+    fingerprint = getattr(source, "_fingerprint", None) if hf else None
+    if isinstance(fingerprint, str):
+        # an HF datasets.Dataset: its repr names only the columns and the row count; HF's
+        # fingerprint hashes the rows (in memory) or is the one saved with them (on disk)
+        return f"{name}(num_rows={len(source)}, fingerprint={fingerprint})"
     text = repr(source)
     if _ADDRESS.search(text) or text.startswith("<"):
         try:
