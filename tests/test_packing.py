@@ -163,3 +163,14 @@ def test_ids_that_int32_cannot_hold_are_refused_naming_the_document():
     floats = [{"inputs": np.array([1.5, 2.0]), "targets": np.array([2.0, 3.0])}]
     with pytest.raises(ValueError, match=r"document 0's inputs are float64, not integer token"):
         list(pack_documents(floats, seq_len=8, batch_size=1, num_epochs=1, shuffle=False))
+
+
+def test_pairs_of_other_lengths_are_refused_naming_the_record():
+    """A piece was cut by inputs' length alone: 3 inputs with 9 targets reached Grain's packer
+    whole ("Inputs to packer must be truncated"), 9 inputs with 2 targets gave pieces with
+    empty targets."""
+    for n, m in ((3, 9), (9, 2)):
+        pairs = [{"inputs": np.arange(1, n + 1), "targets": np.arange(2, m + 2)}]
+        with pytest.raises(ValueError, match=rf"record 0 has inputs of shape \({n},\) but "
+                           rf"targets of shape \({m},\); it packs next-token pairs"):  # fmt: skip
+            list(pack_documents(pairs, seq_len=4, batch_size=1, num_epochs=1, shuffle=False))

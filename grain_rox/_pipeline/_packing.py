@@ -163,6 +163,13 @@ class _AsDocument(grain.transforms.MapWithIndex):
             rest = {k: v for k, v in record.items() if k not in (INPUTS, TARGETS)}
             inputs = _as_int32(np.asarray(record[INPUTS]), index, INPUTS)
             targets = _as_int32(np.asarray(record[TARGETS]), index, TARGETS)
+            if inputs.shape != targets.shape:  # (a piece is cut by inputs' length alone)
+                raise ValueError(
+                    f"pack_documents: record {index} has inputs of shape {inputs.shape} but "
+                    f"targets of shape {targets.shape}; it packs next-token pairs, one target "
+                    "a token of inputs: give both the same length (or pass the token "
+                    "documents themselves, with tokens_key=)"
+                )
             return rest, inputs, targets, False
         else:
             raise KeyError(
