@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import time
@@ -368,6 +369,32 @@ def test_appending_a_phase_restores_but_rewriting_history_is_refused(sources):
         bad.set_state(state)
 
 
+@pytest.mark.parametrize("longer", [Phase(9, 8, 16), Phase(None, 8, 16)])
+def test_a_phase_that_ended_at_the_saved_step_may_go_on_as_a_running_one_may(sources, longer):
+    """Saved where phase 0 ends (nothing of phase 1 served), phase 0 may run longer (or
+    endless), as it may when saved one step earlier: the batches served are the same, and the
+    next is the new schedule's own, exactly."""
+    ran = Phase(4, 8, 16, {"a": 0.5, "b": 0.5})
+    pipe = TokenPipeline(sources, phases=[ran, Phase(None, 8, 32, {"c": 1})], seed=0)
+    longer = dataclasses.replace(longer, weights=ran.weights)
+    then = [Phase(None, 8, 32, {"c": 1})] if longer.steps is not None else []
+    grown = TokenPipeline(sources, phases=[longer, *then], seed=0)
+    for step in (3, 4):
+        with MultiHostDataLoadIterator(pipe) as it:
+            for _ in range(step):
+                next(it)
+            state = it.get_state()
+        with MultiHostDataLoadIterator(grown) as it:
+            it.set_state(state)
+            batch = {k: np.asarray(v) for k, v in next(it).items()}
+        expected = grown.map_dataset()[step]
+        assert all(np.array_equal(batch[k], expected[k]) for k in expected), step
+        assert batch["inputs"].shape == (8, 16)
+    shorter = TokenPipeline(sources, phases=[Phase(3, 8, 16, ran.weights)], seed=0)
+    with pytest.raises(ValueError, match="phase 0 already ran 4 steps but now has only 3"):
+        MultiHostDataLoadIterator(shorter).set_state(state)
+
+
 def test_estimate_steps_and_bad_schedules(sources):
     pipe = TokenPipeline(
         sources["a"], seq_len=16, global_batch_size=8, chunk_tokens=1000, num_epochs=1
@@ -403,6 +430,11 @@ def test_schedule_history_rules():
     assert _history_problems(ph(None), ph(5, None), 5) == ""
     assert "changed (seq_len 16 -> 32)" in _history_problems(ph(30, 30), ph(30, seq=32), 40)
     assert _history_problems(ph(30, 30), ph(30, 30), 30) == ""
+    assert _history_problems(ph(30, 30), ph(40, 30), 30) == ""  # it ended here: it may go on
+    assert _history_problems(ph(30, 30), ph(None), 30) == ""
+    assert _history_problems(ph(30, 30), ph(40, 30), 31) == (
+        "phase 0 ran its 30 steps but now has 40"
+    )
 
 
 def test_mix_datasets_for_users_own_grain_pipelines():

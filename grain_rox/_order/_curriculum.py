@@ -299,7 +299,8 @@ class Schedule:
 def history_problems(saved: list[dict[str, Any]], now: list[dict[str, Any]], step: int) -> str:
     """Why the phases ``now`` cannot continue a run saved at ``step`` under ``saved`` ("" if
     they can: phases that already ran, fully or partly, must be the same; later ones may
-    change, and a running phase may be cut short at ``step`` to start a new one).
+    change, and a running phase, or one that ended at ``step``, may be cut short there or run
+    longer).
 
     ``saved`` and ``now`` are :meth:`Schedule.describe` lists.
 
@@ -328,7 +329,9 @@ def history_problems(saved: list[dict[str, Any]], now: list[dict[str, Any]], ste
         if diff:
             return f"phase {i}, which ran from step {start}, changed ({', '.join(diff)})"
         old_steps, new_steps = old["steps"], new["steps"]
-        if old_steps is not None and step >= start + old_steps:  # this phase ran in full
+        # this phase ran in full, and the next one began (a phase that ended at ``step`` has
+        # the steps it ran, and may go on, as a running one may: nothing after it was served)
+        if old_steps is not None and step > start + old_steps:
             if new_steps != old_steps:
                 return f"phase {i} ran its {old_steps} steps but now has {new_steps}"
             start += old_steps
