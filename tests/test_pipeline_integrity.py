@@ -394,6 +394,14 @@ BAD_INPUTS = [
      "TokenPipeline: first_step=-1 must be >= 0"),
     ("segmentation str", lambda p: _pipe(p, segmentation="no"), TypeError,
      "TokenPipeline: segmentation='no' is a str; pass True or False"),
+    ("phases empty", lambda p: TokenPipeline(p, phases=[]), ValueError,
+     "TokenPipeline: phases=[] holds no phase; pass at least one"),
+    ("phases one Phase", lambda p: TokenPipeline(p, phases=Phase(None, 4, 8)), TypeError,
+     "TokenPipeline: phases=Phase(steps=None, batch_size=4, seq_len=8, weights=None) is a "
+     "Phase, not a list of Phase; pass phases=[Phase(steps, batch_size, seq_len, weights), ...]"),
+    ("phases of tuples", lambda p: TokenPipeline(p, phases=[Phase(3, 4, 8), (None, 4, 8)]),
+     TypeError, "TokenPipeline: phases[1]=(None, 4, 8) is a tuple, not a Phase; pass "
+     "Phase(steps, batch_size, seq_len, weights)"),
     ("huge finite phase", lambda p: TokenPipeline(p, phases=[Phase(2**60, 4, 8)]), ValueError,
      "phase 0: steps=1152921504606846976 of batch_size=4 take the schedule past "
      "2305843009213693952 samples"),

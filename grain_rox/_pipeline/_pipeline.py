@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import grain
@@ -182,7 +182,7 @@ class TokenPipeline:
                     "give either phases=[Phase(...), ...] or seq_len/global_batch_size/weights, "
                     "not both"
                 )
-            phases = tuple(self.phases)
+            phases = _phases_arg(self.phases)
         object.__setattr__(self, "phases", phases)
         if self.num_epochs is not None and (len(self.sources) > 1 or len(phases) > 1):
             raise ValueError(
@@ -515,6 +515,28 @@ def _check_packing_args(pipeline: TokenPipeline) -> None:
     short = [p.seq_len for p in pipeline.phases or () if p.seq_len < 2]
     if short:
         raise ValueError(f"TokenPipeline: packing={packing!r} needs seq_len >= 2, not {short[0]}")
+
+
+def _phases_arg(phases: Any) -> tuple[Phase, ...]:
+    """``phases`` as a tuple of :class:`Phase`: a non-empty list (or other iterable) of them."""
+    if isinstance(phases, (Phase, Mapping, str, bytes)) or not isinstance(phases, Iterable):
+        raise TypeError(
+            f"TokenPipeline: phases={phases!r:.200} is a {type(phases).__name__}, not a list of "
+            "Phase; pass phases=[Phase(steps, batch_size, seq_len, weights), ...]"
+        )
+    phases = tuple(phases)
+    if not phases:
+        raise ValueError(
+            "TokenPipeline: phases=[] holds no phase; pass at least one, e.g. "
+            "phases=[Phase(None, batch_size, seq_len)], or seq_len= and global_batch_size="
+        )
+    for i, p in enumerate(phases):
+        if not isinstance(p, Phase):
+            raise TypeError(
+                f"TokenPipeline: phases[{i}]={p!r:.200} is a {type(p).__name__}, not a Phase; "
+                "pass Phase(steps, batch_size, seq_len, weights) (from grain_rox import Phase)"
+            )
+    return phases
 
 
 def _worker_args(worker_count: Any, worker_buffer_size: Any) -> tuple[int, int]:
