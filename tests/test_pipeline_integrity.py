@@ -402,6 +402,13 @@ BAD_INPUTS = [
     ("phases of tuples", lambda p: TokenPipeline(p, phases=[Phase(3, 4, 8), (None, 4, 8)]),
      TypeError, "TokenPipeline: phases[1]=(None, 4, 8) is a tuple, not a Phase; pass "
      "Phase(steps, batch_size, seq_len, weights)"),
+    ("dtype None", lambda p: _pipe(p, dtype=None), TypeError,
+     "TokenPipeline: dtype=None; pass an integer dtype such as np.int32 (the default) or "
+     "np.int64"),
+    ("dtype unknown", lambda p: _pipe(p, dtype="int23"), TypeError,
+     "TokenPipeline: dtype='int23' is not a NumPy dtype; pass an integer dtype"),
+    ("dtype object", lambda p: _pipe(p, dtype=object), ValueError,
+     "TokenPipeline: dtype=object cannot hold token ids; pass an integer dtype"),
     ("huge finite phase", lambda p: TokenPipeline(p, phases=[Phase(2**60, 4, 8)]), ValueError,
      "phase 0: steps=1152921504606846976 of batch_size=4 take the schedule past "
      "2305843009213693952 samples"),

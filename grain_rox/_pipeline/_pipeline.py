@@ -198,7 +198,7 @@ class TokenPipeline:
                 f"seq_len {longest}: set max_seq_len={longest} or more, or leave it unset "
                 "(default: the longest phase's seq_len)"
             )
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        object.__setattr__(self, "dtype", _dtype_arg(self.dtype))
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r}; use one of {', '.join(map(repr, LAYOUTS))}")
         self.schedule  # noqa: B018 - builds it now: names and weights are validated early
@@ -515,6 +515,20 @@ def _check_packing_args(pipeline: TokenPipeline) -> None:
     short = [p.seq_len for p in pipeline.phases or () if p.seq_len < 2]
     if short:
         raise ValueError(f"TokenPipeline: packing={packing!r} needs seq_len >= 2, not {short[0]}")
+
+
+def _dtype_arg(dtype: Any) -> np.dtype:
+    """``dtype`` as a NumPy integer or float dtype (``np.dtype(None)`` would be float64)."""
+    fix = "pass an integer dtype such as np.int32 (the default) or np.int64"
+    if dtype is None:
+        raise TypeError(f"TokenPipeline: dtype=None; {fix}")
+    try:
+        out = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"TokenPipeline: dtype={dtype!r} is not a NumPy dtype; {fix}") from None
+    if out.kind not in "iuf":
+        raise ValueError(f"TokenPipeline: dtype={out.name} cannot hold token ids; {fix}")
+    return out
 
 
 def _phases_arg(phases: Any) -> tuple[Phase, ...]:
