@@ -409,6 +409,14 @@ BAD_INPUTS = [
      "TokenPipeline: dtype='int23' is not a NumPy dtype; pass an integer dtype"),
     ("dtype object", lambda p: _pipe(p, dtype=object), ValueError,
      "TokenPipeline: dtype=object cannot hold token ids; pass an integer dtype"),
+    ("rows lack a batch size",  # every row of the second phase's batches was read
+     lambda p: TokenPipeline(p, phases=[Phase(3, 4, 16), Phase(None, 8, 16)]).map_dataset(
+         rows={4: (0, 2)}), ValueError,
+     "TokenPipeline: rows={4: (0, 2)} lacks batch size 8; the phases' batch sizes are [4, 8]: "
+     "map each to this process's (lo, hi)"),
+    ("rows name another batch size", lambda p: _pipe(p).map_dataset(rows={4: (0, 2), 6: (0, 3)}),
+     ValueError, "TokenPipeline: rows={4: (0, 2), 6: (0, 3)} names batch size 6; the phases' "
+     "batch sizes are [4]"),
     ("huge finite phase", lambda p: TokenPipeline(p, phases=[Phase(2**60, 4, 8)]), ValueError,
      "phase 0: steps=1152921504606846976 of batch_size=4 take the schedule past "
      "2305843009213693952 samples"),

@@ -48,6 +48,18 @@ def _rows_by_batch_size(rows: RowSpec, phases: Sequence[Phase]) -> dict[int, tup
     """Each phase batch size -> the rows ``[lo, hi)`` read of its batches (``rows`` gives one
     pair for all, a pair per batch size, or None: every row)."""
     out = {}
+    if isinstance(rows, Mapping):
+        sizes = sorted({p.batch_size for p in phases})
+        missing = [b for b in sizes if b not in rows]
+        unknown = [b for b in rows if b not in sizes]
+        if missing or unknown:  # a missing size would read every row of its batches
+            wrong = (
+                f"lacks batch size {missing[0]}" if missing else f"names batch size {unknown[0]!r}"
+            )
+            raise ValueError(
+                f"TokenPipeline: rows={dict(rows)!r:.200} {wrong}; the phases' batch sizes are "
+                f"{sizes}: map each to this process's (lo, hi), or pass one (lo, hi) for all"
+            )
     for p in phases:
         b = p.batch_size
         r = rows.get(b) if isinstance(rows, Mapping) else rows
