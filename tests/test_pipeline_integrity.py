@@ -417,6 +417,9 @@ BAD_INPUTS = [
     ("rows name another batch size", lambda p: _pipe(p).map_dataset(rows={4: (0, 2), 6: (0, 3)}),
      ValueError, "TokenPipeline: rows={4: (0, 2), 6: (0, 3)} names batch size 6; the phases' "
      "batch sizes are [4]"),
+    ("num_epochs past the samples",  # len() failed with an OverflowError, a batch with an
+     lambda p: _pipe(p, num_epochs=2**62).num_batches, ValueError,  # IndexError
+     "TokenPipeline: num_epochs=4611686018427387904 of "),
     ("huge finite phase", lambda p: TokenPipeline(p, phases=[Phase(2**60, 4, 8)]), ValueError,
      "phase 0: steps=1152921504606846976 of batch_size=4 take the schedule past "
      "2305843009213693952 samples"),

@@ -503,6 +503,15 @@ def resolve_plan(
         name, corpus = next(iter(corpora.items()))
         total = _whole_batches(source_label(name, corpus), pipeline.num_epochs,
                                orders[0].windows_per_epoch, schedule.phases[0].batch_size)  # fmt: skip
+        if total > schedule.step_limit:  # its sample numbers would pass SAMPLE_LIMIT
+            most = (
+                schedule.step_limit * schedule.phases[0].batch_size // orders[0].windows_per_epoch
+            )
+            raise ValueError(
+                f"TokenPipeline: num_epochs={pipeline.num_epochs} of {source_label(name, corpus)} "
+                f"take {total} batches, past the {schedule.step_limit} whose sample numbers stay "
+                f"below 2**61 = {SAMPLE_LIMIT}; pass num_epochs <= {most}, or None (endless)"
+            )
     has_segments = all(e is not None for e in eos_ids)
     tokens = tokens_layout(
         eos_ids=eos_ids if has_segments else [],
