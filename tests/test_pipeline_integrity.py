@@ -420,6 +420,10 @@ BAD_INPUTS = [
     ("num_epochs past the samples",  # len() failed with an OverflowError, a batch with an
      lambda p: _pipe(p, num_epochs=2**62).num_batches, ValueError,  # IndexError
      "TokenPipeline: num_epochs=4611686018427387904 of "),
+    ("huge batch size", lambda p: _pipe(p, global_batch_size=2**62), ValueError,
+     "phase 0: no batch of batch_size=4611686018427387904 fits below 2**61 = "
+     "2305843009213693952 samples, the most supported; give a batch size of at most "
+     "2305843009213693952"),
     ("huge finite phase", lambda p: TokenPipeline(p, phases=[Phase(2**60, 4, 8)]), ValueError,
      "phase 0: steps=1152921504606846976 of batch_size=4 take the schedule past "
      "2305843009213693952 samples"),

@@ -150,7 +150,18 @@ class Schedule:
         self.total_steps = None if self.phases[-1].steps is None else self.step_starts[-1]
         if self.total_steps is None:  # the endless phase runs until its samples reach the limit
             last = self.phases[-1]
-            room = max(0, SAMPLE_LIMIT - self.sample_starts[-2]) // last.batch_size
+            left = max(0, SAMPLE_LIMIT - self.sample_starts[-2])
+            room = left // last.batch_size
+            if not room:  # not one batch of it below the limit: it could serve nothing
+                fix = (
+                    f"give a batch size of at most {left}"
+                    if left
+                    else "give the phases before it fewer steps"
+                )
+                raise ValueError(
+                    f"phase {len(self.phases) - 1}: no batch of batch_size={last.batch_size} "
+                    f"fits below 2**61 = {SAMPLE_LIMIT} samples, the most supported; {fix}"
+                )
             self.step_limit = self.step_starts[-2] + room
         else:
             self.step_limit = self.total_steps
