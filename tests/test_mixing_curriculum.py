@@ -717,7 +717,9 @@ def test_a_mixture_counts_from_the_end_and_names_bad_weights_and_empty_sources()
     assert [mixed[i] for i in (-11, -25)] == [mixed[ten[i]] for i in (-11, -25)]
     assert [mixed[i] for i in (-11, -25)] == [mixed[9], mixed[5]]
     with pytest.raises(
-        ValueError, match=r"weights \[0\.0, 0\.0\] must be finite, >= 0, and not all 0"
+        ValueError,
+        match=r"phase 0 weights \{'a': 0, 'b': 0\} are all 0 \(a missing name has weight 0\); "
+        r"give at least one of \['a', 'b'\] a weight above 0",
     ):
         mix_datasets({"a": a, "b": b}, {"a": 0, "b": 0})
     with pytest.raises(

@@ -424,6 +424,14 @@ BAD_INPUTS = [
      "phase 0: no batch of batch_size=4611686018427387904 fits below 2**61 = "
      "2305843009213693952 samples, the most supported; give a batch size of at most "
      "2305843009213693952"),
+    ("weight negative", lambda p: _pipe({"a": p, "b": p}, weights={"a": -1, "b": 2}),
+     ValueError, "phase 0 weight of 'a' is -1; pass a finite weight >= 0 (0 leaves the source "
+     "out)"),
+    ("weight nan", lambda p: TokenPipeline(p, phases=[Phase(None, 4, 8, {"": float("nan")})]),
+     ValueError, "phase 0 weight of '' is nan; pass a finite weight >= 0"),
+    ("weights all 0", lambda p: _pipe({"a": p, "b": p}, weights={"a": 0.0}), ValueError,
+     "phase 0 weights {'a': 0.0} are all 0 (a missing name has weight 0); give at least one of "
+     "['a', 'b'] a weight above 0"),
     ("huge finite phase", lambda p: TokenPipeline(p, phases=[Phase(2**60, 4, 8)]), ValueError,
      "phase 0: steps=1152921504606846976 of batch_size=4 take the schedule past "
      "2305843009213693952 samples"),

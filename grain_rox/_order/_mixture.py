@@ -509,4 +509,15 @@ def resolve_weights(
             raise TypeError(
                 f"{where} weight of {name!r} is {w!r} ({type(w).__name__}); pass a number"
             )
-    return tuple(float(weights.get(n, 0.0)) for n in names)
+        if not (math.isfinite(w) and w >= 0):
+            raise ValueError(
+                f"{where} weight of {name!r} is {w!r}; pass a finite weight >= 0 (0 leaves the "
+                "source out)"
+            )
+    resolved = tuple(float(weights.get(n, 0.0)) for n in names)
+    if not any(resolved):
+        raise ValueError(
+            f"{where} weights {dict(weights)!r:.200} are all 0 (a missing name has weight 0); "
+            f"give at least one of {list(names)} a weight above 0"
+        )
+    return resolved
