@@ -432,6 +432,9 @@ BAD_INPUTS = [
     ("weights all 0", lambda p: _pipe({"a": p, "b": p}, weights={"a": 0.0}), ValueError,
      "phase 0 weights {'a': 0.0} are all 0 (a missing name has weight 0); give at least one of "
      "['a', 'b'] a weight above 0"),
+    ("data_loader at the end",  # Grain's "Invalid number of records in Sampler. Got 0"
+     lambda p: (pipe := _pipe(p, num_epochs=1)).data_loader(first_step=pipe.num_batches),
+     ValueError, "is the end of this pipeline"),
     ("huge finite phase", lambda p: TokenPipeline(p, phases=[Phase(2**60, 4, 8)]), ValueError,
      "phase 0: steps=1152921504606846976 of batch_size=4 take the schedule past "
      "2305843009213693952 samples"),

@@ -456,6 +456,13 @@ class TokenPipeline:
         the order and the batches are the source's)."""
         worker_count, worker_buffer_size = _worker_args(worker_count, worker_buffer_size)
         source = self.batch_source(rows=rows, first_step=first_step)
+        if not len(source):  # Grain's IndexSampler refuses 0 records, naming neither
+            raise ValueError(
+                f"TokenPipeline: first_step={first_step} is the end of this pipeline "
+                f"({self.num_batches} batches): no batch is left, and a grain.DataLoader cannot "
+                "be made over none; stop there (first_step == pipe.num_batches means done), or "
+                "use iter_dataset(first_step=...), which is empty there"
+            )
         return grain.DataLoader(
             data_source=source,
             sampler=grain.samplers.IndexSampler(
