@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import grain
@@ -81,6 +82,23 @@ def test_a_sharding_that_also_splits_the_sequence_axis(pipe):
         x = next(it)
     assert x.sharding == sharding
     np.testing.assert_array_equal(np.asarray(x), rows[0])
+
+
+@pytest.mark.parametrize(
+    ("arg", "value", "error", "message"),
+    [
+        ("prefetch", 0, ValueError, "prefetch=0 must be a positive int"),
+        ("prefetch", 2.7, TypeError, "prefetch=2.7 is a float, not an int"),
+        ("prefetch", True, TypeError, "prefetch=True is a bool, not an int"),
+        ("worker_count", -1, ValueError, "worker_count=-1 must be >= 0"),
+        ("features_on_device", "yes", TypeError, "features_on_device='yes' is not a bool"),
+    ],
+)
+def test_arguments_are_checked_not_coerced(pipe, arg, value, error, message):
+    """prefetch=0 (or 2.7, or True) became 1, worker_count=-1 went through int() and
+    features_on_device="yes" counted as True, none said."""
+    with pytest.raises(error, match=rf"^MultiHostDataLoadIterator: {re.escape(message)}"):
+        MultiHostDataLoadIterator(pipe, **{arg: value})
 
 
 def test_finite_length_and_clean_end(pipe):

@@ -43,7 +43,7 @@ from grain_rox._devices._iterator_state import STATE_VERSION, decode_state
 from grain_rox._devices._narrowing import leaf_names, refuse_narrowing
 from grain_rox._devices._placement import default_mesh
 from grain_rox._devices._resident import resident_feed
-from grain_rox._order._permutation import json_plain
+from grain_rox._order._permutation import int_arg, json_plain
 from grain_rox._pipeline._pipeline import TokenPipeline
 
 _DONE = object()
@@ -226,8 +226,14 @@ class MultiHostDataLoadIterator:
             data_sharding = NamedSharding(mesh, PartitionSpec(data_axis))
         self.sharding = data_sharding
         self.mesh = data_sharding.mesh
-        self.prefetch = max(1, int(prefetch))
-        self.worker_count = int(worker_count)
+        where = "MultiHostDataLoadIterator"
+        self.prefetch = int_arg(prefetch, "prefetch", where=where)  # (0 was taken as 1, unsaid)
+        self.worker_count = int_arg(worker_count, "worker_count", where=where, minimum=0)
+        if features_on_device is not None and not isinstance(features_on_device, bool):
+            raise TypeError(
+                f"{where}: features_on_device={features_on_device!r} is not a bool; pass True, "
+                "False or None (the default: on the devices where they are accelerators)"
+            )
         resident = resident_feed(loader_or_dataset, self.sharding, placement, device_memory_budget)
         self._feed: Feed
         if resident is not None:
