@@ -34,6 +34,7 @@ _DIGEST_ITEMS = 100_000
 # arrays up to this size are identified by all their bytes; larger ones (a memory map of a
 # corpus) by their shape and _SAMPLES windows of _SAMPLE bytes, evenly spaced
 _DIGEST_BYTES = 256 << 20
+_HF_ROWS = 4096  # rows of an HF dataset read for its digest (each read costs ~10-50 us)
 _SAMPLES, _SAMPLE = 64, 1 << 20
 
 
@@ -85,7 +86,7 @@ def _source_description(source: Any) -> str:
     """A source's repr when it identifies the content (grain_rox sources hold a content
     fingerprint); a digest of the elements of a Python list or tuple (sampled past
     ``_DIGEST_ITEMS`` of them) or of a NumPy array's bytes (sampled past ``_DIGEST_BYTES``);
-    an HF ``datasets.Dataset``'s fingerprint; else (a repr that is an object address, different
+    an HF ``datasets.Dataset``'s rows (sampled past ``_HF_ROWS``); else (a repr that is an object address, different
     in every process) the type and length."""
     name = type(source).__qualname__
     if isinstance(source, (list, tuple)):
@@ -97,12 +98,14 @@ def _source_description(source: Any) -> str:
             f"{name}(shape={source.shape}, dtype={source.dtype}, {sampled}digest="
             f"{_content_digest([source])})"
         )
-    hf = type(source).__module__.split(".")[0] == "datasets"
-    fingerprint = getattr(source, "_fingerprint", None) if hf else None
-    if isinstance(fingerprint, str):
-        # an HF datasets.Dataset: its repr names only the columns and the row count; HF's
-        # fingerprint hashes the rows (in memory) or is the one saved with them (on disk)
-        return f"{name}(num_rows={len(source)}, fingerprint={fingerprint})"
+    if type(source).__module__.split(".")[0] == "datasets" and hasattr(source, "features"):
+        # an HF datasets.Dataset: its repr names only the columns and the row count, and HF's
+        # fingerprint is random where a map's function cannot be hashed: its rows, sampled
+        n = len(source)
+        rows = [source[int(i)] for i in np.linspace(0, n - 1, min(n, _HF_ROWS))] if n else []
+        sampled = "sampled " if n > _HF_ROWS else ""
+        digest = _content_digest([repr(source.features), *rows])
+        return f"{name}(num_rows={n}, {sampled}digest={digest})"
     text = repr(source)
     if _ADDRESS.search(text) or text.startswith("<"):
         try:
