@@ -9,6 +9,7 @@ through; objects rewritten after a checkpoint refuse its restore.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import select
@@ -214,6 +215,20 @@ def test_reads_at_a_shards_edges_are_those_of_a_local_shard(bucket, local_set):
     for corpus in (remote, local):
         with pytest.raises(IndexError):
             corpus.gather(0, np.array([n - 3]), 8)
+
+
+def test_hidden_objects_stay_out_of_memory_urls_too(tmp_path):
+    """fsspec's memory:// lists "/bucket/path" (a leading slash): the hidden-name rule compared
+    path parts one off and read ._prose.rox and .old/y.rox as shards there."""
+    root = f"memory://hidden-{os.getpid()}-{tmp_path.name}"
+    for base in (str(tmp_path), root):
+        for name, docs in (("prose", DOCS[:3]), ("._prose", DOCS[3:4]), (".old/y", DOCS[4:5])):
+            write_rox(docs, f"{base}/t/{name}.rox", tokenizer="bytes")
+    for pattern in ("t/*.rox", "t/*", "t/"):
+        local = open_rox(f"{tmp_path}/{pattern}")
+        remote = open_rox(f"{root}/{pattern}")
+        assert [p.split("/t/", 1)[1] for p in remote.paths] == ["prose.rox"], pattern
+        assert [p.split("/t/", 1)[1] for p in local.paths] == ["prose.rox"], pattern
 
 
 def test_a_glob_names_the_same_shards_in_a_bucket_as_on_disk(bucket, tmp_path):

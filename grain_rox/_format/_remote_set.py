@@ -71,9 +71,12 @@ def _hidden_match(pattern: str, url: str) -> bool:
     (True, True)
     >>> _hidden_match("b/t/.*.rox", "gs://b/t/.x.rox"), _hidden_match("b/.d/*", "gs://b/.d/x.rox")
     (False, False)
+    >>> _hidden_match("b/d/*.rox", "memory:///b/d/._x.rox"), _hidden_match("b/d/*/", "gs://b/d/.old")
+    (True, True)
     """
-    parts = url.split("://", 1)[1].split("/")
-    wanted = pattern.split("/")
+    # (memory:// lists "/b/d/x.rox", a pattern may end in "/": compared without them)
+    parts = url.split("://", 1)[1].strip("/").split("/")
+    wanted = pattern.strip("/").split("/")
     return len(parts) == len(wanted) and any(
         name.startswith(".") and not want.startswith(".") and re.search(r"[*?\[]", want)
         for want, name in zip(wanted, parts, strict=True)
