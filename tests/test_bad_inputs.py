@@ -653,11 +653,16 @@ def test_json_past_pythons_limits_is_read_or_named(tmp_path, capsys):
             assert corpus.tokens(0, corpus.num_tokens).tolist()[: 2 * len(docs)] == [
                 t for d in docs for t in (*d, 256)
             ]
+    # a pretty-printed object (the first line fails, the whole file is tried as one document)
+    (tmp_path / "pretty.jsonl").write_text(f'{{\n "text": "a",\n "n": {big}\n}}\n')
+    (tmp_path / "pdeep.jsonl").write_text('{\n"n": ' + "[" * 10**5 + "]" * 10**5 + "}\n")
     for name, message in (
         ("text.jsonl", ":1: column 'text' holds int, not text; pass --text-column naming a "
          "column of text ('body')"),
         ("deep.jsonl", ":1 cannot be read as JSON here: it nests arrays or objects deeper than "
          "Python's recursion limit; flatten it"),
+        ("pretty.jsonl", " holds one JSON object (keys ['n', 'text']), not JSON Lines"),
+        ("pdeep.jsonl", ":1 is not valid JSON: Expecting property name"),
     ):  # fmt: skip
         assert main(["convert", str(tmp_path / name), "-o", out, "--no-progress"]) == 2
         assert f"{tmp_path / name}{message}" in capsys.readouterr().err

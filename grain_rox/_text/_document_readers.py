@@ -232,8 +232,8 @@ def _not_jsonl(path: str, errors: str) -> str | None:
     encoding = bom_encoding(data)  # UTF-16/32 text is read as such (see _convert)
     try:
         text = data.decode(encoding, errors) if encoding else decode(data, path, errors)
-        value = json.loads(without_bom(text))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        value = json.loads(without_bom(text), parse_int=_int_or_digits)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return None
     if isinstance(value, dict):
         return f"one JSON object (keys {sorted(value)[:5]})"
