@@ -690,8 +690,7 @@ def test_verify_blames_a_broken_manifest_not_the_shards_it_covers(tmp_path, caps
                                "unusable: the manifest is not valid")  # fmt: skip
     assert lines[1:] == [f"FAIL {s}: not checked, as above" for s in shards[1:]]
     assert out[-1] == (
-        f"0 of {len(shards)} shards OK; {len(shards)} not checked (their set's manifest is "
-        "unusable)"
+        f"0 of {len(shards)} shards OK; {len(shards)} not checked (a file of their set is unusable)"
     )
 
 

@@ -60,11 +60,7 @@ def verify_lines(reports: list[ShardReport]) -> list[str]:
         f"{len(shards) - len(bad)} of {len(shards)} shards OK"
         + (f", in {_count(len(sets), 'shard set')}" if len(sets) > 1 else "")
         + (f"; {damaged} damaged" if damaged else "")
-        + (
-            f"; {len(unchecked)} not checked (their set's manifest is unusable)"
-            if unchecked
-            else ""
-        )
+        + (f"; {len(unchecked)} not checked (a file of their set is unusable)" if unchecked else "")
         + (f"; {len(leftovers)} leftover temporary file(s)" if leftovers else "")
     )
     # A set's dtype is its first readable shard's (a shard of another dtype is damage, above).

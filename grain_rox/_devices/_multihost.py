@@ -229,7 +229,7 @@ class MultiHostDataLoadIterator:
         where = "MultiHostDataLoadIterator"
         self.prefetch = int_arg(prefetch, "prefetch", where=where)  # (0 was taken as 1, unsaid)
         self.worker_count = int_arg(worker_count, "worker_count", where=where, minimum=0)
-        if features_on_device is not None and not isinstance(features_on_device, bool):
+        if features_on_device is not None and not isinstance(features_on_device, (bool, np.bool_)):
             raise TypeError(
                 f"{where}: features_on_device={features_on_device!r} is not a bool; pass True, "
                 "False or None (the default: on the devices where they are accelerators)"
