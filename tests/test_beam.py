@@ -390,3 +390,43 @@ def test_a_beam_conversion_never_reads_its_own_output_set(tmp_path, caplog):
     with open_rox(str(out)) as written:
         assert written.num_documents == 2
         assert written.tokens(0, 11).tolist() == [*b"alpha", 256, *b"beta", 256]
+
+
+def test_a_conversion_run_again_after_a_commit_killed_mid_rename_rolls_it_back(
+    tmp_path, monkeypatch
+):
+    """A first conversion into a new set killed between its shard renames leaves a set that
+    refuses to open saying "running the write again works": write_rox does roll the killed
+    write back and writes; WriteRox refused at once, as if a set of 1 shard existed."""
+    from grain_rox._beam._commit import commit_shards, conversion_layout
+    from grain_rox._beam._plan import ShardPlan
+    from grain_rox._beam._write_shard import write_shard
+    from grain_rox._format import _shard_set
+
+    out = str(tmp_path / "set" / "c.rox")
+    os.makedirs(os.path.dirname(out))
+    layout = conversion_layout("bytes", block_size=64)
+    tokens = np.arange(100, dtype=layout.dtype)
+    plan = ShardPlan.from_parts([(0, 100, 1)], tokens_per_block=32, blocks_per_shard=1)
+    pieces = [[(0, tokens[s * 32 : s * 32 + 32].tobytes(), int(s == 0))] for s in range(4)]
+    written = [write_shard(out, 200, s, pieces[s], plan, layout) for s in range(4)]
+    replace = os.replace
+
+    def die_after_one(src, dst):
+        if dst.endswith("_0001.rox"):
+            raise KeyboardInterrupt("injected: killed mid-commit")
+        replace(src, dst)
+
+    monkeypatch.setattr(_shard_set.os, "replace", die_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        commit_shards(out, 200, written, plan, layout, run_id="feedfacefeedface")
+    monkeypatch.setattr(_shard_set.os, "replace", replace)
+    with pytest.raises(RoxFormatError, match="running the write again works"):
+        open_rox(out)
+    docs = [((0, i), t) for i, t in enumerate(["first", "second"])]
+    with beam.Pipeline() as p:
+        _ = p | beam.Create(docs) | WriteRox(out, block_size=64, max_shard_bytes=200)
+    with open_rox(out) as corpus:
+        assert corpus.num_documents == 2 and len(corpus.shards) == 1
+        assert corpus.tokens(0, 13).tolist() == [*b"first", 256, *b"second", 256]
+    assert hidden(tmp_path / "set") == []

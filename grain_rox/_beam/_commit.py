@@ -128,6 +128,17 @@ def shard_writer(
         ) from None
 
 
+def set_on_disk(mpath: str, label: str) -> dict[str, os.stat_result]:
+    """The set's files as a new write finds them: the uncommitted shards of a killed write
+    beside an intact previous set rolled back first (under the set's write lock), as
+    ``write_rox`` does, so a conversion run again after a killed commit is not refused as if
+    those shards were a set."""
+    if os.path.exists(mpath):  # (a killed write's pending record is in the manifest)
+        with set_write_lock(mpath, label):
+            roll_back_interrupted(mpath)
+    return scan_set(mpath)
+
+
 def final_path(path: str, max_shard_bytes: int | None, shard: int) -> str:
     """Shard ``shard``'s file name: ``path`` itself, or ``<base>_NNNN.rox``."""
     return path if max_shard_bytes is None else f"{path[:-4]}_{shard:04d}.rox"

@@ -31,6 +31,7 @@ from grain_rox._beam._commit import (
     commit_shards,
     conversion_layout,
     manifest_path,
+    set_on_disk,
     shard_writer,
 )
 from grain_rox._beam._metrics import counter
@@ -38,7 +39,6 @@ from grain_rox._beam._plan import ShardPlan, part_offsets
 from grain_rox._beam._tokenize import TokenizeFn, tokenizer_spec
 from grain_rox._beam._write_shard import write_shard
 from grain_rox._format._manifest import new_write_id
-from grain_rox._format._shard_set import scan_set
 from grain_rox._text._rox_writer import _check_output_path
 from grain_rox._text._shard_files import IfExists
 
@@ -221,7 +221,8 @@ class WriteRox(beam.PTransform):
         layout = conversion_layout(self.tokenizer, block_size=block_size, dtype=dtype)
         self.dtype = None if dtype is None else layout.dtype.str
         mpath = manifest_path(self.path, max_shard_bytes)
-        writer = shard_writer(self.path, max_shard_bytes, layout, if_exists, scan_set(mpath))
+        disk = set_on_disk(mpath, self.path)
+        writer = shard_writer(self.path, max_shard_bytes, layout, if_exists, disk)
         self.tokens_per_block = layout.tokens_per_block
         self.blocks_per_shard = writer.capacity
         self.itemsize = layout.dtype.itemsize
