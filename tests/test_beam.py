@@ -430,3 +430,31 @@ def test_a_conversion_run_again_after_a_commit_killed_mid_rename_rolls_it_back(
         assert corpus.num_documents == 2 and len(corpus.shards) == 1
         assert corpus.tokens(0, 13).tolist() == [*b"first", 256, *b"second", 256]
     assert hidden(tmp_path / "set") == []
+
+
+def test_a_commit_that_fails_before_its_renames_is_retried_by_the_runner_and_publishes(
+    tmp_path, monkeypatch
+):
+    """The commit's first manifest write fails once (a transient I/O error): the runner
+    retries the step, which publishes. The failed attempt deleted every shard it was to
+    publish, so each retry failed ('shard 0 was written under ..., which is gone') and the
+    whole conversion had to be run again."""
+    import errno
+
+    from grain_rox._format import _shard_set
+
+    write_manifest, calls = _shard_set.write_manifest, []
+
+    def fails_once(path, manifest):
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "injected: a transient I/O error", path)
+        return write_manifest(path, manifest)
+
+    monkeypatch.setattr(_shard_set, "write_manifest", fails_once)
+    docs = [((0, i), d) for i, d in enumerate(builtin_documents("prose", limit=20))]
+    with beam.Pipeline(runner=BundleBasedDirectRunner()) as p:
+        _ = p | beam.Create(docs) | WriteRox(tmp_path / "beam" / "f.rox", **SHARDING)
+    assert len(calls) == 3  # the failed attempt's, then the retry's pending and final
+    write_rox([d for _, d in docs], tmp_path / "local" / "f.rox", tokenizer="bytes", **SHARDING)
+    assert_same_set(str(tmp_path / "beam"), str(tmp_path / "local"), "f.manifest.json")

@@ -9,8 +9,9 @@ transaction (:func:`grain_rox._format._shard_set.publish_set`: the manifest name
 and the pending new one, the shards are renamed into place, the manifest becomes the new
 set's). Until then nothing of the conversion opens as a shard set; a killed commit leaves the
 old set, the new one, or a refused mix, as any write does. The temporaries of retried attempts
-are removed after the publish. A commit run again for the same conversion (a retried commit
-step) finishes what the first one began and otherwise changes nothing.
+are removed after the publish. A commit that fails keeps the shards it was to publish, and one
+run again for the same conversion (a retried commit step) finishes what the first one began
+and otherwise changes nothing.
 
 >>> import os, tempfile
 >>> import numpy as np
@@ -236,12 +237,10 @@ def commit_shards(
         final = dataclasses.replace(final, write_id=run_id)
         moves = _moves(shards, final)
 
-        def discard() -> None:
-            for w in shards:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(w.tmp_path)
+        def keep() -> None:  # a failed publish keeps the shards: the runner retries this step
+            pass  # with the same reports (a failed conversion's are removed by the next write)
 
-        publish_set(mpath, disk, previous, final, moves, discard=discard, keep_manifest=True)
+        publish_set(mpath, disk, previous, final, moves, discard=keep, keep_manifest=True)
         clean_leftovers(mpath)  # the temporaries of retried attempts, and of killed writers
     return final
 
