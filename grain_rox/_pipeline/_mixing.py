@@ -86,8 +86,8 @@ def _source_description(source: Any) -> str:
     """A source's repr when it identifies the content (grain_rox sources hold a content
     fingerprint); a digest of the elements of a Python list or tuple (sampled past
     ``_DIGEST_ITEMS`` of them) or of a NumPy array's bytes (sampled past ``_DIGEST_BYTES``);
-    an HF ``datasets.Dataset``'s rows (sampled past ``_HF_ROWS``); else (a repr that is an object address, different
-    in every process) the type and length."""
+    an HF ``datasets.Dataset``'s rows (sampled past ``_HF_ROWS``); else (a repr that is an
+    object address, different in every process) the type and length."""
     name = type(source).__qualname__
     if isinstance(source, (list, tuple)):
         sampled = "sampled " if len(source) > _DIGEST_ITEMS else ""
