@@ -102,7 +102,7 @@ def _denied(e: BaseException) -> bool:
 
 
 def _permanent(e: BaseException) -> bool:
-    if isinstance(e, _PERMANENT) or _precondition_failed(e) or _denied(e):
+    if isinstance(e, _PERMANENT) or _precondition_failed(e):  # (a denial is raised before)
         return True
     status = getattr(e, "code", None) or getattr(e, "status", None)
     if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):

@@ -175,9 +175,8 @@ class IdentifiedIterDataset(grain.IterDataset):
         default seeds are plain Grain's. ``same_position``: ``ds``'s iterators keep the
         parent's ``{"next_index"}`` state (map, filter, batch), so its range is still checked;
         ``random_map``'s and ``map_with_index``'s nest it, and Grain checks those."""
-        identity = self.identity
-        if op is not None:  # "iter.": a MapDataset's batch(2) counts batches, not elements
-            identity = {**identity, "ops": [*identity.get("ops", []), f"iter.{op}"]}
+        # "iter.": a MapDataset's batch(2) position counts batches, an IterDataset's elements
+        identity = _with_op(self.identity, None if op is None else f"iter.{op}")
         length = self.length if same_position else None
         return IdentifiedIterDataset(ds, identity, what=self.what, length=length)
 
@@ -253,10 +252,7 @@ class IdentifiedMapDataset(grain.MapDataset):
         Each transformation applies to the parent, not to this wrapper, so the chain under the
         outer wrapper is Grain's own: Grain derives a ``.seed()``'s default seeds from the
         nodes' depth, and a wrapper between them changed a ``.seed(5).shuffle()`` order."""
-        identity = self.identity
-        if op is not None:
-            identity = {**identity, "ops": [*identity.get("ops", []), op]}
-        return IdentifiedMapDataset(ds, identity, what=self.what)
+        return IdentifiedMapDataset(ds, _with_op(self.identity, op), what=self.what)
 
     def map(self, transform: Any) -> IdentifiedMapDataset:
         return self._keep(self._parent.map(transform))
@@ -304,6 +300,11 @@ class IdentifiedMapDataset(grain.MapDataset):
 
     def __str__(self) -> str:
         return f"IdentifiedMapDataset({self.what})"
+
+
+def _with_op(identity: dict[str, Any], op: str | None) -> dict[str, Any]:
+    """``identity`` with ``op`` after its ``"ops"`` (itself when ``op`` is None)."""
+    return identity if op is None else {**identity, "ops": [*identity.get("ops", []), op]}
 
 
 def _batch_op(batch_size: int, drop_remainder: bool, batch_fn: Any) -> str:
