@@ -148,6 +148,7 @@ class RoxCorpus:
             raise FileNotFoundError("a RoxCorpus needs at least one shard")
         self._headers = headers
         self._records = records
+        self._bare = any(r is None for r in records)  # a shard without a manifest (roxxel's)
         self._manifests = manifests
         self._uniform = uniform
         self._identities = identities  # pickled with the corpus: workers map the same files
@@ -249,8 +250,10 @@ class RoxCorpus:
     def _shared_fact(self, name: str) -> Any:
         """The manifests' ``name`` when every shard has a manifest and all of them agree; else
         None (unknown: shards without one, roxxel's, are not to be read by another's facts)."""
+        if self._bare:  # (asked for each record a source serves: no pass over the shards)
+            return None
         values = {json.dumps(getattr(m, name), sort_keys=True) for m in self._manifests.values()}
-        if len(values) != 1 or any(r is None for r in self._records):
+        if len(values) != 1:
             return None
         return json.loads(values.pop())
 
