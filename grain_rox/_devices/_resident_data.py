@@ -26,6 +26,7 @@ limits the rate (measured 1.2k batches/s a call vs 3.4k with 16 a call on 8 CPU 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any
@@ -174,7 +175,9 @@ class ResidentRows:
                 raise ValueError(
                     f"rows {a}..{b - 1} of {source!r} are {treedef}, not {self.treedef}"
                 )
-            refuse_narrowing(arrays, where=f"rows {a}..{b - 1} of {source!r}", names=self.names)
+            # where: worded only for an error, as on the host path
+            where = functools.partial(_rows_of, a, b, source)
+            refuse_narrowing(arrays, where=where, names=self.names)
             for name, dest, got in zip(self.names, out, arrays, strict=True):
                 if got.shape[1:] != dest.shape[1:]:
                     raise ValueError(
@@ -269,3 +272,8 @@ class ResidentRows:
             else self.data[0].addressable_shards[0].data.shape[0]
         )
         return int(held * self.row_bytes)
+
+
+def _rows_of(a: int, b: int, source: Any) -> str:
+    """Rows ``a`` to ``b - 1`` of ``source``, as an error names them."""
+    return f"rows {a}..{b - 1} of {source!r}"
