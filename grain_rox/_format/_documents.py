@@ -17,6 +17,8 @@ chunk of each shard. :class:`~grain_rox.RoxDocumentSource` serves them and
 from __future__ import annotations
 
 import dataclasses
+import logging
+from typing import Any
 
 import numpy as np
 
@@ -69,3 +71,19 @@ def split_documents(spans: list[ServedSpan], eos: np.ndarray) -> Documents:
         stops.append(stop)
         ended.append(done)
     return Documents(np.concatenate(starts), np.concatenate(stops), np.concatenate(ended), unknown)
+
+
+def warn_unknown_tail(who: str, verb: str, path: str, count: int, offset: int, eos: Any) -> None:
+    """Say that ``count`` tokens from corpus ``offset`` after the last EOS, which no manifest
+    says are text, are not ``verb`` (``who``: the reader, as its call is written)."""
+    logging.getLogger("grain_rox").warning(
+        "%s(%s, ...): the last %d tokens (from corpus offset %d) follow the last EOS %s with "
+        "no manifest to say whether they are text or a writer's padding, and are not %s; "
+        "write the shards with grain_rox (a manifest) or end every document with the EOS",
+        who,
+        path,
+        count,
+        offset,
+        eos,
+        verb,
+    )

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -24,12 +23,11 @@ from typing import Any
 import numpy as np
 
 from grain_rox._format._atomic import publish, temp_path_for
+from grain_rox._format._documents import warn_unknown_tail
 from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
 from grain_rox._format._served import ServedSpan, served_spans
 from grain_rox._sources._array_record import close_quietly, count_records, read_in_order
-
-logger = logging.getLogger("grain_rox")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,15 +92,8 @@ def _span_documents(
     if tail and span.known_end:
         yield np.concatenate(carry)
     elif tail:
-        logger.warning(
-            "export_array_record(%s, ...): the last %d tokens (from corpus offset %d) follow "
-            "the last EOS %d with no manifest to say whether they are text or a writer's "
-            "padding, and are not exported; write the shards with grain_rox (a manifest) or "
-            "end every document with the EOS",
-            corpus.paths[0],
-            tail,
-            span.stop - tail,
-            eos_id,
+        warn_unknown_tail(
+            "export_array_record", "exported", corpus.paths[0], tail, span.stop - tail, eos_id
         )
 
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from grain_rox._format._documents import split_documents, token_offsets
+from grain_rox._format._documents import split_documents, token_offsets, warn_unknown_tail
 from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_unchanged
 from grain_rox._format._served import ServedSpan, served_spans
@@ -218,15 +218,8 @@ class RoxDocumentSource:
         last EOS that no manifest says is data is not served, and a warning names it."""
         found = split_documents(self._spans, eos)
         for tail, stop in found.unknown_tails:
-            logger.warning(
-                "RoxDocumentSource(%s, ...): the last %d tokens (from corpus offset %d) "
-                "follow the last EOS %d with no manifest to say whether they are text or "
-                "a writer's padding, and are not served; write the shards with grain_rox "
-                "(a manifest) or end every document with the EOS",
-                self.corpus.paths[0],
-                stop - tail,
-                tail,
-                self.eos_id,
+            warn_unknown_tail(
+                "RoxDocumentSource", "served", self.corpus.paths[0], stop - tail, tail, self.eos_id
             )
         return found.starts, found.stops - found.starts
 
