@@ -18,7 +18,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from grain_rox._format._digest import facts_digest
+from grain_rox._format._digest import FULL_HASH_BYTES, SAMPLE_BYTES, facts_digest
 from grain_rox._order._curriculum import EXACT_MIXING
 from grain_rox._order._mixture import Mixture, own_samples, resolve_weights
 from grain_rox._order._permutation import derive_key, int_arg, seed_arg
@@ -32,10 +32,12 @@ _SHOWN = 400  # longer descriptions keep their start and a digest of the whole
 # many, evenly spaced (the first and the last among them)
 _DIGEST_ITEMS = 100_000
 # arrays up to this size are identified by all their bytes; larger ones (a memory map of a
-# corpus) by their shape and _SAMPLES windows of _SAMPLE bytes, evenly spaced
-_DIGEST_BYTES = 256 << 20
+# corpus) by their shape and _SAMPLES windows of _SAMPLE bytes, evenly spaced: the sizes a
+# source's files are hashed by (_format._digest)
+_DIGEST_BYTES = FULL_HASH_BYTES
 _HF_ROWS = 4096  # rows of an HF dataset read for its digest (each read costs ~10-50 us)
-_SAMPLES, _SAMPLE = 64, 1 << 20
+_SAMPLE = 1 << 20
+_SAMPLES = SAMPLE_BYTES // _SAMPLE
 
 
 def _feed(h: Any, x: Any) -> None:
@@ -44,16 +46,16 @@ def _feed(h: Any, x: Any) -> None:
     anything else by repr."""
     if isinstance(x, np.ndarray):
         h.update(f"{x.dtype.str}{x.shape}".encode())
-        if x.nbytes > _DIGEST_BYTES and not x.dtype.hasobject:
+        if x.dtype.hasobject:  # references, not values: each element's own content
+            for item in x.reshape(-1):
+                _feed(h, item)
+        elif x.nbytes > _DIGEST_BYTES:
             # _SAMPLES windows of _SAMPLE bytes, evenly spaced over the elements in order: from
             # a flat view where x is contiguous, else by x.flat (a window's copy alone)
             flat = x.reshape(-1) if x.flags.c_contiguous else x.flat
             per = max(1, _SAMPLE // x.itemsize)
             for start in np.linspace(0, x.size - per, _SAMPLES).astype(np.int64).tolist():
                 h.update(np.ascontiguousarray(flat[start : start + per]).tobytes())
-        elif x.dtype.hasobject:  # references, not values: each element's own content
-            for item in x.reshape(-1):
-                _feed(h, item)
         else:
             h.update(np.ascontiguousarray(x).tobytes())
     elif isinstance(x, Mapping):
