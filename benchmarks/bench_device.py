@@ -119,6 +119,8 @@ class Config:
     max_batches: int  # per timed run
     stall_shape: tuple[int, int]
     stall_steps: int  # timed steps per stall run
+    stall_ways: tuple[str, ...] = ("fed", "one", "put")  # how the fed runs place a batch
+    stall_ms: tuple[float, ...] = STEP_MS  # the step times the stall is measured at
 
 
 FULL = Config(False, 50_000_000, 3, 1.5, 5000, (128, 1024), 100)
@@ -567,7 +569,7 @@ class Stall:
         contenders = {
             f"{key} {how}": self.run(key, iters, how)
             for key in self.pipes
-            for how in ("resident", "fed", "one", "put")
+            for how in ("resident", *self.cfg.stall_ways)
         }
         warm_up(contenders)  # compiles each step
         runs = {k: v["ms"] for k, v in interleave(self.cfg.rounds, contenders).items()}
@@ -586,6 +588,8 @@ class Stall:
                 parts.append(f"{label} n/a")
                 continue
             for how, named in (("fed", ""), ("one", ", one thread"), ("put", ", device_put")):
+                if how not in self.cfg.stall_ways:
+                    continue
                 stall = paired(f"{key} {how}", f"{key} resident")
                 verdict = f" ({'PASS' if stall <= 2 else 'MISS'}: <= 2%)" if target_ms == 3 else ""
                 parts.append(f"{label}{named} {stall:+.1f}%{verdict}")
@@ -603,7 +607,7 @@ def bench_stall(
 ) -> tuple[list[str], dict[str, Any]]:
     stall = Stall(cfg, path, sharding, device)
     lines, details = [], {}
-    for target_ms in STEP_MS:
+    for target_ms in cfg.stall_ms:
         line, details[f"{target_ms:g}ms"] = stall.measure(target_ms)
         lines.append(line)
     return lines, details
@@ -754,6 +758,14 @@ def main() -> int:
     parser.add_argument("--tokens", type=float, default=None, help="corpus size in tokens")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved runs (>= 3)")
     parser.add_argument("--seconds", type=float, default=None, help="seconds per timed run")
+    parser.add_argument("--stall-steps", type=int, default=None, help="timed steps per stall run")
+    parser.add_argument(
+        "--stall-ms", default=None, help="stall step times in ms, comma-separated (default: 3,7)"
+    )
+    parser.add_argument(
+        "--stall-ways", default=None,
+        help="fed stall runs, comma-separated of fed,one,put (default: all three)",
+    )  # fmt: skip
     parser.add_argument(
         "--shapes", default=None,
         help="throughput shapes, e.g. 32x1024 (default: all of " + ",".join(
@@ -776,6 +788,9 @@ def main() -> int:
         corpus_tokens=int(args.tokens or (QUICK if args.quick else FULL).corpus_tokens),
         rounds=max(3, args.rounds or FULL.rounds),
         seconds=args.seconds or (QUICK if args.quick else FULL).seconds,
+        stall_steps=args.stall_steps or (QUICK if args.quick else FULL).stall_steps,
+        stall_ways=tuple(args.stall_ways.split(",")) if args.stall_ways else FULL.stall_ways,
+        stall_ms=tuple(float(m) for m in args.stall_ms.split(",")) if args.stall_ms else STEP_MS,
     )
     backend = jax.default_backend()
     device = backend != "cpu"
