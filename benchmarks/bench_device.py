@@ -121,6 +121,7 @@ class Config:
     stall_steps: int  # timed steps per stall run
     stall_ways: tuple[str, ...] = ("fed", "one", "put")  # how the fed runs place a batch
     stall_ms: tuple[float, ...] = STEP_MS  # the step times the stall is measured at
+    stall_dim: int = 1024  # the step's matmul size on an accelerator (128 on a CPU)
 
 
 FULL = Config(False, 50_000_000, 3, 1.5, 5000, (128, 1024), 100)
@@ -517,7 +518,7 @@ class Stall:
         if not isinstance(fast, str):
             self.pipes["fast"] = fast
         self.resident = {key: self.first_batch(p) for key, p in self.pipes.items()}
-        self.dim = 1024 if device else 128
+        self.dim = cfg.stall_dim if device else 128
         everywhere = NamedSharding(sharding.mesh, PartitionSpec())  # on the batch's devices
         self.x = jax.device_put(np.ones((self.dim, self.dim), np.float32), everywhere)
         self.w = jax.device_put(np.eye(self.dim, dtype=np.float32) * 0.5, everywhere)
@@ -760,6 +761,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=None, help="seconds per timed run")
     parser.add_argument("--stall-steps", type=int, default=None, help="timed steps per stall run")
     parser.add_argument(
+        "--stall-dim", type=int, default=None,
+        help="the stall step's (dim, dim) matmuls on an accelerator (default 1024; fewer, "
+        "larger ones keep the step on the device rather than on its kernel launches)",
+    )  # fmt: skip
+    parser.add_argument(
         "--stall-ms", default=None, help="stall step times in ms, comma-separated (default: 3,7)"
     )
     parser.add_argument(
@@ -791,6 +797,7 @@ def main() -> int:
         stall_steps=args.stall_steps or (QUICK if args.quick else FULL).stall_steps,
         stall_ways=tuple(args.stall_ways.split(",")) if args.stall_ways else FULL.stall_ways,
         stall_ms=tuple(float(m) for m in args.stall_ms.split(",")) if args.stall_ms else STEP_MS,
+        stall_dim=args.stall_dim or FULL.stall_dim,
     )
     backend = jax.default_backend()
     device = backend != "cpu"

@@ -131,6 +131,7 @@ def main() -> int:
     parser.add_argument("--out", default="trace_out", help="where the traces are copied")
     parser.add_argument("--steps", type=int, default=60, help="traced steps per loop")
     parser.add_argument("--step-ms", type=float, default=3.0, help="the step's target time")
+    parser.add_argument("--dim", type=int, default=1024, help="the step's matmul size")
     parser.add_argument("--tokens", type=float, default=5e6, help="corpus size in tokens")
     parser.add_argument("--allow-cpu", action="store_true", help="a smoke run on the CPU")
     parser.add_argument("--platform", choices=("auto", "cpu"), default="auto")
@@ -140,7 +141,10 @@ def main() -> int:
         print("trace_stall: no accelerator found (--allow-cpu for a smoke run)")
         return 0
     cfg = dataclasses.replace(
-        bench_device.FULL, corpus_tokens=int(args.tokens), stall_steps=args.steps
+        bench_device.FULL,
+        corpus_tokens=int(args.tokens),
+        stall_steps=args.steps,
+        stall_dim=args.dim,
     )
     mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
     sharding = NamedSharding(mesh, PartitionSpec("data"))
