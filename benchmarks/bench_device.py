@@ -783,6 +783,10 @@ def main() -> int:
         "and the six-transfer floor always run)",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.stall_ways and not set(args.stall_ways.split(",")) <= {"fed", "one", "put"}:
+        parser.error(
+            f"--stall-ways {args.stall_ways!r}: use a comma-separated subset of fed,one,put"
+        )
     shapes = SHAPES if not args.shapes else tuple(
         tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")
     )  # fmt: skip
