@@ -540,3 +540,46 @@ def test_the_process_check_fails_when_every_process_reads_everything(root):
         AssertionError, match=r"^element 0 in process 0 of 2\['x'\]: shape \(16, 3\)"
     ):
         testing.check_processes_equal(functools.partial(device_unsharded, root), read=1)
+
+
+# ---- thread safety from the very first read ---------------------------------------------------
+@pytest.mark.parametrize("name", cases(SOURCES, "fresh_threads"))
+def test_a_fresh_source_read_first_from_8_threads_at_once_gives_the_serial_records(root, name):
+    """Grain's read threads share one source, and its first reads open files, maps and caches
+    lazily: 8 threads released together onto a just-unpickled copy (as a worker receives it)
+    each read every record, and each gets exactly what one thread reads from another copy."""
+    import pickle
+    import threading
+
+    row, d = source_of(root, name)
+    serial = row.make(d)
+    n = min(len(serial), 24)
+    indices = list(range(n))
+    expected = [serial[i] for i in indices]
+    for attempt in range(3):  # each attempt a new copy, so its first reads race again
+        fresh = pickle.loads(pickle.dumps(row.make(d)))
+        start = threading.Barrier(8)
+        got: dict[int, list[Any]] = {}
+        errors: list[BaseException] = []
+
+        def read(t: int, fresh: Any = fresh, start: threading.Barrier = start) -> None:
+            order = indices[t % n :] + indices[: t % n]  # each thread starts elsewhere
+            try:
+                start.wait()
+                got[t] = [None] * n
+                for i in order:
+                    got[t][i] = fresh[i]
+            except BaseException as e:  # noqa: BLE001 - reported below with the thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=read, args=(t,)) for t in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, f"{name}, attempt {attempt}: a thread raised {errors[0]!r}"
+        for t in range(8):
+            for i in indices:
+                testing.assert_tree_equal(
+                    got[t][i], expected[i], what=f"{name}[{i}] in thread {t}, attempt {attempt}"
+                )
