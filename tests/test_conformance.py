@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -45,25 +46,29 @@ pa = pytest.importorskip("pyarrow")
 
 
 # ---- the data, one sub-directory per kind (copied whole by the repr check) ------------------
-def build_data(root: str) -> None:
+def build_data(root: str, shift: int = 0) -> None:
+    """The data; ``shift`` adds to every value (same shapes, lengths and sizes: other data)."""
     rng = np.random.default_rng(12)
     os.makedirs(f"{root}/rox")
     for name, first in (("a", 1), ("b", 3000)):
-        docs = [first + rng.integers(0, 500, n).astype(np.uint16) for n in (90, 130, 40, 210, 75)]
+        docs = [
+            first + shift + rng.integers(0, 500, n).astype(np.uint16)
+            for n in (90, 130, 40, 210, 75)
+        ]
         write_rox(docs, f"{root}/rox/{name}.rox", separator=0, block_size=64)
     os.makedirs(f"{root}/npy")
-    np.save(f"{root}/npy/x.npy", np.arange(120, dtype=np.int32).reshape(40, 3))
-    np.save(f"{root}/npy/y.npy", np.arange(40, dtype=np.int64) % 7)
+    np.save(f"{root}/npy/x.npy", np.arange(120, dtype=np.int32).reshape(40, 3) + shift)
+    np.save(f"{root}/npy/y.npy", np.arange(40, dtype=np.int64) % 7 + shift)
     os.makedirs(f"{root}/ar")
     writer = ArrayRecordWriter(f"{root}/ar/docs.array_record", "group_size:1")
     for n in (5, 9, 3, 12, 7, 1, 8, 4, 6, 10, 2, 11):
-        writer.write(rng.integers(1, 900, n).astype(np.uint16).tobytes())
+        writer.write((rng.integers(1, 900, n) + shift).astype(np.uint16).tobytes())
     writer.close()
     writer = ArrayRecordWriter(f"{root}/ar/rows.array_record", "group_size:1")
     for i in range(24):
-        writer.write((np.arange(3, dtype=np.int32) + 10 * i).tobytes())
+        writer.write((np.arange(3, dtype=np.int32) + 10 * i + shift).tobytes())
     writer.close()
-    table = {"ids": [[i, i + 1, i + 2] for i in range(20)], "label": list(range(20))}
+    table = {"ids": [[i + shift, i + 1, i + 2] for i in range(20)], "label": list(range(20))}
     os.makedirs(f"{root}/hf")
     with open(f"{root}/hf/table.json", "w") as f:
         json.dump(table, f)
@@ -71,7 +76,10 @@ def build_data(root: str) -> None:
     write_tokenized(f"{root}/hf_tok")
     os.makedirs(f"{root}/stream")
     for i in range(2):
-        rows = {"x": list(range(i * 10, i * 10 + 10)), "ids": [[j, j] for j in range(10)]}
+        rows = {
+            "x": list(range(i * 10 + shift, i * 10 + 10 + shift)),
+            "ids": [[j, j] for j in range(10)],
+        }
         pq.write_table(pa.table(rows), f"{root}/stream/part{i}.parquet")
 
 
@@ -543,43 +551,156 @@ def test_the_process_check_fails_when_every_process_reads_everything(root):
 
 
 # ---- thread safety from the very first read ---------------------------------------------------
+def _read_from_threads(source: Any, indices: list[int], threads: int) -> list[list[Any]]:
+    """Every record of ``indices`` read by each of ``threads`` threads released together (each
+    starting at another index); a thread's exception is raised here."""
+    import threading
+
+    start = threading.Barrier(threads)
+    got: list[list[Any]] = [[None] * len(indices) for _ in range(threads)]
+    errors: list[BaseException] = []
+
+    def read(t: int) -> None:
+        try:
+            start.wait()
+            for k in range(len(indices)):
+                j = (k + t) % len(indices)
+                got[t][j] = source[indices[j]]
+        except BaseException as e:
+            errors.append(e)
+
+    workers = [threading.Thread(target=read, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+    return got
+
+
 @pytest.mark.parametrize("name", cases(SOURCES, "fresh_threads"))
 def test_a_fresh_source_read_first_from_8_threads_at_once_gives_the_serial_records(root, name):
     """Grain's read threads share one source, and its first reads open files, maps and caches
     lazily: 8 threads released together onto a just-unpickled copy (as a worker receives it)
     each read every record, and each gets exactly what one thread reads from another copy."""
     import pickle
-    import threading
 
     row, d = source_of(root, name)
     serial = row.make(d)
-    n = min(len(serial), 24)
-    indices = list(range(n))
+    indices = list(range(min(len(serial), 24)))
     expected = [serial[i] for i in indices]
     for attempt in range(3):  # each attempt a new copy, so its first reads race again
         fresh = pickle.loads(pickle.dumps(row.make(d)))
-        start = threading.Barrier(8)
-        got: dict[int, list[Any]] = {}
-        errors: list[BaseException] = []
-
-        def read(t: int, fresh: Any = fresh, start: threading.Barrier = start) -> None:
-            order = indices[t % n :] + indices[: t % n]  # each thread starts elsewhere
-            try:
-                start.wait()
-                got[t] = [None] * n
-                for i in order:
-                    got[t][i] = fresh[i]
-            except BaseException as e:  # noqa: BLE001 - reported below with the thread
-                errors.append(e)
-
-        threads = [threading.Thread(target=read, args=(t,)) for t in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not errors, f"{name}, attempt {attempt}: a thread raised {errors[0]!r}"
-        for t in range(8):
-            for i in indices:
+        got = _read_from_threads(fresh, indices, threads=8)
+        for t, records in enumerate(got):
+            for i, record in zip(indices, records, strict=True):
                 testing.assert_tree_equal(
-                    got[t][i], expected[i], what=f"{name}[{i}] in thread {t}, attempt {attempt}"
+                    record, expected[i], what=f"{name}[{i}] in thread {t}, attempt {attempt}"
                 )
+
+
+# ---- every iterator's restore checks the identity of its data --------------------------------
+@pytest.fixture(scope="module")
+def other_root(tmp_path_factory) -> str:
+    """The data with every value shifted by 1: same files, shapes, lengths and sizes."""
+    path = str(tmp_path_factory.mktemp("conformance_other"))
+    build_data(path, shift=1)
+    return path
+
+
+@pytest.fixture(scope="module")
+def copied_root(root, tmp_path_factory) -> str:
+    """A byte-identical copy of the data in another directory."""
+    import shutil
+
+    path = str(tmp_path_factory.mktemp("conformance_copy") / "data")
+    shutil.copytree(root, path)
+    return path
+
+
+def _next(it: Any, count: int) -> list[Any]:
+    return [testing.as_numpy(next(it)) for _ in range(count)]
+
+
+def _close(it: Any) -> None:
+    if callable(getattr(it, "close", None)):
+        it.close()
+
+
+def curriculum_packed(r: str) -> Any:
+    from grain_rox import Phase
+
+    phases = [
+        Phase(steps=2, batch_size=4, seq_len=16, weights={"a": 1.0}),
+        Phase(steps=None, batch_size=2, seq_len=32, weights={"a": 0.5, "b": 0.5}),
+    ]
+    sources = {"a": f"{r}/rox/a.rox", "b": f"{r}/rox/b.rox"}
+    return TokenPipeline(sources, phases=phases, seed=3, packing="best_fit").iter_dataset()
+
+
+def device_resident(r: str) -> Any:
+    def make() -> Any:
+        ds = npy_dict(f"{r}/npy").batches(8, seed=2).to_iter_dataset(grain.ReadOptions())
+        return MultiHostDataLoadIterator(ds, placement="device")
+
+    return testing.iterators(make)
+
+
+def roxxel_batches(r: str) -> Any:
+    from grain_rox import roxxel_stream
+
+    stream = roxxel_stream(f"{r}/rox/a.rox", seq_len=16, batch_size=8, seed=4)
+    return testing.iterators(lambda: MultiHostDataLoadIterator(stream))
+
+
+# Restores checked only for the identity of their data (the other checks cover their parts).
+RESTORES = {
+    **{name: row.make for name, row in DATASETS.items()},
+    "TokenPipeline.data_loader": lambda r: pipeline(f"{r}/rox").data_loader(),
+    "TokenPipeline(phases, packing).iter_dataset": curriculum_packed,
+    "MultiHostDataLoadIterator(placement=device)": device_resident,
+    "MultiHostDataLoadIterator(roxxel_stream)": roxxel_batches,
+}
+
+
+@pytest.mark.parametrize("name", cases(RESTORES, "restore_identity"))
+def test_a_state_restores_onto_a_copy_of_its_data_and_is_refused_on_other_data(
+    root, copied_root, other_root, name
+):
+    """Exact or loud: a state taken after 2 elements restores onto the same dataset over a
+    byte-identical copy (the next element is the one the first iterator gave), and over data
+    of the same shape with every value shifted by 1 it is a ValueError, never other elements."""
+    make = RESTORES[name]
+    first = iter(make(root))
+    try:
+        _next(first, 2)
+        state = first.get_state()
+        expected = _next(first, 1)
+    finally:
+        _close(first)
+    copy = iter(make(copied_root))
+    try:
+        copy.set_state(state)
+        testing.assert_tree_equal(_next(copy, 1), expected, what=f"{name} on a copy")
+    finally:
+        _close(copy)
+    other = iter(make(other_root))
+    try:
+        with pytest.raises(ValueError) as info:
+            other.set_state(state)
+            got = _next(other, 1)
+            raise AssertionError(f"{name}: a state of other data restored, serving {got}")
+    finally:
+        _close(other)
+    ours = (
+        r"cannot restore this .+ state: (its data or config|the pipeline) changed "
+        r"\(.*: saved .+ -> now "
+    )
+    grains = (  # a Grain DataLoader's own check of its source's repr
+        r"DataSource in checkpoint does not match datasource in dataloader\.\n"
+        r"data source in checkpoint: GlobalBatchSource\(data=a:"
+    )
+    assert re.match(ours, str(info.value)) or (
+        name == "TokenPipeline.data_loader" and re.match(grains, str(info.value))
+    ), f"{name}: {info.value}"

@@ -378,7 +378,7 @@ def test_iter_dataset_and_pickle_give_the_same_batches(corpora: dict[str, str]) 
 
 
 def _source(ds: Any) -> RoxxelStreamSource:
-    source = ds._source  # grain's SourceMapDataset keeps the data source here
+    source = ds._parent._source  # under the identity, grain's SourceMapDataset keeps it here
     assert isinstance(source, RoxxelStreamSource)
     return source
 

@@ -43,6 +43,7 @@ from numpy.typing import DTypeLike
 
 from grain_rox._format._paths import PathSpec
 from grain_rox._format._rox_corpus import RoxCorpus, open_rox
+from grain_rox._sources._identity import with_identity
 
 # One entry of ``completed_phases``: (steps, batch_size, seq_len) of an earlier training phase.
 # Not grain_rox.Phase (a curriculum phase of TokenPipeline): roxxel's resume arithmetic only.
@@ -340,7 +341,9 @@ def roxxel_stream(
 
     Returns:
       A ``grain.MapDataset`` of ``(batch_size, seq_len)`` arrays of ``dtype``: record ``k``
-      is the stream's batch ``k`` (counted from ``start_step``).
+      is the stream's batch ``k`` (counted from ``start_step``). Its iterators' states carry
+      the shards' fingerprint and these arguments, so a restore onto other shards or other
+      arguments is refused naming what changed.
 
     Raises:
       TypeError: an argument that is not an int, or ``completed_phases`` that is not a
@@ -390,4 +393,17 @@ def roxxel_stream(
         total_steps=total_steps,
         dtype=out_dtype,
     )
-    return grain.MapDataset.source(source)
+    # Its iterators' states carry what the batches are made of, so a restore onto other
+    # shards, another seed or other shapes is refused naming the change (a bare
+    # MapDataset.source's state is a position only, and restored onto anything)
+    identity = {
+        "data": corpus.fingerprint,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "seed": seed,
+        "start_step": start_step,
+        "completed_phases": [list(p) for p in phases],
+        "total_steps": total_steps,
+        "dtype": out_dtype.name,
+    }
+    return with_identity(grain.MapDataset.source(source), identity, what="roxxel_stream")
