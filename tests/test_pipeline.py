@@ -260,3 +260,62 @@ def test_every_array_of_a_batch_is_read_only(make_rox, layout):
         batch = pipe.batch_source()[3]
         for key, array in batch.items():
             assert not array.flags.writeable, (paths, layout, key)
+
+
+@pytest.mark.parametrize("packing", [None, "best_fit"], ids=["windows", "packed"])
+def test_the_stream_does_not_depend_on_read_threads_prefetch_or_the_iterator(make_rox, packing):
+    """Determinism: the global batches of a two-phase mixture (the batch size, seq_len and
+    weights change at step 3) are the same through map_dataset()[k], Grain iterators with
+    1, 3 or 16 read threads and small or large prefetch buffers, data_loader(), iter_dataset()
+    and MultiHostDataLoadIterator with prefetch 1 or 5, and after a restore on each."""
+    import grain
+    import jax
+
+    from grain_rox import MultiHostDataLoadIterator
+
+    rng = np.random.default_rng(3)
+    sources = {}
+    for name, base, lens in [("p", 1, (90, 300, 40, 500)), ("q", 2000, (70, 260, 800))]:
+        docs = [rng.integers(base, base + 900, n).astype(np.uint16) for n in lens]
+        sources[name] = make_rox(name, docs, separator=0, block_size=64)
+    phases = [
+        Phase(steps=3, batch_size=8, seq_len=16, weights={"p": 0.75, "q": 0.25}),
+        Phase(steps=None, batch_size=16, seq_len=8, weights={"p": 0.25, "q": 0.75}),
+    ]
+    pipe = TokenPipeline(sources, phases=phases, seed=11, packing=packing)
+    steps = 7
+    reference = [pipe.map_dataset()[k] for k in range(steps)]
+    assert [b["inputs"].shape for b in reference] == [(8, 16)] * 3 + [(16, 8)] * 4
+
+    def same(got: list, what: str, first: int = 0) -> None:
+        assert len(got) == len(reference) - first, what
+        for k, batch in enumerate(got, start=first):
+            assert sorted(batch) == sorted(reference[k]), f"{what}: keys of batch {k}"
+            for key in reference[k]:
+                assert np.array_equal(np.asarray(batch[key]), reference[k][key]), (
+                    f"{what}: batch {k}[{key!r}] differs from map_dataset()[{k}]"
+                )
+
+    def take(it, count):
+        return [next(it) for _ in range(count)]
+
+    for threads, buffer in [(1, 1), (3, 2), (16, 50)]:
+        options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer)
+        what = f"ReadOptions(num_threads={threads}, prefetch_buffer_size={buffer})"
+        it = iter(pipe.map_dataset().to_iter_dataset(options))
+        head = take(it, 2)
+        state = it.get_state()
+        same(head + take(it, steps - 2), what)
+        again = iter(pipe.map_dataset().to_iter_dataset(options))
+        again.set_state(state)
+        same(take(again, steps - 2), f"{what} restored at step 2", first=2)
+    same(take(iter(pipe.data_loader()), steps), "data_loader()")
+    same(take(iter(pipe.iter_dataset()), steps), "iter_dataset()")
+    for prefetch in (1, 5):
+        with MultiHostDataLoadIterator(pipe, prefetch=prefetch) as it:
+            head = take(it, 4)
+            state = it.get_state()
+            same(jax.device_get(head + take(it, steps - 4)), f"prefetch={prefetch}")
+        with MultiHostDataLoadIterator(pipe, prefetch=prefetch) as it:
+            it.set_state(state)
+            same(jax.device_get(take(it, steps - 4)), f"prefetch={prefetch} restored", first=4)

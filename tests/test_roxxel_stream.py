@@ -360,6 +360,37 @@ def test_property_random_configs_match_roxxel(
 # ---------------------------------------------------------------------------------------------
 
 
+def test_a_state_restores_onto_the_same_stream_and_is_refused_on_other_arguments(
+    corpora: dict[str, str],
+) -> None:
+    """The state of a roxxel_stream iterator names its shards and arguments: it restores onto
+    the same stream (the next batches are the ones the first iterator gave) and a restore
+    onto another seed, start_step or completed_phases is refused naming the change."""
+    path = corpora["u16_sharded"]
+    args: dict[str, Any] = {"seq_len": 13, "batch_size": 3, "seed": 5}
+    first = iter(roxxel_stream(path, **args).to_iter_dataset())
+    for _ in range(2):
+        next(first)
+    state = first.get_state()
+    expected = [next(first) for _ in range(2)]
+    again = iter(roxxel_stream(path, **args).to_iter_dataset())
+    again.set_state(state)
+    for batch in expected:
+        assert next(again).tobytes() == batch.tobytes()
+    for change, saying in [
+        ({"seed": 6}, "seed: saved 5 -> now 6"),
+        ({"start_step": 2}, "start_step: saved 0 -> now 2"),
+        ({"completed_phases": [(1, 3, 13)]}, "completed_phases: saved [] -> now [[1, 3, 13]]"),
+    ]:
+        other = iter(roxxel_stream(path, **(args | change)).to_iter_dataset())
+        with pytest.raises(ValueError) as info:
+            other.set_state(state)
+        assert str(info.value).startswith(
+            "cannot restore this roxxel_stream state: its data or config changed ("
+        ), info.value
+        assert saying in str(info.value), info.value
+
+
 def test_iter_dataset_and_pickle_give_the_same_batches(corpora: dict[str, str]) -> None:
     for name in ("u16_sharded", "nonuniform_shrink"):
         kwargs: dict[str, Any] = {
