@@ -212,6 +212,115 @@ def test_killed_cli_convert_leaves_old_new_or_refuses(tmp_path, old, new):
     _run(tmp_path, old, new, cli=True)
 
 
+# A writer killed at any point of its rerun after a killed write: the driver kills the first
+# write at each point N (as DRIVER does), copies each killed state that lacks the new data,
+# and kills the rerun of the same write at each point M of it, up to the first that finishes.
+RERUN_DRIVER = r"""
+import json, os, shutil, signal, sys
+import numpy as np
+from grain_rox import open_rox, write_rox
+from _kill_points import kill_before
+
+spec = json.loads(sys.argv[1])
+
+def write(d, seed, n, mode):
+    docs = [(np.arange(7) + 100 * seed + 10 * i).astype(np.uint16) for i in range(n)]
+    write_rox(docs, os.path.join(d, "set.rox"), block_size=16, separator=0,
+              max_shard_bytes=100, if_exists=mode)
+
+def killed_at(d, n, new):
+    pid = os.fork()
+    if pid == 0:
+        kill_before(n)
+        try:
+            write(d, *new)
+        except BaseException:
+            os._exit(3)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        return True
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (d, status)
+    return False
+
+def committed(d):  # the killed write's data is all there: a rerun would write it twice
+    try:
+        with open_rox(os.path.join(d, "set.rox")) as corpus:
+            return corpus.tokens(0, corpus.num_tokens).tolist() == spec["new_tokens"]
+    except Exception:
+        return False
+
+states = []
+for n in range(1, 200):
+    d = os.path.join(spec["root"], f"k{n:03d}")
+    os.makedirs(d)
+    write(d, *spec["old"])
+    if not killed_at(d, n, spec["new"]):
+        break
+    if committed(d):
+        continue
+    for m in range(1, 200):
+        again = os.path.join(spec["root"], f"k{n:03d}_r{m:03d}")
+        shutil.copytree(d, again)
+        done = not killed_at(again, m, spec["new"])
+        states.append(again)
+        if done:
+            break
+print(json.dumps(states))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [((1, 4, "error"), (2, 4, "append")), ((1, 10, "error"), (2, 3, "overwrite"))],
+    ids=["sharded-append", "sharded-overwrite-shrink"],
+)
+def test_a_rerun_killed_at_any_point_after_a_killed_write_leaves_old_new_or_refuses(
+    tmp_path, old, new
+):
+    """The advice after a killed write is to run it again; that rerun (which first cleans up
+    or rolls back the killed one) killed at any rename, unlink or fsync of its own still
+    leaves the complete old data, the complete new data or a refusal, and a third run
+    finishes with exactly the new data (where it was not yet there)."""
+    reference = str(tmp_path / "reference" / "set.rox")
+    os.makedirs(os.path.dirname(reference))
+    _write(reference, old[0], old[1])
+    old_tokens = _tokens(reference)
+    _write(reference, *new)
+    new_tokens = _tokens(reference)
+    root = tmp_path / "kills"
+    root.mkdir()
+    spec = {"root": str(root), "old": old, "new": new, "new_tokens": new_tokens}
+    out = subprocess.run(
+        [sys.executable, "-c", RERUN_DRIVER, json.dumps(spec)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    states = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(states) >= 20, states
+    outcomes: dict[str, int] = {}
+    for d in states:
+        path = os.path.join(d, "set.rox")
+        try:
+            got = _tokens(path)
+        except RoxFormatError as e:
+            assert "interrupted" in e.problem and "Fix: " in str(e), f"{d}: {e}"
+            outcome = "refused"
+        else:
+            assert got in (old_tokens, new_tokens), f"{d}: a mix of the old and new data: {got}"
+            outcome = "old" if got == old_tokens else "new"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        if outcome != "new":  # (a rerun killed after its commit may leave its hidden lock)
+            _write(path, *new)  # the write run once more finishes it
+            assert [n for n in os.listdir(d) if n.startswith(".")] == [], d
+        assert _tokens(path) == new_tokens, d
+    assert outcomes.get("old", 0) >= 1 and outcomes.get("new", 0) >= 1, outcomes
+
+
 # ---------------------------------------------------------------------------------------------
 # Exact states and messages. A writer is stopped in-process at its N-th os.replace / os.unlink
 # (an exception where the kill would land leaves the same files as a SIGKILL).
