@@ -899,3 +899,101 @@ def test_a_killed_first_write_is_named_where_no_shard_is_found(tmp_path, capsys)
     assert note in capsys.readouterr().err
     _write(str(tmp_path / "set.rox"), 1, 2)  # the next write removes them
     assert not any(name in os.listdir(tmp_path) for name in names)
+
+
+def _trace_file_operations(monkeypatch) -> list[tuple[str, ...]]:
+    """Record, in order, each fsync (as the path its descriptor names), replace / rename
+    (source, destination) and unlink / remove of this process."""
+    events: list[tuple[str, ...]] = []
+    real = {name: getattr(os, name) for name in ("fsync", "replace", "rename", "unlink", "remove")}
+
+    def fsync(fd):
+        events.append(("fsync", os.path.realpath(os.readlink(f"/proc/self/fd/{int(fd)}"))))
+        return real["fsync"](fd)
+
+    def moved(name):
+        def move(src, dst, *args, **kwargs):
+            events.append(("replace", os.path.realpath(src), os.path.realpath(dst)))
+            return real[name](src, dst, *args, **kwargs)
+
+        return move
+
+    def removed(name):
+        def remove(path, *args, **kwargs):
+            events.append(("unlink", os.path.realpath(path)))
+            return real[name](path, *args, **kwargs)
+
+        return remove
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    for name in ("replace", "rename"):
+        monkeypatch.setattr(os, name, moved(name))
+    for name in ("unlink", "remove"):
+        monkeypatch.setattr(os, name, removed(name))
+    return events
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names descriptors via /proc")
+@pytest.mark.parametrize(
+    ("old", "new", "shard", "manifest"),
+    [
+        (None, (2, 6, "error"), None, True),
+        ((1, 4, "error"), (2, 3, "append"), None, True),
+        ((1, 4, "error"), (2, 9, "overwrite"), None, True),
+        (None, (2, 8, "error"), 100, True),
+        ((1, 4, "error"), (2, 5, "append"), 100, True),
+        ((1, 10, "error"), (2, 3, "overwrite"), 100, True),
+        ((1, 8, "error"), (2, 3, "overwrite"), 100, False),
+    ],
+    ids=[
+        "single-new",
+        "single-append",
+        "single-overwrite",
+        "sharded-new",
+        "sharded-append",
+        "sharded-overwrite-shrink",
+        "sharded-overwrite-no-manifest",
+    ],
+)
+def test_every_file_is_fsynced_before_its_rename_and_every_rename_is_made_durable(
+    tmp_path, monkeypatch, old, new, shard, manifest
+):
+    """Atomic writes survive a power loss, which a kill does not show: each file renamed into
+    place was fsynced under its temporary name first, the directory is fsynced after every
+    rename and deletion before the write returns, and the pending manifest's rename is durable
+    before the first shard is renamed (else a crash could show new shards and no record of
+    the write that put them there)."""
+    path = str(tmp_path / "set.rox")
+
+    def write(seed: int, n: int, mode: str) -> None:
+        write_rox(_docs(seed, n), path, block_size=16, separator=0, max_shard_bytes=shard,
+                  if_exists=mode, manifest=manifest)  # fmt: skip
+
+    if old is not None:
+        write(*old)
+    events = _trace_file_operations(monkeypatch)
+    write(*new)
+    monkeypatch.undo()
+    directory = os.path.realpath(tmp_path)
+    renames = [i for i, e in enumerate(events) if e[0] == "replace"]
+    assert renames, events
+    for i in renames:
+        _, src, dst = events[i]
+        assert ("fsync", src) in events[:i], f"{dst} renamed from {src}, never fsynced: {events}"
+
+    def stage(e: tuple[str, ...]) -> str | None:
+        """A visible change of the directory: shard renames, manifest renames, deletions."""
+        name = os.path.basename(e[-1])
+        if e[0] not in ("replace", "unlink") or name.startswith("."):  # a lock, a temporary
+            return None
+        return "unlink" if e[0] == "unlink" else os.path.splitext(name)[1]
+
+    changes = [(i, stage(e)) for i, e in enumerate(events) if stage(e)]
+    for i, kind in changes:  # durable before the next change of another kind (or the return)
+        end = next((j for j, k in changes if j > i and k != kind), len(events))
+        assert ("fsync", directory) in events[i + 1 : end], f"{events[i]} not durable: {events}"
+    manifests = [i for i in renames if events[i][2].endswith(".manifest.json")]
+    shards = [i for i in renames if events[i][2].endswith(".rox")]
+    if shard is not None and manifests:  # a set: its pending manifest comes first
+        assert manifests[0] < shards[0], events
+        assert ("fsync", directory) in events[manifests[0] + 1 : shards[0]], events
