@@ -2,8 +2,8 @@
 
 Usage: ``python multiprocess_worker.py PLAN.json PROCESS_ID``. The plan (JSON) holds::
 
-    {"port": int, "num_processes": int, "corpus": path, "out_dir": path,
-     "pipeline": {TokenPipeline keyword arguments},
+    {"port": int, "num_processes": int, "corpus": path or {name: path}, "out_dir": path,
+     "pipeline": {TokenPipeline keyword arguments; "phases": [{Phase keyword arguments}]},
      "runs": [{"tag": str, "read": int,
                "restore": {"dir": path, "step": int} | null,
                "save": {"dir": path, "after": int} | null}, ...]}
@@ -54,7 +54,12 @@ def main() -> None:
     assert jax.process_count() == plan["num_processes"], jax.process_count()
     assert jax.process_index() == process_id, jax.process_index()
     log(f"grain_rox imported from {grain_rox.__file__}")
-    pipeline = grain_rox.TokenPipeline(plan["corpus"], **plan["pipeline"])
+    config = dict(plan["pipeline"])
+    if "phases" in config:  # a curriculum: Phase keyword arguments, in order
+        config["phases"] = [grain_rox.Phase(**phase) for phase in config["phases"]]
+    pipeline = grain_rox.TokenPipeline(plan["corpus"], **config)
+    first_batch = (plan["pipeline"].get("phases") or [plan["pipeline"]])[0]
+    first_batch = first_batch.get("global_batch_size") or first_batch["batch_size"]
 
     for run in plan["runs"]:
         log(f"run {run['tag']}")
@@ -70,8 +75,9 @@ def main() -> None:
         # features on CPU devices) in the 4-process one.
         on_device = plan.get("features_on_device")
         with grain_rox.MultiHostDataLoadIterator(pipeline, features_on_device=on_device) as it:
-            # The rows this process reads, for the (single) phase's batch size.
-            meta["rows"] = list(it.local_rows[plan["pipeline"]["global_batch_size"]])
+            # The rows this process reads, for the (first) phase's batch size.
+            meta["rows"] = list(it.local_rows[first_batch])
+            meta["rows_by_batch_size"] = {str(n): list(r) for n, r in it.local_rows.items()}
             if run.get("restore"):
                 manager = ocp.CheckpointManager(run["restore"]["dir"])
                 manager.restore(

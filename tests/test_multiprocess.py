@@ -428,3 +428,60 @@ def test_a_grain_input_on_a_mesh_whose_processes_share_the_rows(tmp_path):
     with make() as it:
         assert np.asarray(next(it)).shape == (8, 4)
     testing.check_processes_equal(make, read=3)
+
+
+# ---- 4. a mixture curriculum restores elastically across its phase change ------------------------
+@pytest.mark.slow
+def test_a_mixture_curriculum_restores_1_to_2_to_4_processes_across_its_phase_change(
+    tmp_path, make_rox
+):
+    """Elastic resume with mixing and phases: saved on 1 process in phase 1 (batch 16 of 16
+    tokens, weights 0.7/0.3), restored on 2 processes, read across the change to phase 2
+    (batch 8 of 32 tokens, weights 0.2/0.8) and saved there, restored on 4: every global
+    batch and every process's own rows are the single-process batches of the same steps."""
+    import orbax.checkpoint as ocp
+
+    from grain_rox import Phase
+
+    sources = {
+        "a": make_rox("elastic_a", random_documents(5, lengths=(1, 400), high=30000,
+                                                    until_tokens=40_000), separator=0),
+        "b": make_rox("elastic_b", random_documents(6, lengths=(1, 900), high=30000,
+                                                    until_tokens=60_000), separator=0),
+    }  # fmt: skip
+    phases = [
+        {"steps": 6, "batch_size": 16, "seq_len": 16, "weights": {"a": 0.7, "b": 0.3}},
+        {"steps": None, "batch_size": 8, "seq_len": 32, "weights": {"a": 0.2, "b": 0.8}},
+    ]
+    config = {"phases": phases, "seed": 8}
+    pipe = TokenPipeline(sources, phases=[Phase(**p) for p in phases], seed=8)
+    ds = pipe.map_dataset()
+    ckpt1, ckpt2, out = tmp_path / "ckpt1", tmp_path / "ckpt2", tmp_path / "out"
+    out.mkdir()
+    with MultiHostDataLoadIterator(pipe) as it:
+        for _ in range(4):
+            next(it)
+        manager = ocp.CheckpointManager(ckpt1)
+        manager.save(4, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+        manager.wait_until_finished()
+        manager.close()
+    base = {"corpus": sources, "out_dir": str(out), "pipeline": config}
+    two = [{"tag": "from1", "read": 6, "restore": {"dir": str(ckpt1), "step": 4},
+            "save": {"dir": str(ckpt2), "after": 6}}]  # fmt: skip
+    four = [{"tag": "from2", "read": 3, "restore": {"dir": str(ckpt2), "step": 10}}]
+    run_workers(2, {**base, "runs": two}, tmp_path / "work2")
+    run_workers(4, {**base, "runs": four}, tmp_path / "work4")
+    for n, tag, first, count in [(2, "from1", 4, 6), (4, "from2", 10, 3)]:
+        outputs = load_outputs(out, tag, n)
+        assert len(outputs) == n
+        for proc in outputs:
+            meta = proc["meta"]
+            assert (meta["start_step"], meta["end_step"]) == (first, first + count), meta
+            for i in range(count):
+                want = {key: np.asarray(v) for key, v in ds[first + i].items()}
+                lo, hi = meta["rows_by_batch_size"][str(want["inputs"].shape[0])]
+                assert hi - lo == want["inputs"].shape[0] // n
+                for key in MAXTEXT_FEATURES:
+                    where = f"{tag}: process {meta['process_index']}/{n}, step {first + i}, {key}"
+                    assert np.array_equal(proc["global"][key][i], want[key]), where
+                    assert np.array_equal(proc["local"][key][i], want[key][lo:hi]), where
