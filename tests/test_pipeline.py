@@ -262,6 +262,31 @@ def test_every_array_of_a_batch_is_read_only(make_rox, layout):
             assert not array.flags.writeable, (paths, layout, key)
 
 
+def two_phase_mixture(make_rox, packing: str | None) -> TokenPipeline:
+    """Two sources whose batch size, seq_len and weights change at step 3."""
+    rng = np.random.default_rng(3)
+    sources = {}
+    for name, base, lens in [("p", 1, (90, 300, 40, 500)), ("q", 2000, (70, 260, 800))]:
+        docs = [rng.integers(base, base + 900, n).astype(np.uint16) for n in lens]
+        sources[name] = make_rox(name, docs, separator=0, block_size=64)
+    phases = [
+        Phase(steps=3, batch_size=8, seq_len=16, weights={"p": 0.75, "q": 0.25}),
+        Phase(steps=None, batch_size=16, seq_len=8, weights={"p": 0.25, "q": 0.75}),
+    ]
+    return TokenPipeline(sources, phases=phases, seed=11, packing=packing)
+
+
+def assert_same_batches(got: list, reference: list, what: str, first: int = 0) -> None:
+    """``got`` are ``reference[first:]``, key for key and bit for bit."""
+    assert len(got) == len(reference) - first, what
+    for k, batch in enumerate(got, start=first):
+        assert sorted(batch) == sorted(reference[k]), f"{what}: keys of batch {k}"
+        for key in reference[k]:
+            assert np.array_equal(np.asarray(batch[key]), reference[k][key]), (
+                f"{what}: batch {k}[{key!r}] differs from map_dataset()[{k}]"
+            )
+
+
 @pytest.mark.parametrize("packing", [None, "best_fit"], ids=["windows", "packed"])
 def test_the_stream_does_not_depend_on_read_threads_prefetch_or_the_iterator(make_rox, packing):
     """Determinism: the global batches of a two-phase mixture (the batch size, seq_len and
@@ -273,28 +298,13 @@ def test_the_stream_does_not_depend_on_read_threads_prefetch_or_the_iterator(mak
 
     from grain_rox import MultiHostDataLoadIterator
 
-    rng = np.random.default_rng(3)
-    sources = {}
-    for name, base, lens in [("p", 1, (90, 300, 40, 500)), ("q", 2000, (70, 260, 800))]:
-        docs = [rng.integers(base, base + 900, n).astype(np.uint16) for n in lens]
-        sources[name] = make_rox(name, docs, separator=0, block_size=64)
-    phases = [
-        Phase(steps=3, batch_size=8, seq_len=16, weights={"p": 0.75, "q": 0.25}),
-        Phase(steps=None, batch_size=16, seq_len=8, weights={"p": 0.25, "q": 0.75}),
-    ]
-    pipe = TokenPipeline(sources, phases=phases, seed=11, packing=packing)
+    pipe = two_phase_mixture(make_rox, packing)
     steps = 7
     reference = [pipe.map_dataset()[k] for k in range(steps)]
     assert [b["inputs"].shape for b in reference] == [(8, 16)] * 3 + [(16, 8)] * 4
 
     def same(got: list, what: str, first: int = 0) -> None:
-        assert len(got) == len(reference) - first, what
-        for k, batch in enumerate(got, start=first):
-            assert sorted(batch) == sorted(reference[k]), f"{what}: keys of batch {k}"
-            for key in reference[k]:
-                assert np.array_equal(np.asarray(batch[key]), reference[k][key]), (
-                    f"{what}: batch {k}[{key!r}] differs from map_dataset()[{k}]"
-                )
+        assert_same_batches(got, reference, what, first)
 
     def take(it, count):
         return [next(it) for _ in range(count)]
@@ -319,3 +329,25 @@ def test_the_stream_does_not_depend_on_read_threads_prefetch_or_the_iterator(mak
         with MultiHostDataLoadIterator(pipe, prefetch=prefetch) as it:
             it.set_state(state)
             same(jax.device_get(take(it, steps - 4)), f"prefetch={prefetch} restored", first=4)
+
+
+@pytest.mark.slow
+def test_the_stream_does_not_depend_on_the_number_of_grain_worker_processes(make_rox):
+    """Determinism: 1 and 3 Grain worker processes (data_loader and iter_dataset) serve
+    map_dataset()'s batches of the two-phase mixture, and a state saved with 3 restores with
+    3 onto the same next batches."""
+    pipe = two_phase_mixture(make_rox, None)
+    steps = 7
+    reference = [pipe.map_dataset()[k] for k in range(steps)]
+    for workers in (1, 3):
+        loader = iter(pipe.data_loader(worker_count=workers))
+        got = [next(loader) for _ in range(steps)]
+        assert_same_batches(got, reference, f"data_loader(worker_count={workers})")
+    it = iter(pipe.iter_dataset(worker_count=3))
+    head = [next(it) for _ in range(3)]
+    state = it.get_state()
+    assert_same_batches(head + [next(it) for _ in range(4)], reference, "iter_dataset(3)")
+    again = iter(pipe.iter_dataset(worker_count=3))
+    again.set_state(state)
+    got = [next(again) for _ in range(4)]
+    assert_same_batches(got, reference, "iter_dataset(3) restored at step 3", first=3)
