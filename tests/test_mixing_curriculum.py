@@ -773,7 +773,8 @@ def test_each_source_continues_its_epoch_across_phases_of_other_shapes_and_weigh
     first epoch (its own order's epoch-0 samples, taken in the order the batches serve them)
     no token is an input twice (nothing replayed), and the next-token pairs served miss at
     most the documented tail: a window per block and per seq_len change, plus one pair per
-    chunk join (nothing skipped: a source that sat out a phase goes on where it stopped)."""
+    chunk join (nothing skipped: a source that sat out a phase goes on where it stopped).
+    Each then starts its second epoch in a fresh order, and the mixture goes on."""
     sizes = {"a": 6000, "b": 4000, "c": 3000}
     sources = {
         name: make_rox(f"cov_{name}", [np.arange(OFFSETS[name], OFFSETS[name] + size,
@@ -813,3 +814,15 @@ def test_each_source_continues_its_epoch_across_phases_of_other_shapes_and_weigh
         bound += order.stream_tokens // order.chunk_tokens
         lost = order.stream_tokens - 1 - len(pairs)
         assert 0 <= lost <= bound, f"{name}: {lost} pairs of epoch 0 never served (bound {bound})"
+        # The mixture goes on: the source's next epoch serves its pairs again, in a fresh
+        # order (not epoch 0's order again, where they would come in epoch 0's row order).
+        row_of = {
+            a - OFFSETS[name]: r
+            for r, (x, y) in enumerate(rows[s][:first])
+            for a, b in zip(x.tolist(), y.tolist(), strict=True)
+            if b == a + 1
+        }
+        again = [row_of[int(x[0]) - OFFSETS[name]] for x, _ in rows[s][first : first + 30]
+                 if int(x[0]) - OFFSETS[name] in row_of]  # fmt: skip
+        assert len(again) >= 20, f"{name}: its second epoch does not serve its pairs again"
+        assert again != sorted(again), f"{name}: its second epoch repeats the first's order"
