@@ -252,6 +252,21 @@ def test_a_batch_size_the_data_axis_cannot_split_is_named_at_construction(corpus
         assert next(it)["inputs"].shape == (12, 32)
 
 
+def test_a_later_phase_the_data_axis_cannot_split_is_named_at_construction(corpus):
+    """Elastic resume onto another device count: a curriculum whose later phase's batch the
+    new mesh cannot split is refused when the iterator is made (before a restore, or any
+    batch), not when the run reaches that phase."""
+    from grain_rox import Phase
+
+    pipe = TokenPipeline(corpus, phases=[Phase(3, 8, 16), Phase(None, 12, 16)], seed=0)
+    with pytest.raises(ValueError, match=r"^global_batch_size=12 cannot be split evenly over "
+                       r"the 8 devices of the mesh's 'data' axis"):  # fmt: skip
+        MultiHostDataLoadIterator(pipe)
+    mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("data", "model"))
+    with MultiHostDataLoadIterator(pipe, mesh=mesh) as it:  # 4 devices on 'data' split both
+        assert [next(it)["inputs"].shape for _ in range(4)] == [(8, 16)] * 3 + [(12, 16)]
+
+
 def grain_batches(batch_size, drop_remainder, rows=20):
     source = grain.MapDataset.range(rows).map(lambda i: np.full(3, i, np.int32))
     return source.batch(batch_size, drop_remainder=drop_remainder)
