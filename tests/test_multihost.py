@@ -259,8 +259,9 @@ def test_a_later_phase_the_data_axis_cannot_split_is_named_at_construction(corpu
     from grain_rox import Phase
 
     pipe = TokenPipeline(corpus, phases=[Phase(3, 8, 16), Phase(None, 12, 16)], seed=0)
-    with pytest.raises(ValueError, match=r"^global_batch_size=12 cannot be split evenly over "
-                       r"the 8 devices of the mesh's 'data' axis"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"^phase 1's batch_size=12 cannot be split evenly over "
+                       r"the 8 devices of the mesh's 'data' axis: use a batch_size that is a "
+                       r"multiple of 8 \(e.g. 16\)"):  # fmt: skip
         MultiHostDataLoadIterator(pipe)
     mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("data", "model"))
     with MultiHostDataLoadIterator(pipe, mesh=mesh) as it:  # 4 devices on 'data' split both

@@ -107,10 +107,16 @@ class PipelineFeed:
         bad = [b for b in sizes if b % shards]
         if bad:
             fix = -(-bad[0] // shards) * shards
+            phases = pipeline.schedule.phases
+            if len(phases) == 1:
+                named, what = f"global_batch_size={bad[0]}", "global_batch_size"
+            else:  # a curriculum: the phase whose batch size it is
+                at = next(i for i, ph in enumerate(phases) if ph.batch_size == bad[0])
+                named, what = f"phase {at}'s batch_size={bad[0]}", "batch_size"
             raise ValueError(
-                f"global_batch_size={bad[0]} cannot be split evenly over the "
+                f"{named} cannot be split evenly over the "
                 f"{shards} devices of the mesh's {axes} axis: use a "
-                f"global_batch_size that is a multiple of {shards} (e.g. {fix}), or a "
+                f"{what} that is a multiple of {shards} (e.g. {fix}), or a "
                 "mesh with fewer devices on that axis"
             )
         # each phase batch size -> the rows [lo, hi) this process reads
