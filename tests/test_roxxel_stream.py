@@ -511,3 +511,24 @@ def test_unwalked_index_of_a_large_corpus_is_walked_first(
     assert len(ds) == len(theirs) > 0
     for k, batch in enumerate(theirs):
         assert_same_batch(ds[k], batch, np.int32)
+
+
+def test_a_state_saved_before_identities_names_the_start_step_that_continues_it(
+    corpora: dict[str, str],
+) -> None:
+    """A roxxel_stream state from before its iterators recorded identities (a bare Grain
+    position) is refused, and the start_step the message names continues the stream exactly."""
+    path = corpora["u16_sharded"]
+    args: dict[str, Any] = {"seq_len": 13, "batch_size": 3, "seed": 5, "start_step": 1}
+    first = iter(roxxel_stream(path, **args).to_iter_dataset())
+    for _ in range(2):
+        next(first)
+    old_state = first.get_state()["state"]  # what a bare MapDataset.source's iterator saved
+    assert old_state == {"next_index": 2}, old_state
+    expected = [next(first) for _ in range(2)]
+    again = iter(roxxel_stream(path, **args).to_iter_dataset())
+    with pytest.raises(ValueError, match=r"build(ing)? roxxel_stream\(\.\.\., start_step=S \+ 2\)"):
+        again.set_state(old_state)
+    continued = iter(roxxel_stream(path, **(args | {"start_step": 1 + 2})).to_iter_dataset())
+    for batch in expected:
+        assert next(continued).tobytes() == batch.tobytes()

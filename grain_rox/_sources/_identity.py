@@ -88,10 +88,21 @@ def split_state(state: Any, *, what: str) -> tuple[Mapping[str, Any], Any]:
         )
     if not isinstance(state, Mapping) or set(state) != {"identity", "state"}:
         shown = repr(state)[:200]
+        index = state.get("next_index") if isinstance(state, Mapping) else None
+        if what == "roxxel_stream" and isinstance(index, int):  # its states before 0.1.x's
+            fix = (  # identities: a bare position, which the stream's start_step can take
+                f"a roxxel_stream state saved before grain_rox recorded identities cannot be "
+                f"restored; continue by building roxxel_stream(..., start_step=S + {index}), "
+                "S being the start_step it was built with"
+            )
+        else:
+            fix = (
+                "a state saved by grain_rox before identities were recorded cannot be "
+                "restored: start a new run"
+            )
         raise ValueError(
             f"not a {what} state: {shown}. Expected the dict get_state() returned, with keys "
-            "'identity' and 'state' (a state saved by grain_rox before identities were "
-            "recorded cannot be restored: start a new run)"
+            f"'identity' and 'state' ({fix})"
         )
     return state["identity"], state["state"]
 
