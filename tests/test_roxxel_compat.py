@@ -1201,3 +1201,96 @@ def test_write_path_with_glob_characters_is_refused(
     with pytest.raises(ValueError, match=r"glob characters.*roxxel would write '.*dbase"):
         write_rox(["data"], tmp_path / name, block_size=8, max_shard_bytes=max_shard_bytes)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- empty documents and empty blocks -----------------------------------------------------------
+
+
+def test_roxxel_never_writes_an_empty_block_for_empty_items(tmp_path: Path) -> None:
+    """An empty string, an empty array or an empty id list adds its separator (or nothing) to
+    a block; roxxel's blocks are never empty, and both readers see the same bytes."""
+    cases = {
+        "str_sep": (["", "ab", ""], {"separator": b"\n", "block_size": 4}),
+        "str_nosep": (["", "ab", "", "cd"], {"block_size": 2}),
+        "u16_sep": (
+            [np.array([], np.uint16), np.array([1, 2], np.uint16), np.array([], np.uint16)],
+            {"separator": b"\xff\xff", "block_size": 4},
+        ),
+        "tok": ([[], [104, 105], []], {"tokenizer": FakeTokEosAttr(), "block_size": 4}),
+    }
+    raws = {}
+    for name, (items, kwargs) in cases.items():
+        path = tmp_path / f"{name}.rox"
+        roxxel_write(path, items, **kwargs)
+        parsed = _parse_shard(path)
+        assert 0 not in np.diff([0, *parsed.ends])
+        assert_grain_reads_like_roxxel(str(path))
+        raws[name] = parsed.raw
+    assert raws == {
+        "str_sep": b"\nab\n\n\n\n\n",
+        "str_nosep": b"abcd",
+        "u16_sep": _u16(0xFFFF, 1, 2, 0xFFFF, 0xFFFF, 0xFFFF).tobytes(),
+        "tok": np.array([30000, 104, 105, 30000, 30000, 30000], "<i2").tobytes(),
+    }
+
+
+def test_empty_documents_we_write_stay_documents_and_roxxel_reads_them(tmp_path: Path) -> None:
+    path = tmp_path / "e.rox"
+    items = [np.array([], np.uint16), np.array([5, 6], np.uint16), np.array([], np.uint16)]
+    result = write_rox(items, path, separator=0, block_size=8)
+    assert result.num_documents == 3
+    assert roxxel_read(str(path)).blocks == [_u16(0, 5, 6, 0).tobytes(), _u16(0, 0, 0, 0).tobytes()]
+    out = tmp_path / "e.array_record"
+    array_record_export.export_array_record(str(path), str(out))
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    reader = ArrayRecordReader(str(out))
+    assert [bytes(r) for r in reader.read_all()] == [b"", _u16(5, 6).tobytes(), b""]
+    reader.close()
+
+
+def _roxxel_block_size_zero(base: Path, blocks: int) -> None:
+    """Roxxel's ``write(["ab"], block_size=0, max_shard_bytes=200)``, stopped after its raw
+    packer has emitted ``blocks`` (empty) blocks: unstopped, the write never ends."""
+    import itertools
+
+    real = roxxel.Roxxel._write_orchestrator
+
+    def stopped(self: Any, block_stream: Any, *args: Any) -> None:
+        real(self, itertools.islice(block_stream, blocks), *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(roxxel.Roxxel, "_write_orchestrator", stopped)
+        roxxel_write(base, [np.array([50, 51], np.uint16)], block_size=0, max_shard_bytes=200)
+
+
+def test_roxxel_block_size_zero_empty_blocks_are_refused_naming_the_cause(
+    tmp_path: Path,
+) -> None:
+    """Only roxxel's write(block_size=0) writes empty blocks, and it never stores its items;
+    roxxel's own stream() divides by zero on a shard of them. grain_rox refuses them, saying so."""
+    base = tmp_path / "s.rox"
+    roxxel_write(base, [np.arange(1, 11, dtype=np.uint16)], block_size=8, max_shard_bytes=200)
+    _roxxel_block_size_zero(base, blocks=40)
+    first, second = _parse_shard(tmp_path / "s_0000.rox"), _parse_shard(tmp_path / "s_0001.rox")
+    assert first.ends[:4] == [8, 16, 24, 24] and first.raw == _u16(*range(1, 11), 0, 0).tobytes()
+    assert second.raw == b"" and second.num_blocks > 0 and set(second.ends) == {0}
+    with roxxel.Roxxel([str(tmp_path / "s_0001.rox")]) as ds, pytest.raises(ZeroDivisionError):
+        ds.stream(seq_len=2, batch_size=1, seed=0, prefetch_size=0)
+    empty = first.num_blocks - 3
+    with pytest.raises(RoxFormatError) as info:
+        open_rox(str(tmp_path / "s_0000.rox"))
+    assert info.value.path == str(tmp_path / "s_0000.rox")
+    assert info.value.problem.startswith(
+        f"block 3 is empty (it ends at offset 24, where the previous block ended), one of "
+        f"{empty} empty blocks of {first.num_blocks}; roxxel writes empty blocks only when "
+        "write() is given block_size=0"
+    )
+    assert info.value.fix.startswith("write the data again with a block size > 0")
+    with pytest.raises(RoxFormatError) as info:
+        open_rox(str(tmp_path / "s_0001.rox"))
+    assert info.value.problem.startswith(
+        f"the footer says {second.num_blocks} blocks but 0 raw bytes: every block is empty "
+        "(0 bytes); roxxel writes empty blocks only when write() is given block_size=0"
+    )
+    assert cli_main(["verify", str(tmp_path / "s_0001.rox")]) == 1

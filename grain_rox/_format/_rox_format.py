@@ -61,6 +61,20 @@ class RoxFormatError(ValueError):
 
 
 _REWRITE = "re-create the shard from its source data (grain-rox convert or roxxel's write)"
+# Roxxel cuts every write into blocks of block_size bytes, so an empty document, an empty
+# string or an item of no tokens adds only its separator (or nothing) to a block, never an
+# empty block: only a write(..., block_size=0) gives empty ones, and it never ends (its loop
+# emits b"" blocks forever, finalizing shard after shard with max_shard_bytes) and never
+# stores its items. Roxxel's stream() divides by zero on such a set, or over-counts its len().
+_EMPTY_BLOCKS = (
+    "roxxel writes empty blocks only when write() is given block_size=0, a write that never "
+    "ends and stores none of its items, so they hold no data"
+)
+_EMPTY_BLOCKS_FIX = (
+    "write the data again with a block size > 0 (roxxel's default is 4096) and delete the "
+    "shards that write left (blocks before its empty ones hold earlier writes' data: "
+    "re-create those from their source)"
+)
 
 
 def decode_dtype(name_bytes: bytes, path: str) -> np.dtype:
@@ -234,7 +248,14 @@ def parse_header(path: str, file_size: int, read_at: Callable[[int, int], bytes]
             "or damaged)",
             _REWRITE,
         )
-    if (num_blocks == 0) != (raw_size == 0):
+    if num_blocks and not raw_size:
+        raise RoxFormatError(
+            path,
+            f"the footer says {num_blocks} blocks but 0 raw bytes: every block is empty "
+            f"(0 bytes); {_EMPTY_BLOCKS}",
+            _EMPTY_BLOCKS_FIX,
+        )
+    if raw_size and not num_blocks:
         raise RoxFormatError(
             path, f"the footer says {num_blocks} blocks but {raw_size} raw bytes", _REWRITE
         )
@@ -251,6 +272,10 @@ def parse_header(path: str, file_size: int, read_at: Callable[[int, int], bytes]
         first = int.from_bytes(read_at(raw_size, 8), "little", signed=True)
         last_at = raw_size + INDEX_ENTRY_SIZE * (num_blocks - 1)
         last = int.from_bytes(read_at(last_at, 8), "little", signed=True)
+        if first == 0 and last == raw_size:
+            raise RoxFormatError(
+                path, f"block 0 is empty (its end offset is 0); {_EMPTY_BLOCKS}", _EMPTY_BLOCKS_FIX
+            )
         if not 0 < first <= last == raw_size:
             raise RoxFormatError(
                 path,
@@ -320,6 +345,15 @@ def check_index(header: ShardHeader, ends: np.ndarray) -> bool:
         if bad.size:
             i = lo + int(bad[0])
             before = prev if bad[0] == 0 else int(chunk[bad[0] - 1])
+            if sizes[bad[0]] == 0:
+                empty = _count_empty_blocks(ends)
+                raise RoxFormatError(
+                    header.path,
+                    f"block {i} is empty (it ends at offset {before}, where the previous block "
+                    f"ended), one of {empty} empty blocks of {header.num_blocks}; "
+                    f"{_EMPTY_BLOCKS}",
+                    _EMPTY_BLOCKS_FIX,
+                )
             raise RoxFormatError(
                 header.path,
                 f"block {i} ends at offset {int(chunk[bad[0]])} after the previous block ended "
@@ -336,6 +370,16 @@ def check_index(header: ShardHeader, ends: np.ndarray) -> bool:
             _REWRITE,
         )
     return uniform
+
+
+def _count_empty_blocks(ends: np.ndarray) -> int:
+    """How many blocks of an index end where the one before ended (chunk by chunk)."""
+    count, prev = 0, 0
+    for lo in range(0, len(ends), _INDEX_CHUNK):
+        chunk = np.asarray(ends[lo : lo + _INDEX_CHUNK], dtype=np.int64)
+        count += int(np.count_nonzero(np.diff(chunk, prepend=np.int64(prev)) == 0))
+        prev = int(chunk[-1])
+    return count
 
 
 def check_same_dtype(first: ShardHeader, header: ShardHeader) -> None:
