@@ -295,7 +295,7 @@ def _convert(args: argparse.Namespace) -> int:
                 raise ValueError(
                     "ArrayRecord token documents need their dtype: pass --record-dtype (e.g. uint16)"
                 )
-            from grain_rox._sources._array_record import ArrayRecordSource
+            from grain_rox._sources._array_record import ArrayRecordSource, DescribedItems
 
             source = ArrayRecordSource(files, dtype=args.record_dtype)
             docs = source.iter_arrays()
@@ -323,8 +323,11 @@ def _convert(args: argparse.Namespace) -> int:
             " (the default)" if args.tokenizer is None else "",
         )
         start = time.perf_counter()
+        items = docs if args.workers is None else tokenize_in_order(docs, tok, workers=args.workers)
+        if token_docs:  # write_rox's errors name a record's file and index
+            items = DescribedItems(items, source.describe_item)
         result = write_rox(  # it encodes text a chunk ahead itself; --workers: more chunks
-            docs if args.workers is None else tokenize_in_order(docs, tok, workers=args.workers),
+            items,
             args.output,
             tokenizer=tok,
             block_size=args.block_size,

@@ -339,7 +339,7 @@ def test_convert_refuses_ids_outside_the_tokenizer_vocabulary(tmp_path, capsys):
     code = main(["convert", src, "-o", str(tmp_path / "b.rox"), "--record-dtype", "uint32",
                  "--no-progress"])  # fmt: skip
     assert code == 2
-    assert "item 0 holds token id 70000, outside the bytes vocabulary (0..256)" in (
+    assert f"item 0 ({src}: record 0) holds token id 70000, outside the bytes vocabulary " in (
         capsys.readouterr().err
     )
     assert not os.path.exists(tmp_path / "b.rox")
@@ -557,3 +557,44 @@ def test_export_killed_at_any_rename_or_fsync_leaves_the_old_file_or_the_new_one
         assert run.returncode == -9, run.returncode
         outcomes.append("old" if got == old else "new")
     assert outcomes[-1] == "done" and "old" in outcomes, outcomes
+
+
+def test_values_a_writer_or_packer_refuses_name_the_file_and_record(tmp_path, capsys):
+    """Out-of-range ids and float records read from ArrayRecord files: the errors of
+    write_rox, grain-rox convert and pack_documents name the file and the record, not
+    only the item's position in the stream."""
+    a = write_records(tmp_path / "a.array_record", [np.array([1, 2], np.uint64)])
+    b = write_records(
+        tmp_path / "b.array_record", [np.array([3], np.uint64), np.array([5, 2**40], np.uint64)]
+    )
+    src = ArrayRecordSource([a, b], dtype=np.uint64)
+    assert src.describe_item(2) == f"{b}: record 1"
+    for items in (src, src.iter_arrays()):
+        with pytest.raises(ValueError) as info:
+            write_rox(items, str(tmp_path / "o.rox"), dtype="uint16")
+        assert str(info.value).startswith(
+            f"item 2 ({b}: record 1) holds values in [5, 1099511627776] that do not fit uint16"
+        )
+    with pytest.raises(ValueError) as info:
+        next(iter(pack_documents(src, seq_len=8, batch_size=1, shuffle=False)))
+    assert str(info.value).startswith(
+        f"pack_documents: document 2 ({b}: record 1) holds the id 1099511627776 in its tokens"
+    )
+    f = write_records(tmp_path / "f.array_record", [np.array([1.5, 2], np.float32)])
+    floats = ArrayRecordSource(f, dtype=np.float32)
+    with pytest.raises(TypeError) as info:
+        write_rox(floats.iter_arrays(), str(tmp_path / "f.rox"), dtype="uint16")
+    assert str(info.value).startswith(f"item 0 ({f}: record 0) has dtype float32, which cannot")
+    with pytest.raises(ValueError) as info:
+        next(iter(pack_documents(floats, seq_len=8, batch_size=1, shuffle=False)))
+    assert str(info.value).startswith(
+        f"pack_documents: document 0 ({f}: record 0): a document must be a 1-D integer token "
+        "array, got float32"
+    )
+    code = main(["convert", a, b, "-o", str(tmp_path / "c.rox"), "--record-dtype", "uint64",
+                 "--no-progress"])  # fmt: skip
+    assert code == 2
+    assert f"item 2 ({b}: record 1) holds token id 1099511627776, outside the bytes" in (
+        capsys.readouterr().err
+    )
+    assert not os.path.exists(tmp_path / "c.rox") and not os.path.exists(tmp_path / "o.rox")

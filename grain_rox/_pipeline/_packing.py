@@ -18,10 +18,11 @@ config, and a state from other data or another config is refused (``_identity``)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import grain
@@ -110,11 +111,12 @@ class PackingStats(ProcessLocal):
         )
 
 
-def _as_int32(values: np.ndarray, index: int, what: str) -> np.ndarray:
+def _as_int32(values: np.ndarray, index: int, name: Callable[[int], str], what: str) -> np.ndarray:
     """``values`` as int32, the packed batches' dtype, or a ValueError naming the document
-    where an id does not fit (a cast would wrap it: 3,000,000,000 became -1,294,967,296).
+    (``name(index)``) where an id does not fit (a cast would wrap it: 3,000,000,000 became
+    -1,294,967,296).
 
-    >>> _as_int32(np.array([2**31], np.int64), 4, "tokens")
+    >>> _as_int32(np.array([2**31], np.int64), 4, "document {}".format, "tokens")
     Traceback (most recent call last):
     ...
     ValueError: pack_documents: document 4 holds the id 2147483648 in its tokens, which int32 ...
@@ -123,14 +125,14 @@ def _as_int32(values: np.ndarray, index: int, what: str) -> np.ndarray:
         return values.astype(np.int32)
     if values.dtype.kind not in "iu":
         raise ValueError(
-            f"pack_documents: document {index}'s {what} are {values.dtype}, not integer token "
+            f"pack_documents: {name(index)}'s {what} are {values.dtype}, not integer token "
             "ids (a cast to int32 would drop fractions); pass token ids"
         )
     info = np.iinfo(np.int32)
     low, high = values.min(), values.max()
     if low < info.min or high > info.max:
         raise ValueError(
-            f"pack_documents: document {index} holds the id {high if high > info.max else low} "
+            f"pack_documents: {name(index)} holds the id {high if high > info.max else low} "
             f"in its {what}, which int32 (the packed batches' dtype) cannot hold; token ids of "
             "a vocabulary fit (below 2**31): check the data, or map the ids to a smaller range"
         )
@@ -143,12 +145,28 @@ class _AsDocument(grain.transforms.MapWithIndex):
     ``targets`` = tokens[1:]; an ``{"inputs", "targets"}`` record passes (as int32), so
     sources of both kinds mix. A longer document is split, truncated or refused."""
 
-    def __init__(self, key: str | None, seq_len: int, long_documents: str, stats: PackingStats):
+    def __init__(
+        self,
+        key: str | None,
+        seq_len: int,
+        long_documents: str,
+        stats: PackingStats,
+        describe: Callable[[int], str] | None = None,
+    ):
         self.key = key
         self.seq_len = seq_len
         self.long_documents = long_documents
         self.stats = stats
+        self.describe = describe  # where record i is (an ArrayRecord file and record)
         self._warned = False
+
+    def _document(self, index: int) -> str:
+        """``document <index>``, with its file and record where the source can say (worded
+        only for an error)."""
+        if self.describe is not None:
+            with contextlib.suppress(IndexError):  # an index past one epoch names no record
+                return f"document {index} ({self.describe(index)})"
+        return f"document {index}"
 
     def _pairs(
         self, index: int, record: Any
@@ -161,8 +179,8 @@ class _AsDocument(grain.transforms.MapWithIndex):
         elif INPUTS in record and TARGETS in record:
             # one dtype for every document: Grain's packer casts to the first one's dtype
             rest = {k: v for k, v in record.items() if k not in (INPUTS, TARGETS)}
-            inputs = _as_int32(np.asarray(record[INPUTS]), index, INPUTS)
-            targets = _as_int32(np.asarray(record[TARGETS]), index, TARGETS)
+            inputs = _as_int32(np.asarray(record[INPUTS]), index, self._document, INPUTS)
+            targets = _as_int32(np.asarray(record[TARGETS]), index, self._document, TARGETS)
             if inputs.shape != targets.shape:  # (a piece is cut by inputs' length alone)
                 raise ValueError(
                     f"pack_documents: record {index} has inputs of shape {inputs.shape} but "
@@ -178,10 +196,11 @@ class _AsDocument(grain.transforms.MapWithIndex):
             )
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
             raise ValueError(
-                f"a document must be a 1-D integer token array, got {tokens.dtype} of shape "
-                f"{tokens.shape}; tokenize text first (HFEagerSource(tokenize=...))"
+                f"pack_documents: {self._document(index)}: a document must be a 1-D integer "
+                f"token array, got {tokens.dtype} of shape {tokens.shape}; tokenize text first "
+                "(HFEagerSource(tokenize=...)), or read integer records (dtype=)"
             )
-        tokens = _as_int32(tokens, index, "tokens")
+        tokens = _as_int32(tokens, index, self._document, "tokens")
         return {}, tokens[:-1], tokens[1:], True
 
     def map_with_index(self, index: int, record: Any) -> list[dict[str, Any]]:
@@ -340,7 +359,8 @@ def pack_documents(
         "tokens_key": tokens_key,
         "long_documents": long_documents,
     }
-    ds = ds.map_with_index(_AsDocument(tokens_key, seq_len, long_documents, stats))
+    describe = getattr(source, "describe_item", None)  # an ArrayRecord file and record
+    ds = ds.map_with_index(_AsDocument(tokens_key, seq_len, long_documents, stats, describe))
     if count > 1:
         ds = ds[index::count]
     if shuffle:

@@ -26,7 +26,7 @@ import io
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -133,6 +133,22 @@ def close_quietly(reader: Any) -> None:
     """Close a reader; a damaged file's reader raises on close too, after its real error."""
     with contextlib.suppress(RuntimeError):
         reader.close()
+
+
+class DescribedItems:
+    """An iterator of items that says where item ``i`` (0-based, in iteration order) came
+    from: :func:`~grain_rox.write_rox` and :func:`~grain_rox.pack_documents` name it in
+    their errors (``describe_item(1)`` -> ``"docs.array_record: record 1"``)."""
+
+    def __init__(self, items: Iterable[Any], describe: Callable[[int], str]) -> None:
+        self._items = iter(items)
+        self.describe_item = describe
+
+    def __iter__(self) -> DescribedItems:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._items)
 
 
 def _stack(arrays: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
@@ -342,6 +358,12 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
     def _name(self, where: tuple[int, int]) -> str:
         return f"{self.files[where[0]]}: record {where[1]}"
 
+    def describe_item(self, index: int) -> str:
+        """Where record ``index`` (global numbering) is: ``"<file>: record <k>"``, for errors
+        about its values that a reader of the records raises (write_rox, pack_documents)."""
+        ((f, k),) = self._locate([index])
+        return self._name((f, k))
+
     def __getitem__(self, index: int) -> np.ndarray:
         ((record, where),) = self._read(
             [record_index(index, len(self), "record")], recheck_after=0.1
@@ -389,8 +411,12 @@ class ArrayRecordSource(ProcessLocal, BatchesMixin):
             )
         return super().batches(batch_size, **kwargs)
 
-    def iter_arrays(self, chunk: int = 1024) -> Iterator[np.ndarray]:
-        """Every record in file order (sequential reads, ``chunk`` records per call)."""
+    def iter_arrays(self, chunk: int = 1024) -> DescribedItems:
+        """Every record in file order (sequential reads, ``chunk`` records per call); the
+        iterator's ``describe_item(i)`` names record ``i``'s file, for write_rox's errors."""
+        return DescribedItems(self._iter_arrays(chunk), self.describe_item)
+
+    def _iter_arrays(self, chunk: int) -> Iterator[np.ndarray]:
         for f, path in enumerate(self.files):
             for k, record in read_in_order(path, self.counts[f], chunk):
                 yield self._decode(record, (f, k))

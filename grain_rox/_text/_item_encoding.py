@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -144,12 +144,31 @@ def check_float_overflow(values: np.ndarray, stored: np.ndarray, where: str) -> 
         )
 
 
+class _Where:
+    """``item <i> (<where it came from>)``, worded only when an error is (no cost per item)."""
+
+    def __init__(self, index: int, describe: Callable[[int], str]) -> None:
+        self.index, self.describe = index, describe
+
+    def __format__(self, spec: str) -> str:
+        return format(f"item {self.index} ({self.describe(self.index)})", spec)
+
+    __str__ = __repr__ = lambda self: format(self, "")
+
+
 class ItemEncoder:
     """Turns each item into a 1-D array of the target dtype, checking instead of relabelling."""
 
-    def __init__(self, dtype: np.dtype, tokenizer: Tokenizer | None) -> None:
+    def __init__(
+        self,
+        dtype: np.dtype,
+        tokenizer: Tokenizer | None,
+        describe: Callable[[int], str] | None = None,
+    ) -> None:
         self.dtype = dtype
         self.tokenizer = tokenizer
+        # where item i came from (an ArrayRecord file and record), named in errors
+        self.describe = describe
         # Ids below the vocabulary size fit a dtype chosen for it: no per-item range check.
         self.ids_fit = (
             tokenizer is not None
@@ -169,7 +188,7 @@ class ItemEncoder:
             )
 
     def __call__(self, item: Any, index: int) -> np.ndarray:
-        where = f"item {index}"
+        where: Any = f"item {index}" if self.describe is None else _Where(index, self.describe)
         if isinstance(item, str):
             if self.tokenizer is not None:
                 ids = self.tokenizer.encode(item)

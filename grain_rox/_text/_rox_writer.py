@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -189,6 +189,7 @@ def write_rox(
     tok = get_tokenizer(tokenizer) if tokenizer is not None else None
     if isinstance(items, (str, bytes, np.ndarray)):
         items = [items]  # a single item, not an iterable of characters/rows
+    describe = getattr(items, "describe_item", None)  # e.g. an ArrayRecord file and record
     layout, item_iter = plan_layout(iter(items), dtype, block_size, separator, pad_id, tok)
     if tok is not None:  # text is encoded in batches, a batch ahead on a thread
         item_iter = tokenize_in_order(item_iter, tok)
@@ -202,7 +203,7 @@ def write_rox(
         _check_append(shards, previous, mpath, layout, if_exists)
         try:
             with _progress_bar(progress, path) as bar:
-                written = _encode_and_write(item_iter, layout, shards, bar)
+                written = _encode_and_write(item_iter, layout, shards, bar, describe)
             if not shards.files:
                 return _nothing_written(path, layout, shards, if_exists)
             finished = shards.finish()
@@ -355,11 +356,16 @@ def _check_append(
 
 
 def _encode_and_write(
-    items: Iterator[Any], layout: TokenLayout, shards: ShardSetWriter, bar: Any
+    items: Iterator[Any],
+    layout: TokenLayout,
+    shards: ShardSetWriter,
+    bar: Any,
+    describe: Callable[[int], str] | None = None,
 ) -> _Written:
     """Encode every item, follow it by the separator, write whole blocks as they fill and pad
-    the final block; count tokens and documents."""
-    encode = ItemEncoder(layout.dtype, layout.tokenizer)
+    the final block; count tokens and documents. ``describe(i)``: where item ``i`` came from,
+    for errors."""
+    encode = ItemEncoder(layout.dtype, layout.tokenizer, describe)
     target = layout.dtype
     per_block = layout.tokens_per_block
     flush_tokens = max(per_block, (_FLUSH_BYTES // layout.block_size) * per_block)
