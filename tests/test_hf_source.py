@@ -915,3 +915,80 @@ def test_nested_lists_of_different_lengths_name_the_row_the_lengths_and_the_fix(
         "array; pad them to one length first (dataset.map) or leave the column out "
         "(exclude_keys=['x'])"
     )
+
+
+@pytest.mark.parametrize(
+    "column", [[[], []], [[None], [None, None]], [[[]], [[], []]]], ids=["empty", "none", "nested"]
+)
+def test_a_list_of_null_column_is_refused_with_its_type_and_the_fix(tmp_path, column):
+    """``from_dict({"tokens": [[], []]})`` is typed list<null>: it was served as object
+    (eager) or float64 (streamed) arrays, which packing refused as 'not integer tokens'."""
+    ds = datasets.Dataset.from_dict({"tokens": column, "x": [1, 2]})
+    path = str(tmp_path / "n.parquet")
+    ds.to_parquet(path)
+    fix = (
+        "Give the column its type, e.g. dataset = dataset.cast_column('tokens', "
+        "datasets.Sequence(datasets.Value('int32'))) (write files with that schema), or leave "
+        "the column out (exclude_keys=['tokens'])"
+    )
+    for make, where in (
+        (lambda: HFEagerSource(ds), "HFEagerSource"),
+        (lambda: HFEagerSource(data_files=path), "HFEagerSource"),
+        (lambda: HFStreamingSource(path), f"HFStreamingSource({path})"),
+    ):
+        with pytest.raises(ValueError) as info:
+            make()
+        message = str(info.value)
+        assert message.startswith(f"{where}: column 'tokens' has Arrow type list<")
+        assert "every list in it is empty or holds only None" in message and fix in message
+    assert HFEagerSource(ds, exclude_keys=["tokens"])[1]["x"].tolist() == 2
+    if column[0] == []:  # the fix the message gives works
+        typed = ds.cast_column("tokens", datasets.Sequence(datasets.Value("int32")))
+        assert HFEagerSource(typed)[0]["tokens"].dtype == np.int32
+
+
+def test_streamed_timestamps_and_string_lists_match_the_eager_source(tmp_path):
+    """Streamed rows gave Python datetimes (object arrays, time zone kept) and '<U' arrays
+    for list<string>; the eager source gives datetime64[unit] (the UTC instant) and object
+    arrays. Both now serve the eager source's dtypes and values."""
+    import datetime
+
+    tokyo = datetime.timezone(datetime.timedelta(hours=9))
+    ds = datasets.Dataset.from_dict(
+        {
+            "t": [datetime.datetime(2020, 1, 1, 12, 0), datetime.datetime(2021, 6, 1, 0, 0, 5)],
+            "tz": [
+                datetime.datetime(2020, 1, 1, 9, 0, tzinfo=tokyo),
+                datetime.datetime(2021, 6, 1, 12, 0, tzinfo=tokyo),
+            ],
+            "words": [["a", "bc"], []],
+        },
+        features=datasets.Features(
+            {
+                "t": datasets.Value("timestamp[ms]"),
+                "tz": datasets.Value("timestamp[us, tz=Asia/Tokyo]"),
+                "words": datasets.Sequence(datasets.Value("string")),
+            }
+        ),
+    )
+    path = str(tmp_path / "t.parquet")
+    ds.to_parquet(path)
+    eager = HFEagerSource(data_files=path)
+    streamed = list(HFStreamingSource(path).dataset(num_epochs=1))
+    want = [
+        {
+            "t": np.datetime64("2020-01-01T12:00:00.000", "ms"),
+            "tz": np.datetime64("2020-01-01T00:00:00.000000", "us"),
+            "words": ["a", "bc"],
+        },
+        {
+            "t": np.datetime64("2021-06-01T00:00:05.000", "ms"),
+            "tz": np.datetime64("2021-06-01T03:00:00.000000", "us"),
+            "words": [],
+        },
+    ]
+    for i, row in enumerate(want):
+        for rec in (eager[i], streamed[i]):
+            assert rec["t"].dtype == np.dtype("datetime64[ms]") and rec["t"] == row["t"]
+            assert rec["tz"].dtype == np.dtype("datetime64[us]") and rec["tz"] == row["tz"]
+            assert rec["words"].dtype == object and rec["words"].tolist() == row["words"]

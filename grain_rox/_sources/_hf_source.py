@@ -55,6 +55,7 @@ from grain_rox._text._hf_records import (
     hf_datasets,
     kept_columns,
     load_files,
+    refuse_untyped_lists,
     stack_column,
 )
 
@@ -311,6 +312,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             raise ValueError(
                 f"{e} (the dataset's format shows only {shown}: pass include_keys= to read others)"
             ) from None
+        refuse_untyped_lists(dataset.features.arrow_schema, keep, "HFEagerSource")
         self.nulls = check_nulls_arg(nulls)
         self.skipped_rows = 0  # rows left out for a missing value (nulls="skip")
         if self.nulls == "skip":

@@ -25,6 +25,7 @@ from grain_rox._text._hf_records import (
     file_kind,
     hf_datasets,
     kept_columns,
+    refuse_untyped_lists,
 )
 
 _SAMPLE = 1 << 20  # bytes hashed at each end of a data file for its identity
@@ -146,9 +147,12 @@ class HFStreamingSource:
             features = ds.features
         except read_errors() as e:
             raise unreadable(self.files[:1], self.kind, e) from None
+        kept = kept_columns(list(ds.column_names or []), self.include_keys, self.exclude_keys)
         if features is not None:  # numbers keep the files' dtypes, as in HFEagerSource
             self.dtypes = arrow_dtypes(features.arrow_schema)
-        return kept_columns(list(ds.column_names or []), self.include_keys, self.exclude_keys)
+            where = f"HFStreamingSource({self.files[0]})"
+            refuse_untyped_lists(features.arrow_schema, kept, where)
+        return kept
 
     def __repr__(self) -> str:
         """Content-identifying, as Grain compares sources: its files' digests and config."""

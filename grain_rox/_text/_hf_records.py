@@ -9,6 +9,7 @@ packed).
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -98,6 +99,9 @@ def to_numpy(value: Any, dtypes: Any = None) -> Any:
     if isinstance(value, dict):
         inner = dtypes if isinstance(dtypes, dict) else {}
         return {k: to_numpy(v, inner.get(k)) for k, v in value.items()}
+    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
+        # the instant in UTC, as Arrow stores it and the eager source serves it
+        value = value.astimezone(datetime.UTC).replace(tzinfo=None)
     return np.asarray(value, dtype=dtypes if isinstance(dtypes, np.dtype) else None)
 
 
@@ -402,16 +406,49 @@ class ArrowColumn:
         return stack_column(self.key, self.rows(rows), index.tolist())
 
 
+def refuse_untyped_lists(schema: Any, columns: Sequence[str], where: str) -> None:
+    """Refuse a kept column of Arrow type ``list<null>`` (at any list depth): lists that are
+    all empty or hold only None (``Dataset.from_dict({"tokens": [[], []]})``) carry no element
+    type, and numpy would make them object (eager) or float64 (streamed) arrays that a
+    packer, a tokenizer or a model then refuses with an error about object or float data."""
+    import pyarrow as pa
+
+    for field in schema:
+        if field.name not in columns or not pa.types.is_null(_innermost(field.type)):
+            continue
+        if not pa.types.is_null(field.type):  # (a plain null column: every value is missing)
+            key = field.name
+            raise ValueError(
+                f"{where}: column {key!r} has Arrow type {field.type}: every list in it is "
+                "empty or holds only None, so its elements have no type (an empty list is "
+                "typed only by other rows' values) and no dtype to serve them in. Give the "
+                f"column its type, e.g. dataset = dataset.cast_column({key!r}, "
+                "datasets.Sequence(datasets.Value('int32'))) (write files with that schema), "
+                f"or leave the column out (exclude_keys=[{key!r}])"
+            )
+
+
 def number_dtypes(arrow_type: Any) -> Any:
     """The numpy dtype of the numbers in values of this Arrow type: one dtype for numbers,
     (nested) lists of them and ``datasets``' ``Array2D``..``Array5D``; a dict for a struct
-    (its fields that hold numbers); ``None`` for none (text, images, lists of structs)."""
+    (its fields that hold numbers); ``None`` for none (text, images, lists of structs).
+
+    Also the dtype the eager source's values of two other types have, so that a streamed
+    value (a Python one) is served the same: ``datetime64[unit]`` for a timestamp (the
+    instant in UTC: numpy's datetimes have no time zone) and ``object`` for a list of
+    strings (one level; a single string is numpy text in both)."""
     import pyarrow as pa
 
     if isinstance(arrow_type, pa.ExtensionType):  # datasets' ArrayXD: lists in storage
         arrow_type = arrow_type.storage_type
     if arrow_numeric(arrow_type):
         return np.dtype(_innermost(arrow_type).to_pandas_dtype())
+    if pa.types.is_timestamp(arrow_type):
+        return np.dtype(f"datetime64[{arrow_type.unit}]")
+    if (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)) and (
+        pa.types.is_string(arrow_type.value_type) or pa.types.is_large_string(arrow_type.value_type)
+    ):
+        return np.dtype(object)
     if pa.types.is_struct(arrow_type) and {f.name for f in arrow_type} != {"bytes", "path"}:
         fields = {f.name: number_dtypes(f.type) for f in arrow_type}
         return {k: v for k, v in fields.items() if v is not None} or None
