@@ -591,6 +591,13 @@ def test_values_a_writer_or_packer_refuses_name_the_file_and_record(tmp_path, ca
         f"pack_documents: document 0 ({f}: record 0): a document must be a 1-D integer token "
         "array, got float32"
     )
+    n = write_records(tmp_path / "n.array_record", [np.array([4], np.int64), np.array([5, -3])])
+    with pytest.raises(ValueError) as info:  # was packed as is: inputs [5], targets [-3]
+        next(iter(pack_documents(ArrayRecordSource(n, dtype=np.int64), seq_len=8, batch_size=1)))
+    assert str(info.value).startswith(
+        f"pack_documents: document 1 ({n}: record 1) holds the id -3 in its tokens; token ids "
+        "are >= 0"
+    )
     code = main(["convert", a, b, "-o", str(tmp_path / "c.rox"), "--record-dtype", "uint64",
                  "--no-progress"])  # fmt: skip
     assert code == 2

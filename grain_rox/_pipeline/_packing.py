@@ -200,7 +200,15 @@ class _AsDocument(grain.transforms.MapWithIndex):
                 f"token array, got {tokens.dtype} of shape {tokens.shape}; tokenize text first "
                 "(HFEagerSource(tokenize=...)), or read integer records (dtype=)"
             )
+        signed = tokens.dtype.kind == "i"
         tokens = _as_int32(tokens, index, self._document, "tokens")
+        # (an {"inputs", "targets"} record may mark a target to ignore so; a document holds ids)
+        if signed and tokens.size and tokens.min() < 0:
+            raise ValueError(
+                f"pack_documents: {self._document(index)} holds the id {int(tokens.min())} in "
+                "its tokens; token ids are >= 0 (a negative one would index an embedding table "
+                "from its end): check the data, or map the ids"
+            )
         return {}, tokens[:-1], tokens[1:], True
 
     def map_with_index(self, index: int, record: Any) -> list[dict[str, Any]]:
@@ -262,7 +270,8 @@ def pack_documents(
     mixture). A record that is a 1-D integer array (an ArrayRecord or ``.npy`` document), or
     that holds one under ``tokens_key`` (for example an :class:`~grain_rox.HFEagerSource`
     column read with ``tokenize=``), is a document: ``inputs`` = tokens[:-1] and ``targets`` =
-    tokens[1:].
+    tokens[1:]; a negative id in one is an error naming it (and, for a source that can say, its
+    file and record, as an id above int32 is).
 
     A document with more than ``seq_len`` next-token pairs is, by ``long_documents``:
     ``"split"`` (default) into consecutive pieces of ``seq_len`` pairs, each its own segment,
