@@ -948,9 +948,9 @@ def test_a_list_of_null_column_is_refused_with_its_type_and_the_fix(tmp_path, co
 
 
 def test_streamed_timestamps_and_string_lists_match_the_eager_source(tmp_path):
-    """Streamed rows gave Python datetimes (object arrays, time zone kept) and '<U' arrays
-    for list<string>; the eager source gives datetime64[unit] (the UTC instant) and object
-    arrays. Both now serve the eager source's dtypes and values."""
+    """Streamed rows gave Python datetimes and dates (object arrays, time zone kept) and '<U'
+    arrays for list<string>; the eager source gives datetime64[unit] (the UTC instant),
+    datetime64[D] and object arrays. Both now serve the eager source's dtypes and values."""
     import datetime
 
     tokyo = datetime.timezone(datetime.timedelta(hours=9))
@@ -962,12 +962,16 @@ def test_streamed_timestamps_and_string_lists_match_the_eager_source(tmp_path):
                 datetime.datetime(2021, 6, 1, 12, 0, tzinfo=tokyo),
             ],
             "words": [["a", "bc"], []],
+            "day": [datetime.date(2020, 1, 2), datetime.date(2021, 3, 4)],
+            "times": [[datetime.datetime(2020, 1, 1, 9, 0, tzinfo=tokyo)], []],
         },
         features=datasets.Features(
             {
                 "t": datasets.Value("timestamp[ms]"),
                 "tz": datasets.Value("timestamp[us, tz=Asia/Tokyo]"),
                 "words": datasets.Sequence(datasets.Value("string")),
+                "day": datasets.Value("date32"),
+                "times": datasets.Sequence(datasets.Value("timestamp[ms, tz=Asia/Tokyo]")),
             }
         ),
     )
@@ -980,11 +984,15 @@ def test_streamed_timestamps_and_string_lists_match_the_eager_source(tmp_path):
             "t": np.datetime64("2020-01-01T12:00:00.000", "ms"),
             "tz": np.datetime64("2020-01-01T00:00:00.000000", "us"),
             "words": ["a", "bc"],
+            "day": np.datetime64("2020-01-02"),
+            "times": [datetime.datetime(2020, 1, 1, 0, 0)],
         },
         {
             "t": np.datetime64("2021-06-01T00:00:05.000", "ms"),
             "tz": np.datetime64("2021-06-01T03:00:00.000000", "us"),
             "words": [],
+            "day": np.datetime64("2021-03-04"),
+            "times": [],
         },
     ]
     for i, row in enumerate(want):
@@ -992,3 +1000,6 @@ def test_streamed_timestamps_and_string_lists_match_the_eager_source(tmp_path):
             assert rec["t"].dtype == np.dtype("datetime64[ms]") and rec["t"] == row["t"]
             assert rec["tz"].dtype == np.dtype("datetime64[us]") and rec["tz"] == row["tz"]
             assert rec["words"].dtype == object and rec["words"].tolist() == row["words"]
+            assert rec["day"].dtype == np.dtype("datetime64[D]") and rec["day"] == row["day"]
+            assert rec["times"].dtype == np.dtype("datetime64[ms]")
+            assert rec["times"].tolist() == row["times"]

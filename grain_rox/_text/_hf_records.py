@@ -99,10 +99,19 @@ def to_numpy(value: Any, dtypes: Any = None) -> Any:
     if isinstance(value, dict):
         inner = dtypes if isinstance(dtypes, dict) else {}
         return {k: to_numpy(v, inner.get(k)) for k, v in value.items()}
-    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
-        # the instant in UTC, as Arrow stores it and the eager source serves it
-        value = value.astimezone(datetime.UTC).replace(tzinfo=None)
+    if isinstance(dtypes, np.dtype) and dtypes.kind == "M":
+        value = _utc(value)
     return np.asarray(value, dtype=dtypes if isinstance(dtypes, np.dtype) else None)
+
+
+def _utc(value: Any) -> Any:
+    """``value`` with every time-zone-aware datetime (at any list depth) as the naive UTC
+    instant: what Arrow stores and the eager source serves (numpy's datetimes have no zone)."""
+    if isinstance(value, list | tuple):
+        return [_utc(v) for v in value]
+    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
+        return value.astimezone(datetime.UTC).replace(tzinfo=None)
+    return value
 
 
 def _is_text(value: Any) -> bool:
@@ -435,16 +444,20 @@ def number_dtypes(arrow_type: Any) -> Any:
 
     Also the dtype the eager source's values of two other types have, so that a streamed
     value (a Python one) is served the same: ``datetime64[unit]`` for a timestamp (the
-    instant in UTC: numpy's datetimes have no time zone) and ``object`` for a list of
-    strings (one level; a single string is numpy text in both)."""
+    instant in UTC: numpy's datetimes have no time zone) and ``datetime64[D]`` for a date
+    (also in lists), and ``object`` for a list of strings (one level; a single string is
+    numpy text in both)."""
     import pyarrow as pa
 
     if isinstance(arrow_type, pa.ExtensionType):  # datasets' ArrayXD: lists in storage
         arrow_type = arrow_type.storage_type
     if arrow_numeric(arrow_type):
         return np.dtype(_innermost(arrow_type).to_pandas_dtype())
-    if pa.types.is_timestamp(arrow_type):
-        return np.dtype(f"datetime64[{arrow_type.unit}]")
+    inner = _innermost(arrow_type)
+    if pa.types.is_timestamp(inner):  # (in lists too)
+        return np.dtype(f"datetime64[{inner.unit}]")
+    if pa.types.is_date32(inner):
+        return np.dtype("datetime64[D]")
     if (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)) and (
         pa.types.is_string(arrow_type.value_type) or pa.types.is_large_string(arrow_type.value_type)
     ):
