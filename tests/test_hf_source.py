@@ -1003,3 +1003,32 @@ def test_streamed_timestamps_and_string_lists_match_the_eager_source(tmp_path):
             assert rec["day"].dtype == np.dtype("datetime64[D]") and rec["day"] == row["day"]
             assert rec["times"].dtype == np.dtype("datetime64[ms]")
             assert rec["times"].tolist() == row["times"]
+
+
+def test_streamed_nanosecond_timestamps_keep_their_nanoseconds(tmp_path):
+    """A timestamp[ns] column streams as pandas Timestamps, which numpy's cast to
+    datetime64[ns] cut to microseconds (1 ns served as 0); both sources serve the stored
+    instant exactly, time zones and lists included."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "ns": pa.array([1, 2_000_000_003], pa.timestamp("ns")),
+            "ns_tz": pa.array([5, 7], pa.timestamp("ns", tz="Asia/Tokyo")),
+            "ns_list": pa.array([[9, 10], []], pa.list_(pa.timestamp("ns"))),
+        }
+    )
+    path = str(tmp_path / "ns.parquet")
+    pq.write_table(table, path)
+    eager = HFEagerSource(data_files=path)
+    streamed = list(HFStreamingSource(path).dataset(num_epochs=1))
+    want = [
+        {"ns": 1, "ns_tz": 5, "ns_list": [9, 10]},
+        {"ns": 2_000_000_003, "ns_tz": 7, "ns_list": []},
+    ]
+    for i, row in enumerate(want):
+        for rec in (eager[i], streamed[i]):
+            for key, value in row.items():
+                assert rec[key].dtype == np.dtype("datetime64[ns]"), (key, rec[key].dtype)
+                assert rec[key].astype(np.int64).tolist() == value, (key, rec[key])

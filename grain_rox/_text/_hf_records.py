@@ -109,6 +109,8 @@ def _utc(value: Any) -> Any:
     instant: what Arrow stores and the eager source serves (numpy's datetimes have no zone)."""
     if isinstance(value, list | tuple):
         return [_utc(v) for v in value]
+    if hasattr(value, "to_datetime64"):  # a pandas Timestamp (ns columns): its nanoseconds,
+        return (value.tz_convert(None) if value.tzinfo else value).to_datetime64()  # kept
     if isinstance(value, datetime.datetime) and value.tzinfo is not None:
         return value.astimezone(datetime.UTC).replace(tzinfo=None)
     return value
