@@ -73,8 +73,11 @@ def check_identity(saved: Any, now: Mapping[str, Any], *, what: str) -> None:
         )
 
 
-def split_state(state: Any, *, what: str) -> tuple[Mapping[str, Any], Any]:
-    """``(identity, inner state)`` of a state made by :func:`with_identity`, type-checked."""
+def split_state(
+    state: Any, *, what: str, identity: Mapping[str, Any] | None = None
+) -> tuple[Mapping[str, Any], Any]:
+    """``(identity, inner state)`` of a state made by :func:`with_identity`, type-checked
+    (``identity``: the restoring dataset's, to word how an older state can continue)."""
     if isinstance(state, Mapping) and {"version", "step"} <= set(state):
         step = state["step"]
         resume = (
@@ -89,8 +92,11 @@ def split_state(state: Any, *, what: str) -> tuple[Mapping[str, Any], Any]:
     if not isinstance(state, Mapping) or set(state) != {"identity", "state"}:
         shown = repr(state)[:200]
         index = state.get("next_index") if isinstance(state, Mapping) else None
-        if what == "roxxel_stream" and isinstance(index, int):  # its states before 0.1.x's
-            fix = (  # identities: a bare position, which the stream's start_step can take
+        # a bare stream's position is its batch count, which start_step can take (after a
+        # slice, batch or shuffle it counts something else: no such advice there)
+        bare = identity is not None and not identity.get("ops")
+        if what == "roxxel_stream" and bare and isinstance(index, int):
+            fix = (
                 f"a roxxel_stream state saved before grain_rox recorded identities cannot be "
                 f"restored; continue by building roxxel_stream(..., start_step=S + {index}), "
                 "S being the start_step it was built with"
@@ -126,7 +132,7 @@ class _IdentifiedIterator(grain.DatasetIterator):
         return {"identity": copy.deepcopy(self._identity), "state": self._parent.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        saved, inner = split_state(state, what=self._what)
+        saved, inner = split_state(state, what=self._what, identity=self._identity)
         check_identity(saved, self._identity, what=self._what)
         if self._length is not None:
             _check_position(inner, self._length, what=self._what)
