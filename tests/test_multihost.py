@@ -263,6 +263,9 @@ def test_a_later_phase_the_data_axis_cannot_split_is_named_at_construction(corpu
                        r"the 8 devices of the mesh's 'data' axis: use a batch_size that is a "
                        r"multiple of 8 \(e.g. 16\)"):  # fmt: skip
         MultiHostDataLoadIterator(pipe)
+    one = TokenPipeline(corpus, phases=[Phase(None, 12, 16)], seed=0)  # phases= of one
+    with pytest.raises(ValueError, match=r"^phase 0's batch_size=12 cannot be split"):
+        MultiHostDataLoadIterator(one)
     mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("data", "model"))
     with MultiHostDataLoadIterator(pipe, mesh=mesh) as it:  # 4 devices on 'data' split both
         assert [next(it)["inputs"].shape for _ in range(4)] == [(8, 16)] * 3 + [(12, 16)]

@@ -107,10 +107,10 @@ class PipelineFeed:
         bad = [b for b in sizes if b % shards]
         if bad:
             fix = -(-bad[0] // shards) * shards
-            phases = pipeline.schedule.phases
-            if len(phases) == 1:
+            if pipeline.global_batch_size is not None:  # the one-phase shorthand
                 named, what = f"global_batch_size={bad[0]}", "global_batch_size"
-            else:  # a curriculum: the phase whose batch size it is
+            else:  # phases=[...]: the phase whose batch size it is, as the user wrote it
+                phases = pipeline.schedule.phases
                 at = next(i for i, ph in enumerate(phases) if ph.batch_size == bad[0])
                 named, what = f"phase {at}'s batch_size={bad[0]}", "batch_size"
             raise ValueError(
