@@ -282,9 +282,23 @@ def test_first_index_entry_zero(shard_file):
     path = shard_file(make_shard(FOUR_BLOCKS, ends=[0, 8, 12, 16]))
     assert_open_fails(
         path,
-        "block 0 is empty (its end offset is 0); roxxel writes empty blocks only when write() "
-        "is given block_size=0",
+        "block 0 is empty (its end offset is 0) though 16 raw bytes follow: the block index is "
+        "damaged",
     )
+
+
+def test_an_empty_block_with_data_after_it_is_a_damaged_index_not_roxxels_empty_tail(
+    shard_file,
+):
+    """Only empty blocks up to the end are roxxel's write(block_size=0); one in the middle is
+    a damaged index, and the error must not send the user to re-write with a block size."""
+    path = shard_file(make_shard(FOUR_BLOCKS, ends=[4, 8, 8, 16]))
+    message = str(
+        assert_open_fails(path, "block 2 ends at offset 8 after the previous block ended at 8")
+    )
+    assert "block 2 ends at offset 8 after the previous block ended at 8" in message, message
+    assert "an empty block with data after it: the index is damaged" in message, message
+    assert "block_size=0" not in message, message
 
 
 def test_index_not_ending_at_raw_size(shard_file):

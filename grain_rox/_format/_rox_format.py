@@ -272,9 +272,12 @@ def parse_header(path: str, file_size: int, read_at: Callable[[int, int], bytes]
         first = int.from_bytes(read_at(raw_size, 8), "little", signed=True)
         last_at = raw_size + INDEX_ENTRY_SIZE * (num_blocks - 1)
         last = int.from_bytes(read_at(last_at, 8), "little", signed=True)
-        if first == 0 and last == raw_size:
+        if first == 0 and last == raw_size:  # (with data after it: not roxxel's empty tail)
             raise RoxFormatError(
-                path, f"block 0 is empty (its end offset is 0); {_EMPTY_BLOCKS}", _EMPTY_BLOCKS_FIX
+                path,
+                f"block 0 is empty (its end offset is 0) though {raw_size} raw bytes follow: "
+                "the block index is damaged",
+                _REWRITE,
             )
         if not 0 < first <= last == raw_size:
             raise RoxFormatError(
@@ -345,8 +348,8 @@ def check_index(header: ShardHeader, ends: np.ndarray) -> bool:
         if bad.size:
             i = lo + int(bad[0])
             before = prev if bad[0] == 0 else int(chunk[bad[0] - 1])
-            if sizes[bad[0]] == 0:
-                empty = _count_empty_blocks(ends)
+            if sizes[bad[0]] == 0 and before == header.raw_size:  # empty to the end: roxxel's
+                empty = _count_empty_blocks(ends)  # write(block_size=0) appended them
                 raise RoxFormatError(
                     header.path,
                     f"block {i} is empty (it ends at offset {before}, where the previous block "
@@ -354,11 +357,12 @@ def check_index(header: ShardHeader, ends: np.ndarray) -> bool:
                     f"{_EMPTY_BLOCKS}",
                     _EMPTY_BLOCKS_FIX,
                 )
+            damaged = " (an empty block with data after it: the index is damaged)"
             raise RoxFormatError(
                 header.path,
                 f"block {i} ends at offset {int(chunk[bad[0]])} after the previous block ended "
                 f"at {before}: the index must increase by whole {header.dtype} tokens "
-                f"({itemsize} bytes)",
+                f"({itemsize} bytes){damaged if sizes[bad[0]] == 0 else ''}",
                 _REWRITE,
             )
         uniform = uniform and bool(np.all(sizes == block_bytes))
