@@ -931,16 +931,21 @@ def test_a_list_of_null_column_is_refused_with_its_type_and_the_fix(tmp_path, co
         "datasets.Sequence(datasets.Value('int32'))) (write files with that schema), or leave "
         "the column out (exclude_keys=['tokens'])"
     )
-    for make, where in (
-        (lambda: HFEagerSource(ds), "HFEagerSource"),
-        (lambda: HFEagerSource(data_files=path), "HFEagerSource"),
-        (lambda: HFStreamingSource(path), f"HFStreamingSource({path})"),
+    streamed_fix = (
+        f"Give the column its type, which a stream reads from its first file ({path}): list a "
+        "file whose lists hold values first, or write the files as Parquet with the column "
+        "typed (e.g. list<int32>), or leave the column out (exclude_keys=['tokens'])"
+    )
+    for make, where, says in (
+        (lambda: HFEagerSource(ds), "HFEagerSource", fix),
+        (lambda: HFEagerSource(data_files=path), "HFEagerSource", fix),
+        (lambda: HFStreamingSource(path), f"HFStreamingSource({path})", streamed_fix),
     ):
         with pytest.raises(ValueError) as info:
             make()
         message = str(info.value)
         assert message.startswith(f"{where}: column 'tokens' has Arrow type list<")
-        assert "every list in it is empty or holds only None" in message and fix in message
+        assert "every list in it is empty or holds only None" in message and says in message
     assert HFEagerSource(ds, exclude_keys=["tokens"])[1]["x"].tolist() == 2
     if column[0] == []:  # the fix the message gives works
         typed = ds.cast_column("tokens", datasets.Sequence(datasets.Value("int32")))
@@ -1032,3 +1037,44 @@ def test_streamed_nanosecond_timestamps_keep_their_nanoseconds(tmp_path):
             for key, value in row.items():
                 assert rec[key].dtype == np.dtype("datetime64[ns]"), (key, rec[key].dtype)
                 assert rec[key].astype(np.int64).tolist() == value, (key, rec[key])
+
+
+def test_a_list_of_null_inside_a_struct_is_refused_naming_the_field(tmp_path):
+    """A struct field of empty lists was served as object (eager) or float64 (streamed)."""
+    ds = datasets.Dataset.from_dict({"meta": [{"ids": [], "n": 1}, {"ids": [], "n": 2}]})
+    path = str(tmp_path / "s.parquet")
+    ds.to_parquet(path)
+    for make in (lambda: HFEagerSource(ds), lambda: HFStreamingSource(path)):
+        with pytest.raises(ValueError, match=r"column 'meta' has a field 'meta\.ids' of Arrow "
+                           r"type list<"):  # fmt: skip
+            make()
+
+
+def test_a_stream_whose_first_json_file_has_only_empty_lists_names_its_first_file(tmp_path):
+    """A stream takes its schema from its first file: the message says so, and listing a file
+    with values first works (the dataset cast the eager message gives does not apply)."""
+    empty, full = tmp_path / "a1.jsonl", tmp_path / "a2.jsonl"
+    empty.write_text('{"tokens": []}\n{"tokens": []}\n')
+    full.write_text('{"tokens": [1, 2]}\n{"tokens": [3]}\n')
+    with pytest.raises(
+        ValueError, match=r"which a stream reads from its first file \(.*a1\.jsonl\)"
+    ):
+        HFStreamingSource([str(empty), str(full)])
+    rows = list(HFStreamingSource([str(full), str(empty)]).dataset(num_epochs=1))
+    assert [r["tokens"].tolist() for r in rows] == [[1, 2], [3], [], []]
+
+
+def test_a_fixed_size_list_of_strings_streams_as_the_eager_source_serves_it(tmp_path):
+    """fixed_size_list<string> streamed as a '<U' array where the eager source gives objects."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(
+        pa.table({"w": pa.array([["a", "bc"], ["d", "e"]], pa.list_(pa.string(), 2))}), path
+    )
+    eager = HFEagerSource(data_files=path)
+    streamed = list(HFStreamingSource(path).dataset(num_epochs=1))
+    for i, want in enumerate([["a", "bc"], ["d", "e"]]):
+        for rec in (eager[i], streamed[i]):
+            assert rec["w"].dtype == object and rec["w"].tolist() == want, rec["w"]

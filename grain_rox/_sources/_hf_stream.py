@@ -151,7 +151,12 @@ class HFStreamingSource:
         if features is not None:  # numbers keep the files' dtypes, as in HFEagerSource
             self.dtypes = arrow_dtypes(features.arrow_schema)
             where = f"HFStreamingSource({self.files[0]})"
-            refuse_untyped_lists(features.arrow_schema, kept, where)
+            typing = (  # a stream's schema is its first file's: a dataset cast does not apply
+                f"which a stream reads from its first file ({self.files[0]}): list a file "
+                "whose lists hold values first, or write the files as Parquet with the "
+                "column typed (e.g. list<int32>)"
+            )
+            refuse_untyped_lists(features.arrow_schema, kept, where, typing=typing)
         return kept
 
     def __repr__(self) -> str:

@@ -417,26 +417,51 @@ class ArrowColumn:
         return stack_column(self.key, self.rows(rows), index.tolist())
 
 
-def refuse_untyped_lists(schema: Any, columns: Sequence[str], where: str) -> None:
-    """Refuse a kept column of Arrow type ``list<null>`` (at any list depth): lists that are
-    all empty or hold only None (``Dataset.from_dict({"tokens": [[], []]})``) carry no element
-    type, and numpy would make them object (eager) or float64 (streamed) arrays that a
-    packer, a tokenizer or a model then refuses with an error about object or float data."""
+def refuse_untyped_lists(
+    schema: Any, columns: Sequence[str], where: str, *, typing: str | None = None
+) -> None:
+    """Refuse a kept column holding Arrow ``list<null>`` (at any list depth, also in a struct
+    field): lists that are all empty or hold only None (``Dataset.from_dict({"tokens": [[],
+    []]})``) carry no element type, and numpy would make them object (eager) or float64
+    (streamed) arrays that a packer, a tokenizer or a model then refuses with an error about
+    object or float data. ``typing``: how to give the column its type, where a dataset's
+    ``cast_column`` does not apply (a stream's files)."""
+    for field in schema:
+        if field.name not in columns:
+            continue
+        found = _untyped_list(field.type, field.name)
+        if found is None:
+            continue
+        path, arrow_type = found
+        key = field.name
+        what = "" if path == repr(key) else f" a field {path} of"
+        typing = typing or (
+            f"e.g. dataset = dataset.cast_column({key!r}, "
+            "datasets.Sequence(datasets.Value('int32'))) (write files with that schema)"
+        )
+        raise ValueError(
+            f"{where}: column {key!r} has{what} Arrow type {arrow_type}: every list in "
+            "it is empty or holds only None, so its elements have no type (an empty list is "
+            "typed only by other rows' values) and no dtype to serve them in. Give the column "
+            f"its type, {typing}, or leave the column out (exclude_keys=[{key!r}])"
+        )
+
+
+def _untyped_list(arrow_type: Any, path: str) -> tuple[str, Any] | None:
+    """``(where, type)`` of the first ``list<null>`` in ``arrow_type`` (``path`` names it:
+    the column, then its struct fields), or None (a plain null column is every value missing,
+    which the readers name as such)."""
     import pyarrow as pa
 
-    for field in schema:
-        if field.name not in columns or not pa.types.is_null(_innermost(field.type)):
-            continue
-        if not pa.types.is_null(field.type):  # (a plain null column: every value is missing)
-            key = field.name
-            raise ValueError(
-                f"{where}: column {key!r} has Arrow type {field.type}: every list in it is "
-                "empty or holds only None, so its elements have no type (an empty list is "
-                "typed only by other rows' values) and no dtype to serve them in. Give the "
-                f"column its type, e.g. dataset = dataset.cast_column({key!r}, "
-                "datasets.Sequence(datasets.Value('int32'))) (write files with that schema), "
-                f"or leave the column out (exclude_keys=[{key!r}])"
-            )
+    inner = _innermost(arrow_type)
+    if pa.types.is_null(inner):
+        return None if pa.types.is_null(arrow_type) else (repr(path), arrow_type)
+    if pa.types.is_struct(inner):
+        for field in inner:
+            found = _untyped_list(field.type, f"{path}.{field.name}")
+            if found is not None:
+                return found
+    return None
 
 
 def number_dtypes(arrow_type: Any) -> Any:
@@ -460,7 +485,8 @@ def number_dtypes(arrow_type: Any) -> Any:
         return np.dtype(f"datetime64[{inner.unit}]")
     if pa.types.is_date32(inner):
         return np.dtype("datetime64[D]")
-    if (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)) and (
+    lists = pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list
+    if any(is_list(arrow_type) for is_list in lists) and (
         pa.types.is_string(arrow_type.value_type) or pa.types.is_large_string(arrow_type.value_type)
     ):
         return np.dtype(object)
