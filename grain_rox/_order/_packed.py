@@ -29,6 +29,7 @@ O(log #segments) plus one permutation evaluation and the packing of the chunks i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -237,6 +238,45 @@ class PackedOrder(ChunkStream):
 
     def locate(self, samples: np.ndarray) -> Rows:
         """Epoch, spans, seq_len and content of each sample (any order, in the schedule)."""
+        cursor = self._cursor(samples)
+        epoch, seq_len = cursor[0], cursor[4]
+        n = seq_len.size
+        span_row, position, _, start, length, dest, content = self._spans(*cursor)
+        stream = position[span_row] * self.chunk_tokens + start
+        first = np.zeros(n, dtype=np.int64)
+        head = np.ones(span_row.size, dtype=bool)  # each row's first span (rows are sorted)
+        np.not_equal(span_row[1:], span_row[:-1], out=head[1:])
+        first[span_row[head]] = stream[head]
+        return Rows(epoch, first, seq_len, (span_row, stream, length, dest), content=content)
+
+    def locate_pieces(self, samples: np.ndarray) -> PackedPieces:
+        """The pieces of each sample's row where the shards hold them (what a reader copies):
+        :meth:`locate` without the detour through epoch-stream offsets, as a packed piece
+        never crosses a chunk.
+
+        >>> tokens = np.tile(np.r_[np.arange(1, 10), 0], 100)
+        >>> ends = lambda shard, at: np.flatnonzero(tokens[at:at + 200] == 0) + 1
+        >>> order = PackedOrder([1000], seed=0, chunk_tokens=200, runs=[Run(0, 10**18, 19)],
+        ...                     documents=ends)
+        >>> p = order.locate_pieces(np.arange(60))
+        >>> int(p.content.sum()), int(p.length.sum()), p.first.size
+        (1000, 1000, 61)
+        """
+        cursor = self._cursor(samples)
+        seq_len = cursor[4]
+        span_row, _, phys, start, length, dest, content = self._spans(*cursor)
+        shard, chunk_start = self.chunk_location(phys)
+        first = np.zeros(seq_len.size + 1, dtype=np.int64)
+        np.cumsum(np.bincount(span_row, minlength=seq_len.size), out=first[1:])
+        return PackedPieces(seq_len, content, first, shard[span_row],
+                            chunk_start[span_row] + start, length, dest)  # fmt: skip
+
+    def _cursor(
+        self, samples: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+        """(epoch, block, grid slot, offset in the grid row, seq_len, grid) of each sample, and
+        whether every sample reads whole grid rows (no ``_REST`` segment: offset 0 and
+        seq_len == grid throughout)."""
         samples = np.asarray(samples, dtype=np.int64)
         n = samples.size
         seg = np.searchsorted(self._starts, samples, side="right") - 1
@@ -246,6 +286,7 @@ class PackedOrder(ChunkStream):
         offset = np.empty(n, dtype=np.int64)
         seq_len = np.empty(n, dtype=np.int64)
         grid = np.empty(n, dtype=np.int64)
+        whole = True
         for k, sel in value_groups(seg):
             if k < 0 or samples[sel].max() >= self._segments[k].stop:
                 raise IndexError(f"samples {samples[sel]} lie outside the schedule's samples")
@@ -263,11 +304,12 @@ class PackedOrder(ChunkStream):
                 offset[sel] = 0
                 grid[sel] = s
             else:
+                whole = False
                 epoch[sel], block[sel], grid[sel] = segment.epoch, segment.block, segment.grid
                 slot[sel], offset[sel] = _rest_cursor(segment, t)
-        return self._rows(epoch, block, slot, offset, seq_len, grid)
+        return epoch, block, slot, offset, seq_len, grid, whole
 
-    def _rows(
+    def _spans(
         self,
         epoch: np.ndarray,
         block: np.ndarray,
@@ -275,8 +317,12 @@ class PackedOrder(ChunkStream):
         offset: np.ndarray,
         seq_len: np.ndarray,
         grid: np.ndarray,
-    ) -> Rows:
-        """The spans of rows given as (epoch, block, grid slot, offset in the grid row)."""
+        whole: bool,
+    ) -> tuple[np.ndarray, ...]:
+        """The spans of rows given as (epoch, block, grid slot, offset in the grid row):
+        (row of each span (ascending), each row's chunk position in its epoch stream and
+        physical chunk, each span's offset in its chunk, length and offset in its row, each
+        row's content). ``whole``: every row is a whole grid row (nothing to cut)."""
         n = slot.size
         permuted = np.empty(n, dtype=np.int64)
         per_group = np.empty(n, dtype=np.int64)
@@ -301,18 +347,30 @@ class PackedOrder(ChunkStream):
             lo[span_row] + np.arange(span_row.size) - np.repeat(np.cumsum(counts) - counts, counts)
         )
         start, length, at = spans[:, piece]
-        o = offset[span_row]
-        a = np.maximum(at, o)
-        z = np.minimum(at + length, o + seq_len[span_row] + 1)
-        keep = z > a
-        span_row, a, z, o = span_row[keep], a[keep], z[keep], o[keep]
-        stream = position[span_row] * self.chunk_tokens + start[keep] + a - at[keep]
-        content = np.bincount(span_row, weights=z - a, minlength=n).astype(np.int64)
-        first = np.zeros(n, dtype=np.int64)
-        head = np.ones(span_row.size, dtype=bool)  # each row's first span (rows are sorted)
-        np.not_equal(span_row[1:], span_row[:-1], out=head[1:])
-        first[span_row[head]] = stream[head]
-        return Rows(epoch, first, seq_len, (span_row, stream, z - a, a - o), content=content)
+        if not whole:  # cut each grid row to the window [offset, offset + seq_len + 1)
+            o = offset[span_row]
+            a = np.maximum(at, o)
+            z = np.minimum(at + length, o + seq_len[span_row] + 1)
+            keep = z > a
+            span_row, a, z, o = span_row[keep], a[keep], z[keep], o[keep]
+            start, length, at = start[keep] + a - at[keep], z - a, a - o
+        content = np.bincount(span_row, weights=length, minlength=n).astype(np.int64)
+        return span_row, position, phys, start, length, at, content
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedPieces:
+    """Where the rows of samples lie in the shards: row ``r`` is pieces
+    ``[first[r], first[r + 1])``, in the order they fill it, then padding up to
+    ``seq_len[r] + 1`` tokens (:meth:`PackedOrder.locate_pieces`)."""
+
+    seq_len: np.ndarray  # (R,) int64
+    content: np.ndarray  # (R,) tokens of each row before its padding
+    first: np.ndarray  # (R + 1,)
+    shard: np.ndarray  # (P,) each piece's shard
+    start: np.ndarray  # (P,) its token offset in the shard
+    length: np.ndarray  # (P,) its tokens
+    dest: np.ndarray  # (P,) its offset in its row
 
 
 def _rest_rows(grid: int, seq_len: int, offset: int) -> int:

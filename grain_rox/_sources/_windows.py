@@ -24,7 +24,7 @@ from grain_rox._format._rox_corpus import RoxCorpus
 from grain_rox._format._served_shards import ServedShards
 from grain_rox._order._blocks import BlockOrder
 from grain_rox._order._lanes import LaneOrder
-from grain_rox._order._packed import PackedOrder
+from grain_rox._order._packed import PackedOrder, PackedPieces
 from grain_rox._order._value_groups import value_groups
 from grain_rox._sources._process_local import ProcessLocal, process_local
 from grain_rox._sources._segments import Joins
@@ -55,11 +55,17 @@ class _GroupPlan:
     # every piece: (shard, token offset inside it, length, offset inside the window), each
     # (P,), in row order (multi-piece windows are copied a slice per piece)
     pieces: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    # packed rows (most of a plan's rows have several pieces): every piece as Python ints and
+    # first_piece as a list, made once a plan rather than a batch (None: other orders)
+    listed: tuple[list[tuple[int, int, int, int]], list[int]] | None = None
 
     def pieces_of(self, slots: np.ndarray) -> list[list[tuple[int, int, int, int]]]:
         """The pieces of each of ``slots``, as Python ints, for a copy a slice per piece:
         sliced per slot for a few (a batch's one or two windows across a chunk join), in one
-        vectorised pass for many (packed rows)."""
+        vectorised pass for many, from the plan's lists for packed rows."""
+        if self.listed is not None:
+            listed, heads = self.listed
+            return [listed[heads[slot] : heads[slot + 1]] for slot in slots.tolist()]
         fp = self.first_piece
         if slots.size <= 4:
             out = []
@@ -123,6 +129,8 @@ class WindowReader(ProcessLocal):
     def _make_plan(self, group: int) -> _GroupPlan:
         order = self.order
         size = order.group
+        if isinstance(order, PackedOrder):
+            return _packed_plan(order.locate_pieces(np.arange(group * size, (group + 1) * size)))
         rows = order.locate(np.arange(group * size, (group + 1) * size, dtype=np.int64))
         span_row, span_offset, span_length, span_dest = rows.span_arrays()
         c = order.chunk_tokens
@@ -353,6 +361,29 @@ class WindowReader(ProcessLocal):
                 parts_joins.append(self._copy_pieces(plan, slots[~single], dest, rows[~single]))
         assert dest is not None
         return dest, merge_joins(parts_joins)
+
+
+def _packed_plan(rows: PackedPieces) -> _GroupPlan:
+    """The plan of packed rows: each piece lies in one chunk, so in one shard, as the order
+    gives it; a row reads alone (a slice) when one piece fills it."""
+    first, content, seq_len = rows.first, rows.content, rows.seq_len
+    columns = (rows.shard, rows.start, rows.length, rows.dest)
+    listed = list(zip(*(a.tolist() for a in columns), strict=True))
+    single = (first[1:] - first[:-1] == 1) & (content == seq_len + 1)
+    size, pieces = seq_len.size, rows.shard.size
+    head = np.minimum(first[:-1], max(pieces - 1, 0))  # a packed row may be empty
+    return _GroupPlan(
+        seq_len=seq_len,
+        first_piece=first,
+        single=single,
+        slot_shard=rows.shard[head] if pieces else np.zeros(size, dtype=np.int64),
+        slot_start=rows.start[head] if pieces else np.zeros(size, dtype=np.int64),
+        one_seq_len=bool((seq_len == seq_len[0]).all()),
+        multi_before=np.concatenate([[0], np.cumsum(~single)]),
+        content=content,
+        pieces=columns,
+        listed=(listed, first.tolist()),
+    )
 
 
 def _sorted_joins(rows: np.ndarray, columns: np.ndarray) -> Joins:
