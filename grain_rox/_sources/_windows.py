@@ -299,6 +299,11 @@ class WindowReader(ProcessLocal):
             return None
         samples = np.asarray(samples, dtype=np.int64)
         size = self.order.group
+        first, n = int(samples[0]), samples.size
+        if first // size == (first + n - 1) // size and int(samples[-1]) == first + n - 1:
+            content = self._plan(first // size).content  # consecutive samples: a slice
+            assert content is not None
+            return content[first % size : first % size + n].copy()
         out = np.empty(samples.size, dtype=np.int64)
         groups = samples // size
         for j, sel in value_groups(groups):
