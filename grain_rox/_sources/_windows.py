@@ -30,6 +30,11 @@ from grain_rox._sources._process_local import ProcessLocal, process_local
 from grain_rox._sources._segments import Joins
 
 _PLAN_CACHE = 8
+# A packed reader that reads on in order (it planned the group before) plans this many groups
+# in one pass: a packed order's groups are small (64 rows, so that a cold lookup packs few
+# chunks), and a plan's ~60 numpy calls cost about as much for 64 rows as for 256. A lookup
+# out of order (a resume, a worker's strided reads) still plans its one group.
+_PACKED_PLAN_AHEAD = 4
 # A read of at least this many windows per shard of the corpus gathers a shard's windows
 # with one fancy index each rather than slicing each window: (256, 2049) over 6 shards,
 # 255 us against 390 (a slice costs ~1.5 us a window, a gather ~5 us a shard).
@@ -79,6 +84,27 @@ class _GroupPlan:
         ends = np.cumsum(counts).tolist()
         return [flat[b - c : b] for b, c in zip(ends, counts.tolist(), strict=True)]
 
+    def part(self, lo: int, size: int) -> _GroupPlan:
+        """The plan of slots ``[lo, lo + size)``, as views: its pieces stay the whole plan's
+        (``first_piece`` indexes them), and ``multi_before`` is only ever differenced."""
+        hi = lo + size
+        seq_len = self.seq_len[lo:hi]
+        listed = None
+        if self.listed is not None:
+            listed = (self.listed[0], self.listed[1][lo : hi + 1])
+        return _GroupPlan(
+            seq_len=seq_len,
+            first_piece=self.first_piece[lo : hi + 1],
+            single=self.single[lo:hi],
+            slot_shard=self.slot_shard[lo:hi],
+            slot_start=self.slot_start[lo:hi],
+            one_seq_len=self.one_seq_len or bool((seq_len == seq_len[0]).all()),
+            multi_before=self.multi_before[lo : hi + 1],
+            content=None if self.content is None else self.content[lo:hi],
+            pieces=self.pieces,
+            listed=listed,
+        )
+
 
 class WindowReader(ProcessLocal):
     """Reads samples of one source into (n, seq_len + 1) token windows (thread-safe)."""
@@ -119,12 +145,27 @@ class WindowReader(ProcessLocal):
             if plan is not None:
                 self._plans.move_to_end(group)
                 return plan
-        plan = self._make_plan(group)
+            in_order = group - 1 in self._plans
+        if self.packed and in_order:
+            plans = self._packed_plans(group, _PACKED_PLAN_AHEAD)
+        else:
+            plans = [self._make_plan(group)]
         with self._lock:
-            self._plans[group] = plan
+            for g, made in enumerate(plans, start=group):
+                self._plans[g] = made
+                self._plans.move_to_end(g)
             while len(self._plans) > _PLAN_CACHE:
                 self._plans.popitem(last=False)
-        return plan
+        return plans[0]
+
+    def _packed_plans(self, group: int, count: int) -> list[_GroupPlan]:
+        """The plans of packed groups ``group, ..., group + count - 1``, made in one pass (an
+        order's last run goes on to the sample limit, so the groups ahead always exist)."""
+        order = self.order
+        assert isinstance(order, PackedOrder)
+        size = order.group
+        plan = _packed_plan(order.locate_pieces(np.arange(group * size, (group + count) * size)))
+        return [plan.part(j * size, size) for j in range(count)]
 
     def _make_plan(self, group: int) -> _GroupPlan:
         order = self.order
