@@ -16,7 +16,13 @@ import pytest
 from _corpora import random_documents
 
 from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline, unpack_windows
-from grain_rox._order._bin_packing import min_rows, pack_chunk, rows_used
+from grain_rox._order._bin_packing import (
+    min_rows,
+    pack_chunk,
+    pack_open,
+    rows_used,
+    with_rows,
+)
 from grain_rox._order._chunks import Run
 from grain_rox._order._packed import PackedOrder
 
@@ -244,6 +250,27 @@ def test_a_piece_no_row_holds_whole_is_split_over_the_roomiest_rows():
     packed = pack_chunk(ends, 120, seq_len=64, rows=2)
     assert packed.split == 1
     assert [packed.row(r) for r in range(2)] == [[(0, 40), (104, 16)], [(40, 40), (80, 25)]]
+
+
+@pytest.mark.parametrize("packing", ["best_fit", "first_fit"])
+def test_a_chunk_packed_to_measure_it_fits_any_row_count_it_does_not_outgrow(packing):
+    # rows_per_group's sampled chunks are served as with_rows(pack_open(...)): they must be
+    # what pack_chunk makes of the chunk at the order's row count, piece for piece
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        chunk, seq_len = int(rng.integers(50, 3000)), int(rng.choice([4, 16, 64, 300]))
+        ends = np.unique(rng.integers(1, chunk + 40, int(rng.integers(0, 60))))
+        opened = pack_open(ends, chunk, seq_len=seq_len, packing=packing)
+        used = int(np.count_nonzero(opened.content))
+        for rows in {max(used, min_rows(chunk, seq_len)), used, used + 3, opened.rows + 2}:
+            fitted = with_rows(opened, rows)
+            want = pack_chunk(ends, chunk, seq_len=seq_len, rows=rows, packing=packing)
+            assert fitted.rows == want.rows and fitted.split == want.split == 0
+            for a, b in [(fitted.first, want.first), (fitted.spans, want.spans),
+                         (fitted.content, want.content)]:  # fmt: skip
+                assert np.array_equal(a, b) and a.dtype == b.dtype, (chunk, seq_len, rows)
+        with pytest.raises(ValueError, match="cannot take"):
+            with_rows(opened, used - 1)
 
 
 # ---- the contracts: pure function of the step, host count, restore ---------------------------

@@ -49,9 +49,47 @@ def rows_used(ends: np.ndarray, chunk_len: int, *, seq_len: int, packing: str) -
     >>> rows_used(np.array([3, 10, 12]), 16, seq_len=7, packing="best_fit")
     3
     """
+    packed = pack_open(ends, chunk_len, seq_len=seq_len, packing=packing)
+    return int(np.count_nonzero(packed.content))
+
+
+def pack_open(ends: np.ndarray, chunk_len: int, *, seq_len: int, packing: str) -> PackedChunk:
+    """:func:`pack_chunk` with a row for every piece, so that it never runs out of rows: the
+    rows it opens come first, the rest are empty (:func:`with_rows` then fits it to any number
+    of rows it does not outgrow).
+
+    >>> packed = pack_open(np.array([3, 10, 12]), 16, seq_len=7, packing="best_fit")
+    >>> packed.rows, packed.content.tolist()
+    (4, [7, 7, 2, 0])
+    """
     pieces = document_pieces(ends, chunk_len, seq_len)[0].size
-    return int(np.count_nonzero(pack_chunk(ends, chunk_len, seq_len=seq_len, rows=pieces,
-                                           packing=packing).content))  # fmt: skip
+    return pack_chunk(ends, chunk_len, seq_len=seq_len, rows=pieces, packing=packing)
+
+
+def with_rows(packed: PackedChunk, rows: int) -> PackedChunk:
+    """``packed`` (from :func:`pack_open`) as :func:`pack_chunk` packs the same chunk into
+    ``rows`` rows, at least the rows it opened: packing never ran out of rows, so it takes the
+    same decisions for any such number (rows are chosen by room, then by number, and the
+    unopened ones have none); only the empty rows at the end differ.
+
+    >>> ends = np.array([3, 10, 12])
+    >>> fitted = with_rows(pack_open(ends, 16, seq_len=7, packing="best_fit"), 3)
+    >>> direct = pack_chunk(ends, 16, seq_len=7, rows=3)
+    >>> [np.array_equal(a, b) for a, b in zip(fitted.spans, direct.spans)]
+    [True, True, True]
+    >>> np.array_equal(fitted.first, direct.first), np.array_equal(fitted.content, direct.content)
+    (True, True)
+    """
+    used = int(np.count_nonzero(packed.content))
+    if rows < used:
+        raise ValueError(f"a chunk packed into {used} rows cannot take {rows}")
+    more = rows - packed.rows
+    first, content = packed.first[: rows + 1], packed.content[:rows]
+    if more > 0:
+        first = np.concatenate([first, np.full(more, first[-1], dtype=np.int64)])
+        content = np.concatenate([content, np.zeros(more, dtype=np.int64)])
+    return PackedChunk(rows=rows, first=first, spans=packed.spans, content=content,
+                       split=packed.split)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

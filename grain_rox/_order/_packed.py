@@ -35,7 +35,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from grain_rox._order._bin_packing import PACKINGS, PackedChunk, min_rows, pack_chunk, rows_used
+from grain_rox._order._bin_packing import (
+    PACKINGS,
+    PackedChunk,
+    min_rows,
+    pack_chunk,
+    pack_open,
+    with_rows,
+)
 from grain_rox._order._blocks import PLAN_GROUP
 from grain_rox._order._chunks import ChunkStream, Rows, Run, Segment, schedule_runs
 from grain_rox._order._pack_store import PackStore
@@ -103,22 +110,25 @@ class PackedOrder(ChunkStream):
         self.packing = packing
         self.documents = documents
         self._rows_per_group: dict[int, int] = {}
+        self._start_process_local()  # before the lay-out, which samples chunks into it
         self.runs, self.max_seq_len = schedule_runs(runs, max_seq_len)
         self.block_tokens = int(block_tokens)
         self.num_blocks = max(1, self.num_chunks // max(1, self.block_tokens // self.chunk_tokens))
         self._base, self._long = divmod(self.num_chunks, self.num_blocks)
         self._segments = _lay_out(self)
         self._starts = np.asarray([s.start for s in self._segments], dtype=np.int64)
-        self._start_process_local()
 
     def _start_process_local(self) -> None:
         self._store = PackStore(PACK_CACHE_BYTES)
+        # (physical chunk, seq_len) -> the chunk as rows_per_group packed it to measure, kept
+        # until it is first read (packing costs ~0.1 ms a chunk; 8 per seq_len are sampled)
+        self._sampled: dict[tuple[int, int], PackedChunk] = {}
         self._permutations: dict[tuple[int, int, int], FeistelPermutation] = {}
         self._permuted: dict[tuple[int, int, int, int], np.ndarray] = {}
 
     def __getstate__(self) -> dict[str, object]:
         state = super().__getstate__()
-        for key in ("_store", "_permutations", "_permuted"):
+        for key in ("_store", "_sampled", "_permutations", "_permuted"):
             state.pop(key, None)
         return state
 
@@ -133,14 +143,18 @@ class PackedOrder(ChunkStream):
         if rows is None:
             picks = np.unique(np.linspace(0, self.num_chunks - 1, SAMPLE_CHUNKS).astype(np.int64))
             shards, starts = self.chunk_location(picks)
-            used = [
-                rows_used(self.documents(shard, start), self.chunk_tokens, seq_len=seq_len,
+            packed = [
+                pack_open(self.documents(shard, start), self.chunk_tokens, seq_len=seq_len,
                           packing=self.packing)
                 for shard, start in zip(shards.tolist(), starts.tolist(), strict=True)
             ]  # fmt: skip
+            used = [int(np.count_nonzero(p.content)) for p in packed]
             enough = math.ceil(float(np.percentile(used, 75))) + 1
             rows = max(min_rows(self.chunk_tokens, seq_len), enough)
             self._rows_per_group[seq_len] = rows
+            for chunk, p, u in zip(picks.tolist(), packed, used, strict=True):
+                if u <= rows:  # as _pack would pack it: kept for its first read
+                    self._sampled[(chunk, seq_len)] = p
         return rows
 
     def groups_before(self, block: np.ndarray | int) -> np.ndarray:
@@ -222,6 +236,9 @@ class PackedOrder(ChunkStream):
     def _pack(self, key: int) -> PackedChunk:
         """The chunk of ``key`` (``physical chunk * (max_seq_len + 1) + seq_len``) packed."""
         chunk, seq_len = divmod(key, self.max_seq_len + 1)
+        sampled = self._sampled.pop((chunk, seq_len), None)
+        if sampled is not None:
+            return with_rows(sampled, self.rows_per_group(seq_len))
         shard, start = self.chunk_location(np.asarray([chunk]))
         return pack_chunk(
             self.documents(int(shard[0]), int(start[0])),
