@@ -598,6 +598,13 @@ def test_values_a_writer_or_packer_refuses_name_the_file_and_record(tmp_path, ca
         f"pack_documents: document 1 ({n}: record 1) holds the id -3 in its tokens; token ids "
         "are >= 0"
     )
+    long = write_records(tmp_path / "l.array_record", [np.arange(3), np.arange(1, 30)])
+    with pytest.raises(ValueError) as info:  # long_documents="error" names it too
+        next(iter(pack_documents(ArrayRecordSource(long, dtype=np.int64), seq_len=8,
+                                 batch_size=2, shuffle=False, long_documents="error")))  # fmt: skip
+    assert str(info.value).startswith(
+        f"pack_documents: document 1 ({long}: record 1) has 29 tokens, more than the 9 a row"
+    )
     code = main(["convert", a, b, "-o", str(tmp_path / "c.rox"), "--record-dtype", "uint64",
                  "--no-progress"])  # fmt: skip
     assert code == 2

@@ -160,13 +160,13 @@ class _AsDocument(grain.transforms.MapWithIndex):
         self.describe = describe  # where record i is (an ArrayRecord file and record)
         self._warned = False
 
-    def _document(self, index: int) -> str:
+    def _document(self, index: int, noun: str = "document") -> str:
         """``document <index>``, with its file and record where the source can say (worded
         only for an error)."""
         if self.describe is not None:
             with contextlib.suppress(IndexError):  # an index past one epoch names no record
-                return f"document {index} ({self.describe(index)})"
-        return f"document {index}"
+                return f"{noun} {index} ({self.describe(index)})"
+        return f"{noun} {index}"
 
     def _pairs(
         self, index: int, record: Any
@@ -183,7 +183,8 @@ class _AsDocument(grain.transforms.MapWithIndex):
             targets = _as_int32(np.asarray(record[TARGETS]), index, self._document, TARGETS)
             if inputs.shape != targets.shape:  # (a piece is cut by inputs' length alone)
                 raise ValueError(
-                    f"pack_documents: record {index} has inputs of shape {inputs.shape} but "
+                    f"pack_documents: {self._document(index, 'record')} has inputs of shape "
+                    f"{inputs.shape} but "
                     f"targets of shape {targets.shape}; it packs next-token pairs, one target "
                     "a token of inputs: give both the same length (or pass the token "
                     "documents themselves, with tokens_key=)"
@@ -191,8 +192,9 @@ class _AsDocument(grain.transforms.MapWithIndex):
             return rest, inputs, targets, False
         else:
             raise KeyError(
-                f"tokens_key={self.key!r} is not in the record (keys: {sorted(record)}); name "
-                "the column that holds token ids"
+                f"pack_documents: tokens_key={self.key!r} is not in "
+                f"{self._document(index, 'record')} (keys: {sorted(record)}); name the column "
+                "that holds token ids"
             )
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
             raise ValueError(
@@ -218,7 +220,7 @@ class _AsDocument(grain.transforms.MapWithIndex):
             return [{**rest, INPUTS: inputs, TARGETS: targets}]
         size = n + 1 if bare else n  # a token document's own length
         if self.long_documents == "error":
-            raise too_long("pack_documents", index, size, length)
+            raise too_long("pack_documents", index, size, length, self._document(index))
         if self.long_documents == "truncate":
             self.stats._add(truncated=1, dropped=n - length)
             if not self._warned:

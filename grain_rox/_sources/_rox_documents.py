@@ -47,10 +47,13 @@ def check_long_documents(value: Any, where: str) -> None:
         )
 
 
-def too_long(where: str, index: int, tokens: int, seq_len: int) -> ValueError:
-    """The error for document ``index`` of ``tokens`` tokens under ``long_documents='error'``."""
+def too_long(
+    where: str, index: int, tokens: int, seq_len: int, named: str | None = None
+) -> ValueError:
+    """The error for document ``index`` of ``tokens`` tokens under ``long_documents='error'``
+    (``named``: how to name it, where its source can say which file holds it)."""
     return ValueError(
-        f"{where}: document {index} has {tokens} tokens, more than the {seq_len + 1} a row of "
+        f"{where}: {named or f'document {index}'} has {tokens} tokens, more than the {seq_len + 1} a row of "
         f"seq_len={seq_len} holds, and long_documents='error'; pass long_documents='split' "
         "(every token kept, in pieces) or long_documents='truncate' (the tail dropped and "
         "counted), or a larger seq_len"
