@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from _corpora import random_documents
 
-from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline, unpack_windows
+from grain_rox import MultiHostDataLoadIterator, Phase, TokenPipeline, open_rox, unpack_windows
 from grain_rox._order._bin_packing import (
     min_rows,
     pack_chunk,
@@ -623,3 +623,46 @@ def test_a_longer_phase_added_at_a_restore_says_how_to_keep_the_packed_chunk(mak
         it.set_state(state)
         got = [np.asarray(next(it)["inputs"]) for _ in range(5)]
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+def test_a_reader_given_samples_out_of_order_reads_each_samples_own_row(random_corpus):
+    """``read`` and ``row_content`` took samples whose first and last are a consecutive run
+    ([10, 5, 12]) for one, and served sample 11's row in place of sample 5's."""
+    reader = TokenPipeline(random_corpus, seq_len=64, global_batch_size=8, **PACKED)
+    reader = reader.batch_source().readers[0]
+    samples = np.array([10, 5, 12])
+    alone = [reader.read(np.array([s]), dtype=np.dtype(np.int64))[0][0] for s in samples]
+    together, _ = reader.read(samples, dtype=np.dtype(np.int64))
+    for row, want in zip(together, alone, strict=True):
+        assert np.array_equal(row, want)
+    assert reader.row_content(samples).tolist() == [
+        int(reader.row_content(np.array([s]))[0]) for s in samples
+    ]
+    assert len(set(reader.row_content(np.arange(64)).tolist())) > 1  # rows differ: a real check
+
+
+def test_reading_on_in_order_plans_only_groups_the_order_schedules(random_corpus):
+    """Reading in order plans groups ahead, but never past the order's scheduled samples (an
+    order of finite runs), and a cold read across two groups plans just those two."""
+    pipe = TokenPipeline(random_corpus, seq_len=64, global_batch_size=8, **PACKED)
+    reader = pipe.batch_source().readers[0]
+    size = reader.order.group
+    reader.read(np.arange(5 * size - 4, 5 * size + 4), dtype=np.dtype(np.int64))  # cold, across
+    assert sorted(reader._plans) == [4, 5]
+    full = reader.order
+    with open_rox(random_corpus) as corpus:
+        shard_tokens = [s.num_tokens for s in corpus.shards]
+    finite = PackedOrder(
+        shard_tokens, seed=full.seed, chunk_tokens=full.chunk_tokens,
+        runs=[Run(0, 3 * size, 64)], documents=full.documents, packing="best_fit",
+        block_tokens=full.block_tokens,
+    )  # fmt: skip
+    on = type(reader)(reader.corpus, finite)
+    served = [
+        on.read(np.arange(a, a + 8), dtype=np.dtype(np.int64))[0] for a in range(0, 3 * size, 8)
+    ]
+    again = type(reader)(reader.corpus, finite)  # each group read cold, alone
+    for g in (2, 1, 0):
+        rows = np.concatenate(served[g * size // 8 : (g + 1) * size // 8])
+        assert np.array_equal(again.read(np.arange(g * size, (g + 1) * size),
+                                         dtype=np.dtype(np.int64))[0], rows)  # fmt: skip

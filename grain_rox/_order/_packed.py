@@ -117,6 +117,7 @@ class PackedOrder(ChunkStream):
         self._base, self._long = divmod(self.num_chunks, self.num_blocks)
         self._segments = _lay_out(self)
         self._starts = np.asarray([s.start for s in self._segments], dtype=np.int64)
+        self.sample_stop = self._segments[-1].stop  # samples [0, sample_stop) are scheduled
 
     def _start_process_local(self) -> None:
         self._store = PackStore(PACK_CACHE_BYTES)

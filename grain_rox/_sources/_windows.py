@@ -145,7 +145,9 @@ class WindowReader(ProcessLocal):
             if plan is not None:
                 self._plans.move_to_end(group)
                 return plan
-            in_order = group - 1 in self._plans
+            # read on in order: the two groups before were planned (a cold read across two
+            # groups, as a resume's first batch may be, plans only what it reads)
+            in_order = group - 1 in self._plans and group - 2 in self._plans
         if self.packed and in_order:
             plans = self._packed_plans(group, _PACKED_PLAN_AHEAD)
         else:
@@ -159,11 +161,12 @@ class WindowReader(ProcessLocal):
         return plans[0]
 
     def _packed_plans(self, group: int, count: int) -> list[_GroupPlan]:
-        """The plans of packed groups ``group, ..., group + count - 1``, made in one pass (an
-        order's last run goes on to the sample limit, so the groups ahead always exist)."""
+        """The plans of packed groups ``group, ..., group + count - 1``, made in one pass (as
+        many of them as the order's scheduled samples fill; at least ``group``'s own)."""
         order = self.order
         assert isinstance(order, PackedOrder)
         size = order.group
+        count = max(1, min(count, (order.sample_stop - group * size) // size))
         plan = _packed_plan(order.locate_pieces(np.arange(group * size, (group + count) * size)))
         return [plan.part(j * size, size) for j in range(count)]
 
@@ -341,7 +344,7 @@ class WindowReader(ProcessLocal):
         samples = np.asarray(samples, dtype=np.int64)
         size = self.order.group
         first, n = int(samples[0]), samples.size
-        if first // size == (first + n - 1) // size and int(samples[-1]) == first + n - 1:
+        if _consecutive(samples, size):
             content = self._plan(first // size).content  # consecutive samples: a slice
             assert content is not None
             return content[first % size : first % size + n].copy()
@@ -382,7 +385,7 @@ class WindowReader(ProcessLocal):
         samples = np.asarray(samples, dtype=np.int64)
         size = self.order.group
         first, n = int(samples[0]), samples.size
-        if first // size == (first + n - 1) // size and int(samples[-1]) == first + n - 1:
+        if _consecutive(samples, size):
             fast = self._read_slots(first // size, first % size, n, dtype, out)
             if fast is not None:
                 return fast
@@ -480,3 +483,15 @@ def _destination(out: np.ndarray | None, shape: tuple[int, int], dtype: np.dtype
     if out.shape != shape:
         raise ValueError(f"out has shape {out.shape}; these windows need {shape}")
     return out
+
+
+def _consecutive(samples: np.ndarray, size: int) -> bool:
+    """Whether ``samples`` are ``first, first + 1, ...`` within one group of ``size``.
+
+    >>> _consecutive(np.array([4, 5, 6]), 8), _consecutive(np.array([4, 2, 6]), 8)
+    (True, False)
+    """
+    first, n = int(samples[0]), samples.size
+    if first // size != (first + n - 1) // size or int(samples[-1]) != first + n - 1:
+        return False
+    return n < 3 or bool(np.all(np.diff(samples) == 1))
