@@ -1048,6 +1048,16 @@ def test_a_list_of_null_inside_a_struct_is_refused_naming_the_field(tmp_path):
         with pytest.raises(ValueError, match=r"column 'meta' has a field 'meta\.ids' of Arrow "
                            r"type list<"):  # fmt: skip
             make()
+    with pytest.raises(ValueError) as info:
+        HFEagerSource(ds)
+    fix = (
+        "features = dataset.features.copy(); features['meta']['ids'] = "
+        "datasets.Sequence(datasets.Value('int32')); dataset = dataset.cast(features)"
+    )
+    assert fix in str(info.value), info.value
+    features = ds.features.copy()  # the fix the message gives works
+    features["meta"]["ids"] = datasets.Sequence(datasets.Value("int32"))
+    assert HFEagerSource(ds.cast(features))[1]["meta"]["n"] == 2
 
 
 def test_a_stream_whose_first_json_file_has_only_empty_lists_names_its_first_file(tmp_path):

@@ -434,7 +434,15 @@ def refuse_untyped_lists(
             continue
         path, arrow_type = found
         key = field.name
-        what = "" if path == repr(key) else f" a field {path} of"
+        nested = path != repr(key)
+        what = f" a field {path} of" if nested else ""
+        if typing is None and nested:  # cast the whole column, that field typed in it
+            at = "".join(f"[{p!r}]" for p in path.strip("'").split(".")[1:])
+            typing = (
+                f"e.g. features = dataset.features.copy(); features[{key!r}]{at} = "
+                "datasets.Sequence(datasets.Value('int32')); dataset = dataset.cast(features) "
+                "(write files with that schema)"
+            )
         typing = typing or (
             f"e.g. dataset = dataset.cast_column({key!r}, "
             "datasets.Sequence(datasets.Value('int32'))) (write files with that schema)"
