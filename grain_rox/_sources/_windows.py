@@ -148,8 +148,8 @@ class WindowReader(ProcessLocal):
             # read on in order: the two groups before were planned (a cold read across two
             # groups, as a resume's first batch may be, plans only what it reads)
             in_order = group - 1 in self._plans and group - 2 in self._plans
-        if self.packed and in_order:
-            plans = self._packed_plans(group, _PACKED_PLAN_AHEAD)
+        if self.packed:
+            plans = self._packed_plans(group, _PACKED_PLAN_AHEAD if in_order else 1)
         else:
             plans = [self._make_plan(group)]
         with self._lock:
@@ -168,13 +168,14 @@ class WindowReader(ProcessLocal):
         size = order.group
         count = max(1, min(count, (order.sample_stop - group * size) // size))
         plan = _packed_plan(order.locate_pieces(np.arange(group * size, (group + count) * size)))
-        return [plan.part(j * size, size) for j in range(count)]
+        return [plan] if count == 1 else [plan.part(j * size, size) for j in range(count)]
 
     def _make_plan(self, group: int) -> _GroupPlan:
+        """The plan of a group of full windows (a block or lanes order; packed rows:
+        :meth:`_packed_plans`)."""
         order = self.order
+        assert not isinstance(order, PackedOrder)
         size = order.group
-        if isinstance(order, PackedOrder):
-            return _packed_plan(order.locate_pieces(np.arange(group * size, (group + 1) * size)))
         rows = order.locate(np.arange(group * size, (group + 1) * size, dtype=np.int64))
         span_row, span_offset, span_length, span_dest = rows.span_arrays()
         c = order.chunk_tokens
@@ -195,21 +196,17 @@ class WindowReader(ProcessLocal):
         start = chunk_start + (piece_lo - q * c)
         pieces_per_row = np.bincount(span_row[span_of_piece], minlength=size)
         first_piece = np.concatenate([[0], np.cumsum(pieces_per_row)])
-        head = np.minimum(first_piece[:-1], max(shard.size - 1, 0))  # a packed row may be empty
+        head = first_piece[:-1]  # (a full window has at least one piece)
         single = pieces_per_row == 1
-        if rows.content is not None:  # packed rows: one piece reads alone only if it fills the row
-            single &= rows.content == rows.seq_len + 1
-        slot_shard = shard[head] if shard.size else np.zeros(size, dtype=np.int64)
-        slot_start = start[head] if shard.size else np.zeros(size, dtype=np.int64)
         return _GroupPlan(
             seq_len=rows.seq_len,
             first_piece=first_piece,
             single=single,
-            slot_shard=slot_shard,
-            slot_start=slot_start,
+            slot_shard=shard[head],
+            slot_start=start[head],
             one_seq_len=bool((rows.seq_len == rows.seq_len[0]).all()),
             multi_before=np.concatenate([[0], np.cumsum(~single)]),
-            content=rows.content,
+            content=None,
             pieces=(shard, start, piece_hi - piece_lo, span_dest[span_of_piece] + piece_lo - lo),
         )
 
