@@ -429,15 +429,14 @@ def refuse_untyped_lists(
     for field in schema:
         if field.name not in columns:
             continue
-        found = _untyped_list(field.type, field.name)
+        found = _untyped_list(field.type)
         if found is None:
             continue
-        path, arrow_type = found
+        fields, arrow_type = found
         key = field.name
-        nested = path != repr(key)
-        what = f" a field {path} of" if nested else ""
-        if typing is None and nested:  # cast the whole column, that field typed in it
-            at = "".join(f"[{p!r}]" for p in path.strip("'").split(".")[1:])
+        what = f" a field {'.'.join((key, *fields))!r} of" if fields else ""
+        if typing is None and fields:  # cast the whole column, that field typed in it
+            at = "".join(f"[{name!r}]" for name in fields)
             typing = (
                 f"e.g. features = dataset.features.copy(); features[{key!r}]{at} = "
                 "datasets.Sequence(datasets.Value('int32')); dataset = dataset.cast(features) "
@@ -455,20 +454,20 @@ def refuse_untyped_lists(
         )
 
 
-def _untyped_list(arrow_type: Any, path: str) -> tuple[str, Any] | None:
-    """``(where, type)`` of the first ``list<null>`` in ``arrow_type`` (``path`` names it:
-    the column, then its struct fields), or None (a plain null column is every value missing,
-    which the readers name as such)."""
+def _untyped_list(arrow_type: Any) -> tuple[tuple[str, ...], Any] | None:
+    """``(struct fields down to it, type)`` of the first ``list<null>`` in ``arrow_type`` (no
+    fields: the column itself), or None (a plain null column is every value missing, which
+    the readers name as such)."""
     import pyarrow as pa
 
     inner = _innermost(arrow_type)
     if pa.types.is_null(inner):
-        return None if pa.types.is_null(arrow_type) else (repr(path), arrow_type)
+        return None if pa.types.is_null(arrow_type) else ((), arrow_type)
     if pa.types.is_struct(inner):
         for field in inner:
-            found = _untyped_list(field.type, f"{path}.{field.name}")
+            found = _untyped_list(field.type)
             if found is not None:
-                return found
+                return (field.name, *found[0]), found[1]
     return None
 
 
