@@ -18,7 +18,6 @@ config, and a state from other data or another config is refused (``_identity``)
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import threading
@@ -36,6 +35,7 @@ from grain_rox._sources._identity import with_identity
 from grain_rox._sources._process_local import ProcessLocal, process_local
 from grain_rox._sources._rox_documents import LongDocuments, check_long_documents, too_long
 from grain_rox._sources._segments import INPUTS, INPUTS_SEGMENTATION, TARGETS
+from grain_rox._text._item_encoding import item_name
 
 logger = logging.getLogger("grain_rox")
 
@@ -162,11 +162,8 @@ class _AsDocument(grain.transforms.MapWithIndex):
 
     def _document(self, index: int, noun: str = "document") -> str:
         """``document <index>``, with its file and record where the source can say (worded
-        only for an error)."""
-        if self.describe is not None:
-            with contextlib.suppress(IndexError):  # an index past one epoch names no record
-                return f"{noun} {index} ({self.describe(index)})"
-        return f"{noun} {index}"
+        only for an error; an index past one epoch names no record)."""
+        return item_name(noun, index, self.describe)
 
     def _pairs(
         self, index: int, record: Any
@@ -220,7 +217,7 @@ class _AsDocument(grain.transforms.MapWithIndex):
             return [{**rest, INPUTS: inputs, TARGETS: targets}]
         size = n + 1 if bare else n  # a token document's own length
         if self.long_documents == "error":
-            raise too_long("pack_documents", index, size, length, self._document(index))
+            raise too_long("pack_documents", self._document(index), size, length)
         if self.long_documents == "truncate":
             self.stats._add(truncated=1, dropped=n - length)
             if not self._warned:

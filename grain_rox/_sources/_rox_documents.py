@@ -47,13 +47,11 @@ def check_long_documents(value: Any, where: str) -> None:
         )
 
 
-def too_long(
-    where: str, index: int, tokens: int, seq_len: int, named: str | None = None
-) -> ValueError:
-    """The error for document ``index`` of ``tokens`` tokens under ``long_documents='error'``
-    (``named``: how to name it, where its source can say which file holds it)."""
+def too_long(where: str, document: str, tokens: int, seq_len: int) -> ValueError:
+    """The error for ``document`` (``"document 3"``, with its file where its source can say)
+    of ``tokens`` tokens under ``long_documents='error'``."""
     return ValueError(
-        f"{where}: {named or f'document {index}'} has {tokens} tokens, more than the {seq_len + 1} a row of "
+        f"{where}: {document} has {tokens} tokens, more than the {seq_len + 1} a row of "
         f"seq_len={seq_len} holds, and long_documents='error'; pass long_documents='split' "
         "(every token kept, in pieces) or long_documents='truncate' (the tail dropped and "
         "counted), or a larger seq_len"
@@ -191,7 +189,7 @@ class RoxDocumentSource:
         if long.size and self.long_documents == "error":
             i = int(long[0])
             where = f"RoxDocumentSource({self.corpus.paths[0]}, ...)"
-            raise too_long(where, i, int(lengths[i]), self.seq_len)
+            raise too_long(where, f"document {i}", int(lengths[i]), self.seq_len)
         if self.long_documents == "truncate":
             dropped = int((lengths[long] - window).sum())
             self._dropped = (int(long.size), dropped)

@@ -15,6 +15,7 @@ overflow, no float that becomes inf).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
@@ -144,14 +145,27 @@ def check_float_overflow(values: np.ndarray, stored: np.ndarray, where: str) -> 
         )
 
 
+def item_name(noun: str, index: int, describe: Callable[[int], str] | None) -> str:
+    """``<noun> <index>``, with where it came from where ``describe`` says (an ArrayRecord
+    file and record; an index past the source's records names none).
+
+    >>> item_name("item", 2, lambda i: f"a.array_record: record {i - 1}"), item_name("item", 2, None)
+    ('item 2 (a.array_record: record 1)', 'item 2')
+    """
+    if describe is not None:
+        with contextlib.suppress(IndexError):
+            return f"{noun} {index} ({describe(index)})"
+    return f"{noun} {index}"
+
+
 class _Where:
-    """``item <i> (<where it came from>)``, worded only when an error is (no cost per item)."""
+    """:func:`item_name` of item ``index``, worded only when an error is (no cost per item)."""
 
     def __init__(self, index: int, describe: Callable[[int], str]) -> None:
         self.index, self.describe = index, describe
 
     def __format__(self, spec: str) -> str:
-        return format(f"item {self.index} ({self.describe(self.index)})", spec)
+        return format(item_name("item", self.index, self.describe), spec)
 
     __str__ = __repr__ = lambda self: format(self, "")
 
