@@ -4,9 +4,8 @@ several, and a summary that tells healthy sets of different dtypes from damage."
 from __future__ import annotations
 
 from grain_rox._cli._wording import cli_wording
-from grain_rox._format._verify import ShardReport, shard_sets
+from grain_rox._format._verify import UNCHECKED, ShardReport, shard_sets
 
-_UNCHECKED = "not checked: "  # a shard report's problem where its set's manifest is unusable
 _WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
@@ -37,7 +36,7 @@ def verify_lines(reports: list[ShardReport]) -> list[str]:
     shards = [r for group in sets.values() for r in group]
     bad = [r for r in shards if not r.ok]
     # shards left unchecked by their set's unusable manifest: said in full once, not damage
-    unchecked = [r for r in bad if (r.problem or "").startswith(_UNCHECKED)]
+    unchecked = [r for r in bad if (r.problem or "").startswith(UNCHECKED)]
     said: set[str] = set()
     leftovers = [r for r in reports if r.kind == "leftover"]
     lines = []

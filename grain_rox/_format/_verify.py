@@ -36,6 +36,8 @@ from grain_rox._format._shard_set import current_manifest
 _HASH_CHUNK = 8 << 20
 
 logger = logging.getLogger("grain_rox")
+# how a shard report's problem begins where its set's manifest is unusable (the CLI counts them)
+UNCHECKED = "not checked: "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +179,7 @@ def verify_rox(
         except RoxFormatError as e:
             problem = f"{e.problem}. Fix: {e.fix}."
             if e.path != path:  # the set's manifest (or another of its files), not this shard
-                problem = f"not checked: the set's {e.path} is unusable: {problem}"
+                problem = f"{UNCHECKED}the set's {e.path} is unusable: {problem}"
             reports.append(ShardReport(path, problem, set=name))
         except OSError as e:
             reports.append(ShardReport(path, f"cannot read: {e}", set=name))
@@ -230,7 +232,7 @@ def _log_report(report: ShardReport, logged: set[str]) -> None:
             report.dtype,
             report.checksum,
         )
-    elif (report.problem or "").startswith("not checked: "):
+    elif (report.problem or "").startswith(UNCHECKED):
         if report.problem not in logged:  # said once for the set's shards
             logged.add(report.problem or "")
             logger.warning("the shards of the set %s are %s", report.set, report.problem)
