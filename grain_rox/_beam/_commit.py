@@ -237,10 +237,9 @@ def commit_shards(
         final = dataclasses.replace(final, write_id=run_id)
         moves = _moves(shards, final)
 
-        def keep() -> None:  # a failed publish keeps the shards: the runner retries this step
-            pass  # with the same reports (a failed conversion's are removed by the next write)
-
-        publish_set(mpath, disk, previous, final, moves, discard=keep, keep_manifest=True)
+        # a failed publish keeps the shards: the runner retries this step with the same
+        # reports (a failed conversion's are removed by the next write)
+        publish_set(mpath, disk, previous, final, moves, discard=None, keep_manifest=True)
         clean_leftovers(mpath)  # the temporaries of retried attempts, and of killed writers
     return final
 

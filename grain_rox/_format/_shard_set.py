@@ -274,10 +274,11 @@ def publish_set(
     final: Manifest,
     moves: list[tuple[str, str]],
     *,
-    discard: Callable[[], None],
+    discard: Callable[[], None] | None,
     keep_manifest: bool,
 ) -> None:
-    """Put the new set in place as one transaction (see :mod:`grain_rox._format._shard_set`).
+    """Put the new set in place as one transaction (see :mod:`grain_rox._format._shard_set`);
+    ``discard`` removes the new shards if step 1 fails (None: they are kept, for a retry).
 
     1. the manifest names the set on disk now and, as ``pending``, the complete new set (its
        shards are already fsynced under temporary names); 2. the shards are renamed into place;
@@ -289,7 +290,8 @@ def publish_set(
     try:
         write_manifest(mpath, dataclasses.replace(previous, pending=final))
     except BaseException:
-        discard()
+        if discard is not None:
+            discard()
         raise
     for tmp, final_path in moves:
         os.replace(tmp, final_path)
