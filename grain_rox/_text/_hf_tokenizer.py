@@ -40,8 +40,8 @@ class HFTokenizer:
     inside the text are encoded as ordinary text, and the file's truncation and padding (a
     model's input length) are not applied: a document is encoded whole. EOS is
     ``eos_token`` if given, else the first of ``</s>``, ``<|endoftext|>``, ``<eos>``,
-    ``<|end|>``, ``[EOS]``, ``<|end_of_text|>`` present in the vocabulary. Pickling sends the path; the file is re-read lazily and must
-    still have the same sha256.
+    ``<|end|>``, ``[EOS]``, ``<|end_of_text|>`` present in the vocabulary. Pickling sends
+    the path; the file is re-read lazily and must still have the same sha256.
 
     Args:
       path: a ``tokenizer.json`` file, or a directory containing one.
