@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -160,15 +161,7 @@ def _run(tmp_path: Path, old: dict | None, new: dict, cli: bool) -> None:
     root = tmp_path / "kills"
     root.mkdir()
     spec["root"] = str(root)
-    out = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(spec)],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = _run_driver(DRIVER, spec)
     assert len(result["killed"]) >= 3, result
     assert _tokens(os.path.join(result["complete"], "set.rox")) == new_tokens
     outcomes: dict[str, int] = {}
@@ -292,15 +285,7 @@ def test_a_rerun_killed_at_any_point_after_a_killed_write_leaves_old_new_or_refu
     root = tmp_path / "kills"
     root.mkdir()
     spec = {"root": str(root), "old": old, "new": new, "new_tokens": new_tokens}
-    out = subprocess.run(
-        [sys.executable, "-c", RERUN_DRIVER, json.dumps(spec)],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    states = json.loads(out.stdout.strip().splitlines()[-1])
+    states = _run_driver(RERUN_DRIVER, spec)
     assert len(states) >= 20, states
     outcomes: dict[str, int] = {}
     for d in states:
@@ -997,3 +982,16 @@ def test_every_file_is_fsynced_before_its_rename_and_every_rename_is_made_durabl
     if shard is not None and manifests:  # a set: its pending manifest comes first
         assert manifests[0] < shards[0], events
         assert ("fsync", directory) in events[manifests[0] + 1 : shards[0]], events
+
+
+def _run_driver(driver: str, spec: dict) -> Any:
+    """Run a kill-test driver script in a child process; the JSON of its last output line."""
+    out = subprocess.run(
+        [sys.executable, "-c", driver, json.dumps(spec)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
