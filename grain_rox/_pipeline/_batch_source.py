@@ -267,10 +267,10 @@ class GlobalBatchSource:
         """The windows of each row's sample of its source, written into ``out``, where they
         cross chunk joins (None when no window crosses one) and, for packed rows, each row's
         tokens before its padding (None: full windows)."""
-        if len(self.readers) == 1:
+        if len(self.readers) == 1:  # its samples are consecutive (step_rows): one run
             reader = self.readers[0]
-            windows, joins = reader.read(samples, dtype=out.dtype, out=out)
-            return windows, joins, reader.row_content(samples)
+            joins = reader.read_run(groups[0][2], out, None)
+            return out, joins, reader.row_content(samples)
         content = None
         parts_joins = []
         for s, rows, first in groups:  # each source's rows, straight into out

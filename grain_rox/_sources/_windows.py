@@ -353,18 +353,22 @@ class WindowReader(ProcessLocal):
             out[sel] = content[samples[sel] - j * size]
         return out
 
-    def read_run(self, first: int, out: np.ndarray, rows: np.ndarray) -> Joins | None:
+    def read_run(self, first: int, out: np.ndarray, rows: np.ndarray | None) -> Joins | None:
         """Samples ``first, first + 1, ...`` (one a row) into rows ``rows`` of ``out`` (a whole
-        batch's buffer, written in place, in its dtype); returns the chunk joins of those rows,
-        by row of ``out`` (None: no join). A mixed batch reads each source's rows this way: a
-        source's rows in a batch take consecutive samples of its own order."""
+        batch's buffer, written in place, in its dtype; None: every row, in order); returns the
+        chunk joins of those rows, by row of ``out`` (None: no join). A batch reads each
+        source's rows this way: a source's rows in a batch take consecutive samples of its own
+        order (so a batch of one source reads without checking that its samples are)."""
         size = self.order.group
-        n = rows.size
+        n = out.shape[0] if rows is None else rows.size
         if first // size == (first + n - 1) // size:
             fast = self._read_slots(first // size, first % size, n, out.dtype, out, rows)
             if fast is not None:
                 return fast[1]
-        part, joins = self.read(np.arange(first, first + n, dtype=np.int64), dtype=out.dtype)
+        samples = np.arange(first, first + n, dtype=np.int64)
+        if rows is None:
+            return self.read(samples, dtype=out.dtype, out=out)[1]
+        part, joins = self.read(samples, dtype=out.dtype)
         out[rows] = part
         return None if joins is None else _sorted_joins(rows[joins[0]], joins[1])
 
