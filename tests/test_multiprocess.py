@@ -430,6 +430,33 @@ def test_a_grain_input_on_a_mesh_whose_processes_share_the_rows(tmp_path):
     testing.check_processes_equal(make, read=3)
 
 
+def _rows_split_unevenly(path: str):
+    """(For the test below: built in each process.) Process 0 gets 9 of the 17 rows (2 batches
+    of up to 8), process 1 gets 8 (1 batch)."""
+    import grain
+    import jax
+
+    rows = np.load(path)[jax.process_index() :: jax.process_count()]
+    return MultiHostDataLoadIterator(grain.MapDataset.source(list(rows)).batch(8))
+
+
+@pytest.mark.slow
+def test_a_grain_input_with_more_batches_in_one_process_is_refused_when_made(tmp_path):
+    """One process's input ending first would stop it, and the other would wait for it in its
+    training step for ever: the lengths are compared when the iterator is made, and every
+    process refuses, naming each one's count and the fix."""
+    import functools
+
+    np.save(tmp_path / "rows.npy", np.arange(17 * 4, dtype=np.int32).reshape(17, 4))
+    make = functools.partial(_rows_split_unevenly, str(tmp_path / "rows.npy"))
+    with pytest.raises(AssertionError) as failed:
+        testing.check_processes_equal(make, read=1)
+    message = str(failed.value)
+    assert message.count("ValueError: the Grain input gives the processes different numbers "
+                         "of batches (process 0: 2, process 1: 1)") == 2, message  # fmt: skip
+    assert "shard=(jax.process_index(), jax.process_count())" in message
+
+
 # ---- 4. a mixture curriculum restores elastically across its phase change ------------------------
 @pytest.mark.slow
 def test_a_mixture_curriculum_restores_1_to_2_to_4_processes_across_its_phase_change(

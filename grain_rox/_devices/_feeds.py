@@ -292,6 +292,37 @@ class PipelineFeed:
         return None
 
 
+def refuse_uneven_lengths(length: int | None, sharding: NamedSharding) -> None:
+    """Refuse Grain inputs that give the processes different numbers of batches (each
+    process's ``length``; None: unknown or endless): the process whose input ends first would
+    stop, and the others would wait for it in their next training step, for ever (JAX cannot
+    tell them). One small collective when the iterator is made, in every process of the mesh
+    (a mesh over only some processes is not checked: the others make no iterator)."""
+    processes = {d.process_index for d in sharding.mesh.devices.flat}
+    if processes != set(range(jax.process_count())):
+        return
+    from jax.experimental import multihost_utils
+
+    # two int32 halves (JAX's default integers), -1 for unknown
+    n = -1 if length is None else length
+    mine = np.array([n >> 31, n & (2**31 - 1)], dtype=np.int32)
+    halves = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 2).astype(np.int64)
+    lengths = [int(hi << 31 | lo) for hi, lo in halves.tolist()]
+    known = [n for n in lengths if n >= 0]
+    if len(known) < len(lengths) or len(set(known)) == 1:  # an unknown length: nothing to say
+        return
+    listing = ", ".join(f"process {i}: {n}" for i, n in enumerate(lengths[:8]))
+    more = f" and {len(lengths) - 8} more" if len(lengths) > 8 else ""
+    raise ValueError(
+        f"the Grain input gives the processes different numbers of batches ({listing}{more}): "
+        "the process whose input ends first would stop, and the others would wait for it in "
+        "their next training step for ever. Give every process the same number of batches: "
+        "split the rows evenly (e.g. a grain_rox source's .batches(..., shard=("
+        "jax.process_index(), jax.process_count()))), drop each process's extra rows or "
+        "partial batch, or read a TokenPipeline"
+    )
+
+
 class GrainFeed:
     """A user's Grain loader or dataset whose elements are this process's rows."""
 
@@ -307,6 +338,8 @@ class GrainFeed:
         # not split the batch: every process then gives the same, whole rows)
         self.global_per_local = self.shards // (hi - lo)
         self.first_rows: int | None = None  # a batch's global rows, from the first batch
+        if jax.process_count() > 1:
+            refuse_uneven_lengths(self.length, sharding)
 
     @functools.cached_property
     def length(self) -> int | None:
