@@ -122,6 +122,9 @@ class Config:
     stall_ways: tuple[str, ...] = ("fed", "one", "put")  # how the fed runs place a batch
     stall_ms: tuple[float, ...] = STEP_MS  # the step times the stall is measured at
     stall_dim: int = 1024  # the step's matmul size on an accelerator (128 on a CPU)
+    # the step's matmuls as one straight-line program (no while loop, whose every iteration
+    # an accelerator's host thread may drive), as a transformer step without a layer scan
+    stall_unroll: bool = False
 
 
 FULL = Config(False, 50_000_000, 3, 1.5, 5000, (128, 1024), 100)
@@ -478,14 +481,17 @@ def bench_shape(
 
 
 # ---- the train-step stall -----------------------------------------------------------------------
-def matmul_step(dim: int, iters: int, unpack: Callable[[Any], Any] | None) -> Callable[..., Any]:
-    """A jitted step: ``iters`` (dim, dim) matmuls, started from the batch's reduced features."""
+def matmul_step(
+    dim: int, iters: int, unpack: Callable[[Any], Any] | None, unroll: bool = False
+) -> Callable[..., Any]:
+    """A jitted step: ``iters`` (dim, dim) matmuls, started from the batch's reduced features
+    (in a while loop, or ``unroll``ed into one straight-line program)."""
 
     @jax.jit
     def step(x: Any, w: Any, batch: Any) -> Any:
         features = unpack(batch) if unpack is not None else batch
         x = x + reduce_features(features).astype(jnp.float32) * 1e-12
-        return jax.lax.fori_loop(0, iters, lambda _, x: jnp.tanh(x @ w), x)
+        return jax.lax.fori_loop(0, iters, lambda _, x: jnp.tanh(x @ w), x, unroll=unroll)
 
     return step
 
@@ -529,7 +535,7 @@ class Stall:
 
     def step(self, key: str, iters: int) -> Callable[..., Any]:
         unpack = self.pipes[key].unpack if key == "fast" else None
-        return matmul_step(self.dim, iters, unpack)
+        return matmul_step(self.dim, iters, unpack, self.cfg.stall_unroll)
 
     def ms(self, step: Callable[..., Any], get: Callable[[], Any], n: int) -> float:
         return step_ms(step, self.x, self.w, get, n)
@@ -598,7 +604,8 @@ class Stall:
             unpack = paired("fast resident", "default resident")
             parts.append(f"`pipe.unpack` inside the resident step {unpack:+.1f}%")
         measured = f", measured {med['default resident']:.2f} ms" if self.device else ""
-        what = f"{iters} matmuls of {self.dim}x{self.dim}{measured}"
+        loop = ", unrolled" if self.cfg.stall_unroll else ""
+        what = f"{iters} matmuls of {self.dim}x{self.dim}{loop}{measured}"
         line = f"- ~{target_ms:g} ms step ({what}): " + ", ".join(parts)
         return line, {"iters": iters, "dim": self.dim, "runs_ms": runs}
 
@@ -769,6 +776,10 @@ def main() -> int:
         "--stall-ms", default=None, help="stall step times in ms, comma-separated (default: 3,7)"
     )
     parser.add_argument(
+        "--stall-unroll", action="store_true",
+        help="the stall step's matmuls unrolled into one program (default: a while loop)",
+    )  # fmt: skip
+    parser.add_argument(
         "--stall-ways", default=None,
         help="fed stall runs, comma-separated of fed,one,put (default: all three)",
     )  # fmt: skip
@@ -802,6 +813,7 @@ def main() -> int:
         stall_ways=tuple(args.stall_ways.split(",")) if args.stall_ways else FULL.stall_ways,
         stall_ms=tuple(float(m) for m in args.stall_ms.split(",")) if args.stall_ms else STEP_MS,
         stall_dim=args.stall_dim or FULL.stall_dim,
+        stall_unroll=args.stall_unroll,
     )
     backend = jax.default_backend()
     device = backend != "cpu"
