@@ -933,8 +933,9 @@ def test_a_list_of_null_column_is_refused_with_its_type_and_the_fix(tmp_path, co
     )
     streamed_fix = (
         f"Give the column its type, which a stream reads from its first file ({path}): list a "
-        "file whose lists hold values first, or write the files as Parquet with the column "
-        "typed (e.g. list<int32>), or leave the column out (exclude_keys=['tokens'])"
+        "file whose lists hold values first, or write the files as Parquet with the list "
+        "typed (e.g. list<int32>, in the column or its struct field), or leave the column out "
+        "(exclude_keys=['tokens'])"
     )
     for make, where, says in (
         (lambda: HFEagerSource(ds), "HFEagerSource", fix),

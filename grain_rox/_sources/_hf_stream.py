@@ -154,7 +154,7 @@ class HFStreamingSource:
             typing = (  # a stream's schema is its first file's: a dataset cast does not apply
                 f"which a stream reads from its first file ({self.files[0]}): list a file "
                 "whose lists hold values first, or write the files as Parquet with the "
-                "column typed (e.g. list<int32>)"
+                "list typed (e.g. list<int32>, in the column or its struct field)"
             )
             refuse_untyped_lists(features.arrow_schema, kept, where, typing=typing)
         return kept
