@@ -46,6 +46,8 @@ class PackStore:
         self._firsts = np.empty(0, dtype=np.int64)
         self._spans = np.empty((3, 0), dtype=np.int64)
         self._used = (0, 0)  # firsts and pieces written
+        # the keys held, sorted, and their firsts' starts: lookups by binary search
+        self._index = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
@@ -54,30 +56,47 @@ class PackStore:
         return 8 * (firsts + 3 * pieces)
 
     def rows(
-        self, keys: Sequence[int], pack: Callable[[int], PackedChunk]
+        self, keys: Sequence[int] | np.ndarray, pack: Callable[[int], PackedChunk]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(base, firsts, spans)`` for the chunk of each of ``keys`` (packed with
         ``pack(key)`` where not held): row ``r`` of ``keys[i]``'s chunk holds the pieces
         ``spans[:, firsts[base[i] + r] : firsts[base[i] + r + 1]]``."""
+        keys = np.asarray(keys, dtype=np.int64)
         with self._lock:
-            found = [self._extent.get(key) for key in keys]
-            if None not in found:
-                return self._bases(found), self._firsts, self._spans
-        lacking = dict.fromkeys(key for key, e in zip(keys, found, strict=True) if e is None)
+            bases, found = self._bases(keys)
+            if found.all():
+                return bases, self._firsts, self._spans
+        lacking = dict.fromkeys(keys[~found].tolist())
         missing = {key: pack(key) for key in lacking}  # each once, however many rows read it
         with self._lock:
             fresh = {k: p for k, p in missing.items() if k not in self._extent}
             firsts, pieces = self._used
             more = sum(p.first.size + 3 * p.spans.shape[1] for p in fresh.values())
             if 8 * (firsts + 3 * pieces) + 8 * more > self.max_bytes:
-                self._rebuild(keep=[k for k in dict.fromkeys(keys) if k in self._extent])
+                held = dict.fromkeys(keys.tolist())
+                self._rebuild(keep=[k for k in held if k in self._extent])
             for key, packed in fresh.items():
                 self._append(key, packed.first, packed.spans)
-            return self._bases([self._extent[key] for key in keys]), self._firsts, self._spans
+            self._index = self._sorted_index()
+            return self._bases(keys)[0], self._firsts, self._spans
 
-    @staticmethod
-    def _bases(extents: list[tuple[int, int, int, int] | None]) -> np.ndarray:
-        return np.fromiter((e[0] for e in extents if e is not None), np.int64, len(extents))
+    def _bases(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where each of ``keys``' firsts start, and whether it is held: one binary search of
+        the sorted keys held, not a dictionary read a key (a plan's 256 rows: ~30 us)."""
+        held, bases = self._index
+        at = np.searchsorted(held, keys)
+        np.minimum(at, max(held.size - 1, 0), out=at)
+        if not held.size:
+            return at, np.zeros(keys.size, dtype=bool)
+        return bases.take(at), held.take(at) == keys
+
+    def _sorted_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """The keys held, sorted, and where each one's firsts start (rebuilt when chunks are
+        added: ~1 ms for 8,000, against ~0.1 ms to pack each chunk added)."""
+        held = np.fromiter(self._extent, np.int64, len(self._extent))
+        bases = np.fromiter((e[0] for e in self._extent.values()), np.int64, len(self._extent))
+        order = np.argsort(held, kind="stable")
+        return held[order], bases[order]
 
     def _append(self, key: int, first: np.ndarray, spans: np.ndarray) -> None:
         """Write a chunk's ``first`` (row offsets into its own ``spans``) and ``spans`` after

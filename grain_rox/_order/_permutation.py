@@ -270,3 +270,58 @@ class FeistelPermutation:
         if y.size and (y.min() < 0 or y.max() >= self.n):
             raise IndexError(f"images must lie in [0, {self.n}), got [{y.min()}, {y.max()}]")
         return self._walk(y.astype(np.uint64), self._backward).astype(np.int64)
+
+
+class PermutedRuns:
+    """Images of runs of consecutive indices under keyed permutations, evaluated ``window``
+    indices at a time and kept (the last ``keep`` windows): a plan reads a run of a block's
+    slots, and the next plans read on from it. A Feistel call costs mostly numpy's per-call
+    overhead, so 8,192 indices cost ~210 us where 1,024 cost ~75 (measured here): per run of
+    1,024, ~26 us from a kept window.
+
+    >>> p = FeistelPermutation(5000, key=derive_key(3))
+    >>> runs = PermutedRuns(window=64)
+    >>> got = runs((3,), lambda: p, np.arange(60, 200))  # three windows
+    >>> bool(np.array_equal(got, p(np.arange(60, 200))))
+    True
+    >>> bool(np.array_equal(runs((3,), lambda: p, np.array([7, 3])), p(np.array([7, 3]))))
+    True
+    """
+
+    __slots__ = ("_windows", "keep", "window")
+
+    def __init__(self, window: int, keep: int = 8) -> None:
+        self.window, self.keep = int(window), int(keep)
+        self._windows: dict[tuple[object, ...], np.ndarray] = {}
+
+    def __call__(
+        self,
+        key: tuple[object, ...],
+        permutation: Callable[[], FeistelPermutation],
+        indices: np.ndarray,
+    ) -> np.ndarray:
+        """``permutation()(indices)`` (``key`` names the permutation): for consecutive
+        indices read from the kept windows around them (a view; never write to it), else
+        evaluated."""
+        lo, hi = int(indices[0]), int(indices[-1]) + 1
+        if hi - lo != indices.size or (indices.size > 2 and not _ascending_by_one(indices)):
+            return permutation()(indices)
+        w = self.window
+        parts = []
+        for k in range(lo // w, (hi - 1) // w + 1):
+            window = self._windows.get((*key, k))
+            if window is None:
+                perm = permutation()
+                window = perm(np.arange(k * w, min((k + 1) * w, perm.n)))
+                if len(self._windows) >= self.keep:
+                    self._windows.clear()
+                self._windows[(*key, k)] = window
+            parts.append(window)
+        first = (lo // w) * w
+        run = (parts[0] if len(parts) == 1 else np.concatenate(parts))[lo - first : hi - first]
+        return run if run.size == indices.size else permutation()(indices)  # past n: refused
+
+
+def _ascending_by_one(indices: np.ndarray) -> bool:
+    """Whether ``indices`` step by one (its ends are known to be ``size - 1`` apart)."""
+    return bool((indices[1:] - indices[:-1] == 1).all())
