@@ -97,6 +97,7 @@ class BlockOrder(ChunkStream):
         self._size, self._long = divmod(self.stream_tokens, self.num_blocks)
         self._permutations: dict[tuple[int, int, int], FeistelPermutation] = {}
         self._permuted = PermutedRuns(_PERMUTED_WINDOW)
+        self._epoch_windows: dict[int, int] = {}
         self._segments = _lay_out(self)
         self._starts = np.asarray([s.start for s in self._segments], dtype=np.int64)
 
@@ -193,11 +194,17 @@ class BlockOrder(ChunkStream):
         samples = np.asarray(samples, dtype=np.int64)
         seg = np.searchsorted(self._starts, samples, side="right") - 1
         n = samples.size
+        groups = value_groups(seg)
+        if len(groups) == 1 and groups[0][0] >= 0:  # one segment (a plan's nearly always)
+            segment = self._segments[groups[0][0]]
+            if segment.kind == _GRID and int(samples.max()) < segment.stop:
+                epoch, offset = self._grid_rows(segment, samples)
+                return Rows(epoch, offset, np.full(n, segment.seq_len, dtype=np.int64))
         epoch = np.empty(n, dtype=np.int64)
         offset = np.empty(n, dtype=np.int64)
         seq_len = np.empty(n, dtype=np.int64)
         extra: list[tuple[np.ndarray, ...]] = []
-        for k, sel in value_groups(seg):
+        for k, sel in groups:
             mine = samples[sel]
             if k < 0 or mine.max() >= self._segments[k].stop:
                 raise IndexError(f"samples {mine} lie outside the schedule's samples")
@@ -229,6 +236,9 @@ class BlockOrder(ChunkStream):
         )
 
     def _grid_rows(self, segment: Segment, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        one = self._one_block_rows(segment, samples)
+        if one is not None:
+            return one
         s = segment.seq_len
         per_epoch = self.epoch_windows(s)
         j = segment.slot + (samples - segment.start)
@@ -243,6 +253,46 @@ class BlockOrder(ChunkStream):
             grid += self.block_start(b)
             offset[sel] = grid
         return epoch, offset
+
+    def _one_block_rows(
+        self, segment: Segment, samples: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`_grid_rows` of samples that all lie in one block of one epoch (a plan's
+        nearly always), placed by their least and greatest (a window's epoch and block grow
+        with it) in Python ints: ~25 numpy calls on every sample fewer, ~35 us a plan; None
+        when they span several blocks."""
+        s = segment.seq_len
+        per_epoch = self._epoch_windows_int(s)
+        shift = segment.slot - segment.start  # sample -> its grid window from the segment's
+        e, w = divmod(int(samples.min()) + shift, per_epoch)
+        e_hi, w_hi = divmod(int(samples.max()) + shift, per_epoch)
+        b = self._block_of_int(w, s)
+        if e_hi != e or self._block_of_int(w_hi, s) != b:
+            return None
+        slot = samples + (shift - e * per_epoch - self._windows_before_int(b, s))
+        offset = self._permuted_windows(segment.epoch + e, b, s, slot) * s
+        offset += b * self._size + min(b, self._long)  # block_start(b)
+        return np.full(samples.size, segment.epoch + e, dtype=np.int64), offset
+
+    def _epoch_windows_int(self, seq_len: int) -> int:
+        """:meth:`epoch_windows`, kept per seq_len."""
+        n = self._epoch_windows.get(seq_len)
+        if n is None:
+            n = self._epoch_windows[seq_len] = self.epoch_windows(seq_len)
+        return n
+
+    def _windows_before_int(self, block: int, seq_len: int) -> int:
+        """:meth:`windows_before` of one block, in Python ints."""
+        long_n, short_n = self._size // seq_len, (self._size - 1) // seq_len
+        return min(block, self._long) * long_n + max(block - self._long, 0) * short_n
+
+    def _block_of_int(self, window: int, seq_len: int) -> int:
+        """:meth:`block_of` of one window of the epoch, in Python ints."""
+        long_n, short_n = self._size // seq_len, (self._size - 1) // seq_len
+        in_long = self._long * long_n
+        if window < in_long:
+            return window // max(long_n, 1)
+        return self._long + (window - in_long) // short_n
 
     def _hole_spans(self, segment: Segment, samples: np.ndarray) -> tuple[np.ndarray, ...]:
         """(row, stream offset, length, offset in the window) of windows over holes."""
