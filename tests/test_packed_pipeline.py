@@ -360,6 +360,44 @@ def test_pack_store_packs_each_chunk_once_and_rebuilds_with_the_chunks_in_use():
     assert calls == [0, 1, 2, 3, 4, 0] and sorted(store._extent) == [0, 4]
 
 
+def test_a_chunk_another_thread_drops_while_this_one_packs_is_packed_again():
+    """Two readers of one store: while one packs the chunks it lacks (outside the lock),
+    another's rebuild drops a chunk the first found held. The first must not serve another
+    chunk's rows for it (a neighbour's in the index: wrong tokens, silently) nor fail: it
+    packs that chunk again. (Here the other reader runs inside the first one's pack.)"""
+    from grain_rox._order._pack_store import PackStore
+
+    ends = {k: np.array([3 + k, 10, 12]) for k in range(6)}
+    packed = {k: pack_chunk(ends[k], 16, seq_len=7, rows=3) for k in ends}
+    store = PackStore(max_bytes=8 * 60)  # each chunk here holds 128 bytes: room for three
+    calls: list[int] = []
+
+    def pack(key: int):
+        calls.append(key)
+        return packed[key]
+
+    def pack_while_another_reads(key: int):
+        if key == 1:  # the other reader: its rebuild keeps 2, 3, 4 and drops 0
+            store.rows([2, 3, 4], pack)
+            assert 0 not in store._extent
+        return pack(key)
+
+    store.rows([0], pack)
+    base, firsts, spans = store.rows([0, 1], pack_while_another_reads)
+    got = [
+        spans[:, firsts[b + r] : firsts[b + r + 1]].tolist()
+        for b in base.tolist()
+        for r in range(3)
+    ]
+    want = [
+        packed[k].spans[:, packed[k].first[r] : packed[k].first[r + 1]].tolist()
+        for k in (0, 1)
+        for r in range(3)
+    ]
+    assert got == want
+    assert calls == [0, 2, 3, 4, 1, 0]  # 0 packed again, once
+
+
 def test_state_restores_the_next_batches_exactly_even_at_a_billion(random_corpus):
     pipe = TokenPipeline(random_corpus, seq_len=64, global_batch_size=8, **PACKED)
     with MultiHostDataLoadIterator(pipe) as it:

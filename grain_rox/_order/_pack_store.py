@@ -66,19 +66,25 @@ class PackStore:
             bases, found = self._bases(keys)
             if found.all():
                 return bases, self._firsts, self._spans
-        lacking = dict.fromkeys(keys[~found].tolist())
-        missing = {key: pack(key) for key in lacking}  # each once, however many rows read it
-        with self._lock:
-            fresh = {k: p for k, p in missing.items() if k not in self._extent}
-            firsts, pieces = self._used
-            more = sum(p.first.size + 3 * p.spans.shape[1] for p in fresh.values())
-            if 8 * (firsts + 3 * pieces) + 8 * more > self.max_bytes:
-                held = dict.fromkeys(keys.tolist())
-                self._rebuild(keep=[k for k in held if k in self._extent])
-            for key, packed in fresh.items():
-                self._append(key, packed.first, packed.spans)
-            self._index = self._sorted_index()
-            return self._bases(keys)[0], self._firsts, self._spans
+        while True:  # again only where another thread dropped some of keys meanwhile
+            lacking = dict.fromkeys(keys[~found].tolist())
+            missing = {key: pack(key) for key in lacking}  # each once, however many rows
+            with self._lock:
+                fresh = {k: p for k, p in missing.items() if k not in self._extent}
+                firsts, pieces = self._used
+                more = sum(p.first.size + 3 * p.spans.shape[1] for p in fresh.values())
+                if 8 * (firsts + 3 * pieces) + 8 * more > self.max_bytes:
+                    held = dict.fromkeys(keys.tolist())
+                    self._rebuild(keep=[k for k in held if k in self._extent])
+                for key, packed in fresh.items():
+                    self._append(key, packed.first, packed.spans)
+                self._index = self._sorted_index()
+                # A chunk found held above may have been dropped since by another thread's
+                # rebuild (while this one packed): its base would be a neighbour's (another
+                # chunk's rows, silently). Those are packed again.
+                bases, found = self._bases(keys)
+                if found.all():
+                    return bases, self._firsts, self._spans
 
     def _bases(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where each of ``keys``' firsts start, and whether it is held: one binary search of
