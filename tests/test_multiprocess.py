@@ -457,6 +457,38 @@ def test_a_grain_input_with_more_batches_in_one_process_is_refused_when_made(tmp
     assert "shard=(jax.process_index(), jax.process_count())" in message
 
 
+def _last_batches_of_different_sizes(path: str):
+    """(For the test below: built in each process.) Two batches in each process, of 12 rows
+    then 8 (process 0, 20 rows) or 4 (process 1, 16 rows): each process's rows split over its
+    4 devices, but the last global batches would be 16 rows in one process and 8 in the other.
+    One process alone reads 24 rows in batches of 8."""
+    import grain
+    import jax
+
+    rows = np.load(path)
+    if jax.process_count() == 1:
+        return MultiHostDataLoadIterator(grain.MapDataset.source(list(rows[:24])).batch(8))
+    mine = rows[:20] if jax.process_index() == 0 else rows[20:36]
+    return MultiHostDataLoadIterator(grain.MapDataset.source(list(mine)).batch(12))
+
+
+@pytest.mark.slow
+def test_a_grain_input_whose_last_batches_differ_between_processes_is_refused_when_made(tmp_path):
+    """Each process's rows split over its devices, but their last batches differ: the two
+    processes would make global arrays of different shapes (a Gloo "collective mismatch"
+    abort, or a hang). The last batches' sizes are compared when the iterator is made."""
+    import functools
+
+    np.save(tmp_path / "rows.npy", np.arange(40 * 4, dtype=np.int32).reshape(40, 4))
+    make = functools.partial(_last_batches_of_different_sizes, str(tmp_path / "rows.npy"))
+    with pytest.raises(AssertionError) as failed:
+        testing.check_processes_equal(make, read=1)
+    message = str(failed.value)
+    assert message.count("ValueError: the Grain input's last batch has different numbers of "
+                         "rows in the processes (process 0: 8, process 1: 4)") == 2, message  # fmt: skip
+    assert "drop_remainder=True" in message
+
+
 # ---- 4. a mixture curriculum restores elastically across its phase change ------------------------
 @pytest.mark.slow
 def test_a_mixture_curriculum_restores_1_to_2_to_4_processes_across_its_phase_change(

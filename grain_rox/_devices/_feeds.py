@@ -292,35 +292,58 @@ class PipelineFeed:
         return None
 
 
-def refuse_uneven_lengths(length: int | None, sharding: NamedSharding) -> None:
-    """Refuse Grain inputs that give the processes different numbers of batches (each
-    process's ``length``; None: unknown or endless): the process whose input ends first would
-    stop, and the others would wait for it in their next training step, for ever (JAX cannot
-    tell them). One small collective when the iterator is made, in every process of the mesh
-    (a mesh over only some processes is not checked: the others make no iterator)."""
+def _by_process(values: list[int]) -> str:
+    """``process 0: 5, process 1: 4``, the first eight.
+
+    >>> _by_process([5, 4])
+    'process 0: 5, process 1: 4'
+    """
+    shown = ", ".join(f"process {i}: {v}" for i, v in enumerate(values[:8]))
+    return shown + (f" and {len(values) - 8} more" if len(values) > 8 else "")
+
+
+def refuse_uneven_lengths(
+    length: int | None, last_rows: int | None, sharding: NamedSharding
+) -> None:
+    """Refuse Grain inputs that give the processes different numbers of batches, or last
+    batches of different sizes (each process's ``length`` and rows in its last batch; None:
+    unknown or endless). In the first case the process whose input ends first would stop and
+    the others wait for it in their next training step for ever (JAX cannot tell them); in
+    the second each process would make a global array of another shape (a collective
+    mismatch: an error from deep in XLA, or a hang). One small collective when the iterator
+    is made, in every process of the mesh (a mesh over only some processes is not checked:
+    the others make no iterator)."""
     processes = {d.process_index for d in sharding.mesh.devices.flat}
     if processes != set(range(jax.process_count())):
         return
     from jax.experimental import multihost_utils
 
-    # two int32 halves (JAX's default integers), -1 for unknown
+    # a length as two int32 halves (JAX's default integers), -1 for unknown
     n = -1 if length is None else length
-    mine = np.array([n >> 31, n & (2**31 - 1)], dtype=np.int32)
-    halves = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 2).astype(np.int64)
-    lengths = [int(hi << 31 | lo) for hi, lo in halves.tolist()]
-    known = [n for n in lengths if n >= 0]
-    if len(known) < len(lengths) or len(set(known)) == 1:  # an unknown length: nothing to say
+    rows = -1 if last_rows is None else min(last_rows, 2**31 - 1)
+    mine = np.array([n >> 31, n & (2**31 - 1), rows], dtype=np.int32)
+    got = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3).astype(np.int64)
+    lengths = [int(hi << 31 | lo) for hi, lo in got[:, :2].tolist()]
+    if min(lengths) < 0:  # an unknown length: nothing to compare
         return
-    listing = ", ".join(f"process {i}: {n}" for i, n in enumerate(lengths[:8]))
-    more = f" and {len(lengths) - 8} more" if len(lengths) > 8 else ""
-    raise ValueError(
-        f"the Grain input gives the processes different numbers of batches ({listing}{more}): "
-        "the process whose input ends first would stop, and the others would wait for it in "
-        "their next training step for ever. Give every process the same number of batches: "
-        "split the rows evenly (e.g. a grain_rox source's .batches(..., shard=("
-        "jax.process_index(), jax.process_count()))), drop each process's extra rows or "
-        "partial batch, or read a TokenPipeline"
-    )
+    if len(set(lengths)) > 1:
+        raise ValueError(
+            "the Grain input gives the processes different numbers of batches "
+            f"({_by_process(lengths)}): the process whose input ends first would stop, and the "
+            "others would wait for it in their next training step for ever. Give every "
+            "process the same number of batches: split the rows evenly (e.g. a grain_rox "
+            "source's .batches(..., shard=(jax.process_index(), jax.process_count()))), drop "
+            "each process's extra rows or partial batch, or read a TokenPipeline"
+        )
+    last = got[:, 2].tolist()
+    if min(last) >= 0 and len(set(last)) > 1:
+        raise ValueError(
+            f"the Grain input's last batch has different numbers of rows in the processes "
+            f"({_by_process(last)}): each would make a global batch of another shape, which their "
+            "training steps cannot share (a collective mismatch). Drop the partial batch "
+            "(drop_remainder=True in grain.transforms.Batch / .batch()), or split the rows "
+            "evenly over the processes"
+        )
 
 
 class GrainFeed:
@@ -339,7 +362,21 @@ class GrainFeed:
         self.global_per_local = self.shards // (hi - lo)
         self.first_rows: int | None = None  # a batch's global rows, from the first batch
         if jax.process_count() > 1:
-            refuse_uneven_lengths(self.length, sharding)
+            refuse_uneven_lengths(self.length, self._last_rows(), sharding)
+
+    def _last_rows(self) -> int | None:
+        """Rows in this process's last batch, read by index where the input has one (a
+        ``grain.MapDataset`` of known length); None otherwise, or where reading it fails
+        (the first batch read says so)."""
+        n = self.length
+        if n is None or n == 0 or not isinstance(self.source, grain.MapDataset):
+            return None
+        try:
+            leaves = jax.tree_util.tree_leaves(self.source[n - 1])
+        except Exception:  # (the same element fails again when it is read)
+            return None
+        sizes = {np.shape(leaf)[0] for leaf in leaves if np.ndim(leaf)}
+        return sizes.pop() if len(sizes) == 1 else None
 
     @functools.cached_property
     def length(self) -> int | None:

@@ -149,10 +149,11 @@ class MultiHostDataLoadIterator:
     (the rows its devices hold: every row, the same in each process, where the mesh's
     processes do not split the batch). A Grain input must give every process the same number
     of batches: where one process's input ends first, it stops and the others' next global
-    batch waits for it in their training step (JAX cannot tell them). Inputs whose length
-    is known (a ``grain.MapDataset``) are compared when the iterator is made, and uneven
-    ones refused; a TokenPipeline, and ``.batches(shard=...)`` of one source, end on the same
-    step everywhere.
+    batch waits for it in their training step (JAX cannot tell them), and the same last
+    batch size (else the global arrays differ in shape). A ``grain.MapDataset``'s length and
+    last batch are compared when the iterator is made, and uneven ones refused; a
+    TokenPipeline, and ``.batches(shard=...)`` of one source, end on the same step
+    everywhere.
 
     Args:
         loader_or_dataset: The input, as above.
@@ -187,8 +188,8 @@ class MultiHostDataLoadIterator:
             the batch size, the devices on that axis and a size that works);
             ``data_sharding`` built on another mesh than ``mesh``; with
             ``placement="device"``, rows that fit on the devices neither replicated nor
-            sharded; a Grain input of known length that gives the processes different
-            numbers of batches (naming each process's).
+            sharded; a ``grain.MapDataset`` that gives the processes different numbers of
+            batches or last batches of different sizes (naming each process's).
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import TokenPipeline, write_rox
