@@ -351,3 +351,58 @@ def test_the_stream_does_not_depend_on_the_number_of_grain_worker_processes(make
     again.set_state(state)
     got = [next(again) for _ in range(4)]
     assert_same_batches(got, reference, "iter_dataset(3) restored at step 3", first=3)
+
+
+def _resident_pages(path: str) -> np.ndarray:
+    """Which pages of ``path`` are in the page cache (``mincore`` over a fresh map)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        pages = -(-len(m) // mmap.PAGESIZE)
+        vec = (ctypes.c_ubyte * pages)()
+        view = np.frombuffer(m, np.uint8)
+        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(len(m)), vec) == 0
+        del view
+    return np.flatnonzero(np.frombuffer(vec, np.uint8) & 1)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "posix_fadvise"), reason="needs posix_fadvise")
+def test_a_process_reads_only_the_pages_of_its_own_rows(tmp_path):
+    """DESIGN's multi-host clause: each process reads only its rows. A corpus whose tokens are
+    their positions + 1 is dropped from the page cache; a batch source of rows [8, 16) of 32
+    reads 10 batches; then the file's pages in the cache must all hold a token one of those
+    rows served (or the index and footer after the tokens), and none of the pages only the
+    other rows' tokens lie in."""
+    import mmap
+    import os
+
+    from grain_rox import write_rox
+
+    path = str(tmp_path / "positions.rox")
+    n = 1 << 22  # 16 MiB of uint32 tokens: 4,096 pages
+    write_rox([np.arange(1, n + 1, dtype=np.uint32)], path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if _resident_pages(path).size:
+        pytest.skip("this file system keeps the pages cached (e.g. tmpfs): cannot observe reads")
+
+    def pages_of(batches: list[dict[str, np.ndarray]]) -> set[int]:
+        tokens = np.concatenate([np.ravel(b[k]) for b in batches for k in ("inputs", "targets")])
+        return set(((tokens.astype(np.int64) - 1) * 4 // mmap.PAGESIZE).tolist())
+
+    pipe = TokenPipeline(path, seq_len=1024, global_batch_size=32, seed=3)
+    mine = [pipe.batch_source(rows=(8, 16))[k] for k in range(10)]
+    resident = set(_resident_pages(path).tolist())
+    tail = set(range(n * 4 // mmap.PAGESIZE, -(-os.path.getsize(path) // mmap.PAGESIZE)))
+    own = pages_of(mine)
+    assert len(own) >= 80 * 1025 * 4 // mmap.PAGESIZE  # 80 windows of 1,025 tokens
+    assert resident <= own | tail, sorted(resident - own - tail)[:10]
+    everyone = [pipe.batch_source()[k] for k in range(10)]  # (read after the check)
+    others_only = pages_of(everyone) - own
+    assert len(others_only) > 2 * len(own)  # the rows of the other processes: not read
