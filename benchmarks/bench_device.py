@@ -120,6 +120,7 @@ class Config:
     stall_shape: tuple[int, int]
     stall_steps: int  # timed steps per stall run
     stall_ways: tuple[str, ...] = ("fed", "one", "put")  # how the fed runs place a batch
+    # ("host" also: the default's features on the host, then device_put)
     stall_ms: tuple[float, ...] = STEP_MS  # the step times the stall is measured at
     stall_dim: int = 1024  # the step's matmul size on an accelerator (128 on a CPU)
     # the step's matmuls as one straight-line program (no while loop, whose every iteration
@@ -554,18 +555,22 @@ class Stall:
 
     def run(self, key: str, iters: int, how: str) -> Callable[[], dict[str, float]]:
         """``how``: "resident", "fed" (the iterator as configured by default), "one"
-        (reading and placing in one thread) or "put" (placed by ``jax.device_put``, not one
-        jitted call)."""
+        (reading and placing in one thread), "put" (placed by ``jax.device_put``, not one
+        jitted call) or "host" (the default's features computed on the host, then
+        ``device_put``: no program of the loader's on the device between steps)."""
         step, n = self.step(key, iters), self.cfg.stall_steps
 
         def go() -> dict[str, float]:
             if how == "resident":
                 return {"ms": self.ms(step, lambda: self.resident[key], n)}
             pipe = self.pipes[key]
-            with grain_rox.MultiHostDataLoadIterator(pipe, data_sharding=self.sharding) as it:
+            options = {"features_on_device": False} if how == "host" else {}
+            with grain_rox.MultiHostDataLoadIterator(
+                pipe, data_sharding=self.sharding, **options
+            ) as it:
                 if how == "one" and hasattr(it, "_split_producer"):
                     it._split_producer = False
-                if how == "put" and hasattr(it, "_place_by_call"):
+                if how in ("put", "host") and hasattr(it, "_place_by_call"):
                     it._place_by_call = False
                 return {"ms": self.ms(step, lambda: next(it), n)}
 
@@ -577,6 +582,7 @@ class Stall:
             f"{key} {how}": self.run(key, iters, how)
             for key in self.pipes
             for how in ("resident", *self.cfg.stall_ways)
+            if not (key == "fast" and how == "host")  # (the fast path has no features)
         }
         warm_up(contenders)  # compiles each step
         runs = {k: v["ms"] for k, v in interleave(self.cfg.rounds, contenders).items()}
@@ -594,8 +600,11 @@ class Stall:
             if key not in self.pipes:
                 parts.append(f"{label} n/a")
                 continue
-            for how, named in (("fed", ""), ("one", ", one thread"), ("put", ", device_put")):
-                if how not in self.cfg.stall_ways:
+            for how, named in (
+                ("fed", ""), ("one", ", one thread"), ("put", ", device_put"),
+                ("host", ", host features + device_put"),
+            ):  # fmt: skip
+                if how not in self.cfg.stall_ways or f"{key} {how}" not in runs:
                     continue
                 stall = paired(f"{key} {how}", f"{key} resident")
                 verdict = f" ({'PASS' if stall <= 2 else 'MISS'}: <= 2%)" if target_ms == 3 else ""
@@ -781,7 +790,7 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument(
         "--stall-ways", default=None,
-        help="fed stall runs, comma-separated of fed,one,put (default: all three)",
+        help="fed stall runs, comma-separated of fed,one,put,host (default: fed,one,put)",
     )  # fmt: skip
     parser.add_argument(
         "--shapes", default=None,
@@ -794,9 +803,9 @@ def main() -> int:
         "and the six-transfer floor always run)",
     )  # fmt: skip
     args = parser.parse_args()
-    if args.stall_ways and not set(args.stall_ways.split(",")) <= {"fed", "one", "put"}:
+    if args.stall_ways and not set(args.stall_ways.split(",")) <= {"fed", "one", "put", "host"}:
         parser.error(
-            f"--stall-ways {args.stall_ways!r}: use a comma-separated subset of fed,one,put"
+            f"--stall-ways {args.stall_ways!r}: use a comma-separated subset of fed,one,put,host"
         )
     shapes = SHAPES if not args.shapes else tuple(
         tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")

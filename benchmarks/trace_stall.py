@@ -158,7 +158,7 @@ def main() -> int:
         iters = stall.sized(args.step_ms)
         for key in stall.pipes:
             step = stall.step(key, iters)  # one jitted step per pipeline, compiled once
-            for how in ("resident", "fed"):
+            for how in ("resident", "fed", "put"):  # put: device_put, not the placing call
                 with contextlib.ExitStack() as stack:
                     if how == "resident":
                         get = lambda key=key: stall.resident[key]  # noqa: E731
@@ -168,6 +168,8 @@ def main() -> int:
                                 stall.pipes[key], data_sharding=sharding
                             )
                         )
+                        if how == "put" and hasattr(it, "_place_by_call"):
+                            it._place_by_call = False
                         get = lambda it=it: next(it)  # noqa: E731
                     stall.ms(step, get, 10)  # compiles the step and the placing call
                     where = Path(tmp) / f"trace-{key}-{how}"
