@@ -95,7 +95,9 @@ def segment_features(
     # and fault them in again (a (256, 2048) batch took 4.9 ms instead of 0.9 ms).
     rows_per_block = max(1, _BLOCK_ELEMENTS // width)
     blocks = range(0, n, rows_per_block)
-    padded = content is not None and bool((content <= seq_len).any())
+    # the rows with padding among their inputs or targets, and where it starts
+    ends = np.flatnonzero(content <= seq_len) if content is not None else None
+    padded = ends is not None and ends.size > 0
     # Packed rows are padded with token 0 (the reader writes it). When 0 is also the EOS id,
     # the padding is left out of the scan, or every one of its tokens would be a segment
     # start: a (256, 2048) batch took 16.8 ms, 1.3 ms with the padding left out. (Starts an
@@ -147,6 +149,11 @@ def segment_features(
             r2 = min(n, r + rows_per_block)
             position[r:r2] -= start[a:b].repeat(lengths[a:b]).reshape(r2 - r, seq_len)
             segmentation[r:r2] = number[a:b].repeat(lengths[a:b]).reshape(r2 - r, seq_len)
+    if padded:  # the padding, a suffix of its row: segment 0, position 0
+        assert content is not None and ends is not None
+        pad_at = content[ends]
+        for r, c in zip(ends.tolist(), pad_at.tolist(), strict=True):
+            segmentation[r, c:] = position[r, c:] = 0
     target_segmentation = segmentation
     if padded or (cuts is not None and len(cuts[0])):
         target_segmentation = segmentation.copy() if spare is None else spare
@@ -154,12 +161,8 @@ def segment_features(
             spare[...] = segmentation
     if cuts is not None and len(cuts[0]):
         target_segmentation[cuts] = 0
-    if padded:
-        assert content is not None
-        for r in np.flatnonzero(content <= seq_len).tolist():
-            c = int(content[r])
-            segmentation[r, c:] = position[r, c:] = 0  # padding: a suffix of the row
-            target_segmentation[r, max(c - 1, 0) :] = 0  # a target that is padding
+    if padded:  # and so is the target before it (one write for the batch: ~5 us less)
+        target_segmentation[ends, np.maximum(pad_at - 1, 0)] = 0
     for array in (segmentation, position, target_segmentation):
         array.flags.writeable = False  # shared between features (and records): read-only
     return {
