@@ -270,7 +270,7 @@ class GlobalBatchSource:
         if len(self.readers) == 1:  # its samples are consecutive (step_rows): one run
             reader = self.readers[0]
             joins = reader.read_run(groups[0][2], out, None)
-            return out, joins, reader.row_content(samples)
+            return out, joins, reader.run_content(groups[0][2], samples.size)
         content = None
         parts_joins = []
         for s, rows, first in groups:  # each source's rows, straight into out
@@ -278,7 +278,7 @@ class GlobalBatchSource:
             part_joins = reader.read_run(first, out, rows)
             if part_joins is not None:
                 parts_joins.append(part_joins)
-            part_content = reader.row_content(samples[rows]) if reader.packed else None
+            part_content = reader.run_content(first, rows.size)
             if part_content is not None:
                 if content is None:
                     content = np.empty(samples.size, dtype=np.int64)

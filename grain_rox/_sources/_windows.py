@@ -402,6 +402,19 @@ class WindowReader(ProcessLocal):
             out[sel] = content[samples[sel] - j * size]
         return out
 
+    def run_content(self, first: int, n: int) -> np.ndarray | None:
+        """:meth:`row_content` of samples ``first, first + 1, ...`` (``n``), as
+        :meth:`read_run` reads them: a slice of one plan's, without checking that they are
+        consecutive (~3 us a batch)."""
+        if not self.packed:
+            return None
+        size = self.order.group
+        if first // size != (first + n - 1) // size:
+            return self.row_content(np.arange(first, first + n, dtype=np.int64))
+        content = self._plan(first // size).content
+        assert content is not None
+        return content[first % size : first % size + n].copy()
+
     def read_run(self, first: int, out: np.ndarray, rows: np.ndarray | None) -> Joins | None:
         """Samples ``first, first + 1, ...`` (one a row) into rows ``rows`` of ``out`` (a whole
         batch's buffer, written in place, in its dtype; None: every row, in order); returns the
