@@ -33,9 +33,13 @@ from grain_rox._sources._segments import Joins
 _PLAN_CACHE = 8
 # A packed reader that reads on in order (it planned the group before) plans this many groups
 # in one pass: a packed order's groups are small (64 rows, so that a cold lookup packs few
-# chunks), and a plan's ~60 numpy calls cost about as much for 64 rows as for 256. A lookup
-# out of order (a resume, a worker's strided reads) still plans its one group.
-_PACKED_PLAN_AHEAD = 4
+# chunks), and a plan's ~60 numpy calls cost little more for many rows. Plans of 1, 4, 8 and
+# 16 groups at seq_len 512 (short documents): 106, 219, 299 and 529 us, so 53, 27, 19 and 17
+# us a batch of 32 rows. A lookup out of order (a resume, a worker's strided reads) still
+# plans its one group.
+_PACKED_PLAN_AHEAD = 8
+# a packed reader keeps two such passes (the groups before tell it that it reads in order)
+_PACKED_PLAN_CACHE = 2 * _PACKED_PLAN_AHEAD
 # A read of at least this many windows per shard of the corpus gathers a shard's windows
 # with one fancy index each rather than slicing each window: (256, 2049) over 6 shards,
 # 255 us against 390 (a slice costs ~1.5 us a window, a gather ~5 us a shard).
@@ -163,6 +167,7 @@ class WindowReader(ProcessLocal):
         self.order = order
         self._remote = corpus.remote
         self.packed = isinstance(order, PackedOrder)  # rows padded after their content
+        self._cache_size = _PACKED_PLAN_CACHE if self.packed else _PLAN_CACHE
         # reads of at least this many windows gather per shard instead of slicing each one
         self._one_shard = len(corpus.paths) == 1
         self._gather_from = (
@@ -195,7 +200,7 @@ class WindowReader(ProcessLocal):
             for g, made in enumerate(plans, start=group):
                 self._plans[g] = made
                 self._plans.move_to_end(g)
-            while len(self._plans) > _PLAN_CACHE:
+            while len(self._plans) > self._cache_size:
                 self._plans.popitem(last=False)
         return plans[0]
 
