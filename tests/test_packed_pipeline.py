@@ -679,6 +679,31 @@ def test_a_reader_given_samples_out_of_order_reads_each_samples_own_row(random_c
     assert len(set(reader.row_content(np.arange(64)).tolist())) > 1  # rows differ: a real check
 
 
+def test_a_packed_run_read_into_any_rows_gives_each_row_its_window_joins_and_content(
+    random_corpus,
+):
+    """``read_run`` into rows of a batch in any order (a mixed batch's rows of one source)
+    writes each sample's row where it is asked and maps the plan's joins to those rows,
+    sorted; ``run_content`` is ``row_content`` of the run."""
+    reader = TokenPipeline(random_corpus, seq_len=256, global_batch_size=8, **PACKED)
+    reader = reader.batch_source().readers[0]
+    size = reader.order.group
+    for first, n in ((3, 20), (size - 5, 10)):  # in one group; across two
+        alone, alone_joins = reader.read(np.arange(first, first + n), dtype=np.dtype(np.int64))
+        assert alone_joins is not None and alone_joins[0].size  # rows across joins: a check
+        rows = np.arange(2 * n)[::-2].copy()  # every other row of a batch, backwards
+        out = np.full((2 * n, 257), -1, dtype=np.int64)
+        joins = reader.read_run(first, out, rows)
+        assert np.array_equal(out[rows], alone) and (out[rows - 1] == -1).all()
+        assert joins is not None
+        pairs = list(zip(joins[0].tolist(), joins[1].tolist(), strict=True))
+        assert pairs == sorted(pairs)
+        want = sorted(zip(rows[alone_joins[0]].tolist(), alone_joins[1].tolist(), strict=True))
+        assert pairs == want
+        content = reader.row_content(np.arange(first, first + n))
+        assert np.array_equal(reader.run_content(first, n), content)
+
+
 def test_reading_on_in_order_plans_only_groups_the_order_schedules(random_corpus):
     """Reading in order plans groups ahead, but never past the order's scheduled samples (an
     order of finite runs), and a cold read across two groups plans just those two."""
