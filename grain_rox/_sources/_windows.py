@@ -38,8 +38,11 @@ _PLAN_CACHE = 8
 # us a batch of 32 rows. A lookup out of order (a resume, a worker's strided reads) still
 # plans its one group.
 _PACKED_PLAN_AHEAD = 8
-# a packed reader keeps two such passes (the groups before tell it that it reads in order)
-_PACKED_PLAN_CACHE = 2 * _PACKED_PLAN_AHEAD
+# ... and at most this many tokens of rows: a plan holds every piece of its rows as Python
+# ints, which for long rows of short documents is many (seq_len 8192, documents of 5-99
+# tokens: 16 plans of 64 rows held ~156k pieces, 40 MB); so 8 groups up to seq_len 2047,
+# fewer above, one from 16383 (and the cache holds a pass and two groups, at least 8 plans)
+_PACKED_PLAN_TOKENS = 1 << 20
 # A read of at least this many windows per shard of the corpus gathers a shard's windows
 # with one fancy index each rather than slicing each window: (256, 2049) over 6 shards,
 # 255 us against 390 (a slice costs ~1.5 us a window, a gather ~5 us a shard).
@@ -118,8 +121,9 @@ class _PackedRows:
     heads: list[int]
     content: list[int]  # each slot's tokens before its padding
     join_first: np.ndarray  # (R + 1,) slot -> its joins [join_first[r], join_first[r + 1])
-    join_slot: np.ndarray  # (J,) each join's slot (of this part of a plan), ascending
+    join_slot: np.ndarray  # (J,) each join's slot in the whole pass, ascending
     join_column: np.ndarray  # (J,) its column, ascending within a slot
+    first_slot: int = 0  # this part's first slot in the pass (join_slot is shared, not copied)
 
     def part(self, lo: int, hi: int) -> _PackedRows:
         """Slots ``[lo, hi)``: its joins stay the whole plan's (``join_first`` indexes them)."""
@@ -128,8 +132,9 @@ class _PackedRows:
             heads=self.heads[lo : hi + 1],
             content=self.content[lo:hi],
             join_first=self.join_first[lo : hi + 1],
-            join_slot=self.join_slot - lo,
+            join_slot=self.join_slot,
             join_column=self.join_column,
+            first_slot=self.first_slot + lo,
         )
 
     def pieces_of(self, slot: int) -> list[tuple[int, int, int, int]]:
@@ -140,7 +145,7 @@ class _PackedRows:
         """The joins of slots ``[lo, hi)``, by row of a read of them into ``rows`` (None:
         slot ``lo + i`` into row ``i``), sorted."""
         a, b = int(self.join_first[lo]), int(self.join_first[hi])
-        at, columns = self.join_slot[a:b] - lo, self.join_column[a:b]
+        at, columns = self.join_slot[a:b] - (self.first_slot + lo), self.join_column[a:b]
         if rows is None:
             return at, columns
         at = rows[at]
@@ -167,7 +172,12 @@ class WindowReader(ProcessLocal):
         self.order = order
         self._remote = corpus.remote
         self.packed = isinstance(order, PackedOrder)  # rows padded after their content
-        self._cache_size = _PACKED_PLAN_CACHE if self.packed else _PLAN_CACHE
+        self._ahead = 1  # groups a packed reader plans in one pass when it reads in order
+        if isinstance(order, PackedOrder):
+            rows_tokens = order.group * (order.max_seq_len + 1)
+            self._ahead = max(1, min(_PACKED_PLAN_AHEAD, _PACKED_PLAN_TOKENS // rows_tokens))
+        # a pass and the two groups before it (which tell that the reader reads in order)
+        self._cache_size = max(_PLAN_CACHE, self._ahead + 2)
         # reads of at least this many windows gather per shard instead of slicing each one
         self._one_shard = len(corpus.paths) == 1
         self._gather_from = (
@@ -193,7 +203,7 @@ class WindowReader(ProcessLocal):
             # groups, as a resume's first batch may be, plans only what it reads)
             in_order = group - 1 in self._plans and group - 2 in self._plans
         if self.packed:
-            plans = self._packed_plans(group, _PACKED_PLAN_AHEAD if in_order else 1)
+            plans = self._packed_plans(group, self._ahead if in_order else 1)
         else:
             plans = [self._make_plan(group)]
         with self._lock:
@@ -576,21 +586,19 @@ def _packed_plan(rows: PackedPieces) -> _GroupPlan:
         content=content,
         pieces=columns,
         packed=_PackedRows(
-            pieces=listed,
-            heads=first.tolist(),
-            content=content.tolist(),
-            **_packed_joins(first, rows.dest),
+            listed, first.tolist(), content.tolist(), *_packed_joins(first, rows.dest)
         ),
     )
 
 
-def _packed_joins(first: np.ndarray, dest: np.ndarray) -> dict[str, np.ndarray]:
-    """Where packed rows cross chunk joins: every piece that does not start its row (rows
+def _packed_joins(first: np.ndarray, dest: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where packed rows cross chunk joins (:class:`_PackedRows`' ``join_first``,
+    ``join_slot``, ``join_column``): every piece that does not start its row (rows
     ``[first[r], first[r + 1])``'s pieces start at ``dest``), by row, sorted.
 
     >>> j = _packed_joins(np.array([0, 2, 3, 6]), np.array([0, 5, 0, 0, 9, 4]))
-    >>> j["join_first"].tolist(), j["join_slot"].tolist(), j["join_column"].tolist()
-    ([0, 1, 1, 3], [0, 2, 2], [5, 4, 9])
+    >>> [a.tolist() for a in j]
+    [[0, 1, 1, 3], [0, 2, 2], [5, 4, 9]]
     """
     at = np.flatnonzero(dest)  # the pieces of a join, in slot order
     slot = np.searchsorted(first, at, side="right") - 1
@@ -599,7 +607,7 @@ def _packed_joins(first: np.ndarray, dest: np.ndarray) -> dict[str, np.ndarray]:
     if slot.size > 1 and not ((column[1:] > column[:-1]) | (slot[1:] != slot[:-1])).all():
         order = np.lexsort((column, slot))
         slot, column = slot[order], column[order]
-    return {"join_first": np.searchsorted(at, first), "join_slot": slot, "join_column": column}
+    return np.searchsorted(at, first), slot, column
 
 
 def _sorted_joins(rows: np.ndarray, columns: np.ndarray) -> Joins:
