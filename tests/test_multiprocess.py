@@ -445,16 +445,12 @@ def test_a_grain_input_with_more_batches_in_one_process_is_refused_when_made(tmp
     """One process's input ending first would stop it, and the other would wait for it in its
     training step for ever: the lengths are compared when the iterator is made, and every
     process refuses, naming each one's count and the fix."""
-    import functools
-
-    np.save(tmp_path / "rows.npy", np.arange(17 * 4, dtype=np.int32).reshape(17, 4))
-    make = functools.partial(_rows_split_unevenly, str(tmp_path / "rows.npy"))
-    with pytest.raises(AssertionError) as failed:
-        testing.check_processes_equal(make, read=1)
-    message = str(failed.value)
-    assert message.count("ValueError: the Grain input gives the processes different numbers "
-                         "of batches (process 0: 2, process 1: 1)") == 2, message  # fmt: skip
-    assert "shard=(jax.process_index(), jax.process_count())" in message
+    _refused_in_both_processes(
+        tmp_path, 17, _rows_split_unevenly,
+        says="the Grain input gives the processes different numbers of batches (process 0: 2, "
+        "process 1: 1)",
+        fix="shard=(jax.process_index(), jax.process_count())",
+    )  # fmt: skip
 
 
 def _last_batches_of_different_sizes(path: str):
@@ -477,16 +473,25 @@ def test_a_grain_input_whose_last_batches_differ_between_processes_is_refused_wh
     """Each process's rows split over its devices, but their last batches differ: the two
     processes would make global arrays of different shapes (a Gloo "collective mismatch"
     abort, or a hang). The last batches' sizes are compared when the iterator is made."""
+    _refused_in_both_processes(
+        tmp_path, 40, _last_batches_of_different_sizes,
+        says="the Grain input's last batch has different numbers of rows in the processes "
+        "(process 0: 8, process 1: 4)",
+        fix="drop_remainder=True",
+    )  # fmt: skip
+
+
+def _refused_in_both_processes(tmp_path, rows: int, make, *, says: str, fix: str) -> None:
+    """Two processes make ``make(path)``'s iterator over a file of ``rows`` rows: each refuses
+    with a ValueError saying ``says`` and naming ``fix``."""
     import functools
 
-    np.save(tmp_path / "rows.npy", np.arange(40 * 4, dtype=np.int32).reshape(40, 4))
-    make = functools.partial(_last_batches_of_different_sizes, str(tmp_path / "rows.npy"))
+    np.save(tmp_path / "rows.npy", np.arange(rows * 4, dtype=np.int32).reshape(rows, 4))
     with pytest.raises(AssertionError) as failed:
-        testing.check_processes_equal(make, read=1)
+        testing.check_processes_equal(functools.partial(make, str(tmp_path / "rows.npy")), read=1)
     message = str(failed.value)
-    assert message.count("ValueError: the Grain input's last batch has different numbers of "
-                         "rows in the processes (process 0: 8, process 1: 4)") == 2, message  # fmt: skip
-    assert "drop_remainder=True" in message
+    assert message.count(f"ValueError: {says}") == 2, message
+    assert fix in message
 
 
 # ---- 4. a mixture curriculum restores elastically across its phase change ------------------------
