@@ -301,8 +301,7 @@ class PermutedRuns:
         indices: np.ndarray,
     ) -> np.ndarray:
         """``permutation()(indices)`` (``key`` names the permutation): for consecutive
-        indices read from the kept windows around them (a view; never write to it), else
-        evaluated."""
+        indices read from the kept windows around them (a read-only view), else evaluated."""
         lo, hi = int(indices[0]), int(indices[-1]) + 1
         if hi - lo != indices.size or (indices.size > 2 and not _ascending_by_one(indices)):
             return permutation()(indices)
@@ -313,6 +312,7 @@ class PermutedRuns:
             if window is None:
                 perm = permutation()
                 window = perm(np.arange(k * w, min((k + 1) * w, perm.n)))
+                window.flags.writeable = False  # handed out as views: a caller's edit fails
                 if len(self._windows) >= self.keep:
                     self._windows.clear()
                 self._windows[(*key, k)] = window
