@@ -140,6 +140,14 @@ def load_outputs(out_dir: Path, tag: str, num_processes: int) -> list[dict]:
 
 
 # ---- fixtures ----------------------------------------------------------------------------------
+def save_data_checkpoint(directory: Path | str, it: MultiHostDataLoadIterator) -> None:
+    """An Orbax checkpoint of ``it``'s data state alone at its step (what each wave restores)."""
+    manager = ocp.CheckpointManager(directory)
+    manager.save(it.step, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+    manager.wait_until_finished()
+    manager.close()
+
+
 @pytest.fixture(scope="module")
 def corpus(make_rox) -> str:
     """~300k random uint16 tokens in documents separated by 0 (so segmentation features)."""
@@ -178,10 +186,7 @@ def ckpt_1proc(tmp_path_factory, pipeline, expected) -> Path:
         for k in range(10):
             batch = next(it)
             assert np.array_equal(np.asarray(batch["inputs"]), expected(k)["inputs"])
-        manager = ocp.CheckpointManager(directory)
-        manager.save(10, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
-        manager.wait_until_finished()
-        manager.close()
+        save_data_checkpoint(directory, it)
     return directory
 
 
@@ -200,10 +205,7 @@ def ckpt_near_epoch_end(tmp_path_factory, pipeline, epoch_end) -> Path:
     with MultiHostDataLoadIterator(pipeline) as it:
         state = json.loads(it.get_state())
         it.set_state(json.dumps({**state, "step": epoch_end}).encode())
-        manager = ocp.CheckpointManager(directory)
-        manager.save(epoch_end, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
-        manager.wait_until_finished()
-        manager.close()
+        save_data_checkpoint(directory, it)
     return directory
 
 
@@ -503,7 +505,6 @@ def test_a_mixture_curriculum_restores_1_to_2_to_4_processes_across_its_phase_ch
     tokens, weights 0.7/0.3), restored on 2 processes, read across the change to phase 2
     (batch 8 of 32 tokens, weights 0.2/0.8) and saved there, restored on 4: every global
     batch and every process's own rows are the single-process batches of the same steps."""
-    import orbax.checkpoint as ocp
 
     from grain_rox import Phase
 
@@ -525,10 +526,7 @@ def test_a_mixture_curriculum_restores_1_to_2_to_4_processes_across_its_phase_ch
     with MultiHostDataLoadIterator(pipe) as it:
         for _ in range(4):
             next(it)
-        manager = ocp.CheckpointManager(ckpt1)
-        manager.save(4, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
-        manager.wait_until_finished()
-        manager.close()
+        save_data_checkpoint(ckpt1, it)
     base = {"corpus": sources, "out_dir": str(out), "pipeline": config}
     two = [{"tag": "from1", "read": 6, "restore": {"dir": str(ckpt1), "step": 4},
             "save": {"dir": str(ckpt2), "after": 6}}]  # fmt: skip

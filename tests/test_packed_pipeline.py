@@ -531,10 +531,7 @@ def packed_waves(tmp_path_factory, random_corpus):
     """One-process checkpoint at step 10 saved here; then a 2-process wave (fresh, saving at
     10; and restoring the 1-process checkpoint) and a 4-process wave (fresh; and restoring
     the 2-process checkpoint): the elastic path 1 -> 2 -> 4, and 2 -> 1 below."""
-    import orbax.checkpoint as ocp
-    from test_multiprocess import BATCH, SEQ_LEN, load_outputs, run_workers
-
-    from grain_rox import RoxCheckpointSave
+    from test_multiprocess import BATCH, SEQ_LEN, load_outputs, run_workers, save_data_checkpoint
 
     config = {"seq_len": SEQ_LEN, "global_batch_size": BATCH, "seed": 3, **PACKED}
     pipe = TokenPipeline(random_corpus, **config)
@@ -544,10 +541,7 @@ def packed_waves(tmp_path_factory, random_corpus):
     with MultiHostDataLoadIterator(pipe) as it:
         for _ in range(10):
             next(it)
-        manager = ocp.CheckpointManager(ckpt1)
-        manager.save(10, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
-        manager.wait_until_finished()
-        manager.close()
+        save_data_checkpoint(ckpt1, it)
     base = {"corpus": random_corpus, "out_dir": str(out), "pipeline": config}
     two = [
         {"tag": "fresh2", "read": 20, "save": {"dir": str(ckpt2), "after": 10}},
