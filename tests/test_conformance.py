@@ -22,6 +22,7 @@ from typing import Any
 import grain
 import numpy as np
 import pytest
+from _threads import run_released_together
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from grain_rox import (
@@ -554,28 +555,14 @@ def test_the_process_check_fails_when_every_process_reads_everything(root):
 def _read_from_threads(source: Any, indices: list[int], threads: int) -> list[list[Any]]:
     """Every record of ``indices`` read by each of ``threads`` threads released together (each
     starting at another index); a thread's exception is raised here."""
-    import threading
-
-    start = threading.Barrier(threads)
     got: list[list[Any]] = [[None] * len(indices) for _ in range(threads)]
-    errors: list[BaseException] = []
 
     def read(t: int) -> None:
-        try:
-            start.wait()
-            for k in range(len(indices)):
-                j = (k + t) % len(indices)
-                got[t][j] = source[indices[j]]
-        except BaseException as e:
-            errors.append(e)
+        for k in range(len(indices)):
+            j = (k + t) % len(indices)
+            got[t][j] = source[indices[j]]
 
-    workers = [threading.Thread(target=read, args=(t,)) for t in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    if errors:
-        raise errors[0]
+    run_released_together(read, threads)
     return got
 
 

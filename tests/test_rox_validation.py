@@ -14,12 +14,12 @@ import os
 import pickle
 import re
 import struct
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from _corpora import unsealed
+from _threads import run_released_together
 from shard_bytes import make_shard
 
 from grain_rox import RoxCorpus, RoxFormatError, open_rox, write_rox
@@ -690,31 +690,19 @@ def test_repr_identifies_content(tmp_path):
 def test_concurrent_reads_from_fresh_corpus(tmp_path):
     expected = np.arange(19200, dtype=np.uint16)
     corpus = open_rox(_three_shard_corpus_path(tmp_path))  # no shard mapped yet
-    num_threads = 8
-    start = threading.Barrier(num_threads)
-    failures: list[BaseException] = []
 
     def reader(seed: int) -> None:
         rng = np.random.default_rng(seed)
-        try:
-            start.wait()
-            for _ in range(400):
-                i = int(rng.integers(len(corpus)))
-                block = corpus[i]
-                if not np.array_equal(block, expected[32 * i : 32 * (i + 1)]):
-                    raise AssertionError(f"block {i} read {block[:4]}...")
-                a, b = sorted(int(x) for x in rng.integers(0, 19200, size=2))
-                if not np.array_equal(corpus.tokens(a, b), expected[a:b]):
-                    raise AssertionError(f"tokens({a}, {b}) are wrong")
-        except BaseException as e:
-            failures.append(e)
+        for _ in range(400):
+            i = int(rng.integers(len(corpus)))
+            block = corpus[i]
+            if not np.array_equal(block, expected[32 * i : 32 * (i + 1)]):
+                raise AssertionError(f"block {i} read {block[:4]}...")
+            a, b = sorted(int(x) for x in rng.integers(0, 19200, size=2))
+            if not np.array_equal(corpus.tokens(a, b), expected[a:b]):
+                raise AssertionError(f"tokens({a}, {b}) are wrong")
 
-    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(num_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
+    run_released_together(reader, 8)  # a reader's failure is raised here
     corpus.close()
 
 
