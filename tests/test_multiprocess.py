@@ -148,6 +148,15 @@ def save_data_checkpoint(directory: Path | str, it: MultiHostDataLoadIterator) -
     manager.close()
 
 
+def checkpoint_after(pipe: TokenPipeline, steps: int, directory: Path | str) -> None:
+    """:func:`save_data_checkpoint` of a one-process iterator over ``pipe`` after ``steps``
+    batches."""
+    with MultiHostDataLoadIterator(pipe) as it:
+        for _ in range(steps):
+            next(it)
+        save_data_checkpoint(directory, it)
+
+
 @pytest.fixture(scope="module")
 def corpus(make_rox) -> str:
     """~300k random uint16 tokens in documents separated by 0 (so segmentation features)."""
@@ -523,10 +532,7 @@ def test_a_mixture_curriculum_restores_1_to_2_to_4_processes_across_its_phase_ch
     ds = pipe.map_dataset()
     ckpt1, ckpt2, out = tmp_path / "ckpt1", tmp_path / "ckpt2", tmp_path / "out"
     out.mkdir()
-    with MultiHostDataLoadIterator(pipe) as it:
-        for _ in range(4):
-            next(it)
-        save_data_checkpoint(ckpt1, it)
+    checkpoint_after(pipe, 4, ckpt1)
     base = {"corpus": sources, "out_dir": str(out), "pipeline": config}
     two = [{"tag": "from1", "read": 6, "restore": {"dir": str(ckpt1), "step": 4},
             "save": {"dir": str(ckpt2), "after": 6}}]  # fmt: skip

@@ -531,17 +531,14 @@ def packed_waves(tmp_path_factory, random_corpus):
     """One-process checkpoint at step 10 saved here; then a 2-process wave (fresh, saving at
     10; and restoring the 1-process checkpoint) and a 4-process wave (fresh; and restoring
     the 2-process checkpoint): the elastic path 1 -> 2 -> 4, and 2 -> 1 below."""
-    from test_multiprocess import BATCH, SEQ_LEN, load_outputs, run_workers, save_data_checkpoint
+    from test_multiprocess import BATCH, SEQ_LEN, checkpoint_after, load_outputs, run_workers
 
     config = {"seq_len": SEQ_LEN, "global_batch_size": BATCH, "seed": 3, **PACKED}
     pipe = TokenPipeline(random_corpus, **config)
     root = tmp_path_factory.mktemp("packed_mp")
     ckpt1, ckpt2, out = root / "ckpt1", root / "ckpt2", root / "out"
     out.mkdir()
-    with MultiHostDataLoadIterator(pipe) as it:
-        for _ in range(10):
-            next(it)
-        save_data_checkpoint(ckpt1, it)
+    checkpoint_after(pipe, 10, ckpt1)
     base = {"corpus": random_corpus, "out_dir": str(out), "pipeline": config}
     two = [
         {"tag": "fresh2", "read": 20, "save": {"dir": str(ckpt2), "after": 10}},
