@@ -312,7 +312,8 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             raise ValueError(
                 f"{e} (the dataset's format shows only {shown}: pass include_keys= to read others)"
             ) from None
-        refuse_untyped_lists(dataset.features.arrow_schema, keep, "HFEagerSource")
+        schema = dataset.features.arrow_schema  # (rows left out below keep it)
+        refuse_untyped_lists(schema, keep, "HFEagerSource")
         self.nulls = check_nulls_arg(nulls)
         self.skipped_rows = 0  # rows left out for a missing value (nulls="skip")
         if self.nulls == "skip":
@@ -324,7 +325,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             tokenize=tokenize,
             tokenizer=tokenizer,
             append_eos=append_eos,
-            dtypes=arrow_dtypes(dataset.features.arrow_schema),  # of the formatted columns
+            dtypes=arrow_dtypes(schema),  # of the formatted columns
         )
         copied = not _memory_mapped(dataset)
         if copied:  # (partly) in memory: an Arrow copy that workers can map
