@@ -49,8 +49,7 @@ def rows_used(ends: np.ndarray, chunk_len: int, *, seq_len: int, packing: str) -
     >>> rows_used(np.array([3, 10, 12]), 16, seq_len=7, packing="best_fit")
     3
     """
-    packed = pack_open(ends, chunk_len, seq_len=seq_len, packing=packing)
-    return int(np.count_nonzero(packed.content))
+    return pack_open(ends, chunk_len, seq_len=seq_len, packing=packing).opened
 
 
 def pack_open(ends: np.ndarray, chunk_len: int, *, seq_len: int, packing: str) -> PackedChunk:
@@ -80,7 +79,7 @@ def with_rows(packed: PackedChunk, rows: int) -> PackedChunk:
     >>> np.array_equal(fitted.first, direct.first), np.array_equal(fitted.content, direct.content)
     (True, True)
     """
-    used = int(np.count_nonzero(packed.content))
+    used = packed.opened
     if rows < used:
         raise ValueError(f"a chunk packed into {used} rows cannot take {rows}")
     more = rows - packed.rows
@@ -104,6 +103,11 @@ class PackedChunk:
     spans: np.ndarray
     content: np.ndarray  # (rows,) int64 tokens of each row
     split: int  # pieces cut further because no row held them whole
+
+    @property
+    def opened(self) -> int:
+        """Rows that hold tokens (the others are empty)."""
+        return int(np.count_nonzero(self.content))
 
     @property
     def start(self) -> np.ndarray:

@@ -150,7 +150,7 @@ class PackedOrder(ChunkStream):
                           packing=self.packing)
                 for shard, start in zip(shards.tolist(), starts.tolist(), strict=True)
             ]  # fmt: skip
-            used = [int(np.count_nonzero(p.content)) for p in packed]
+            used = [p.opened for p in packed]
             enough = math.ceil(float(np.percentile(used, 75))) + 1
             rows = max(min_rows(self.chunk_tokens, seq_len), enough)
             self._rows_per_group[seq_len] = rows
