@@ -410,11 +410,8 @@ class WindowReader(ProcessLocal):
             return None
         samples = np.asarray(samples, dtype=np.int64)
         size = self.order.group
-        first, n = int(samples[0]), samples.size
-        if _consecutive(samples, size):
-            content = self._plan(first // size).content  # consecutive samples: a slice
-            assert content is not None
-            return content[first % size : first % size + n].copy()
+        if _consecutive(samples, size):  # in one group: a slice of its plan's
+            return self.run_content(int(samples[0]), samples.size)
         out = np.empty(samples.size, dtype=np.int64)
         groups = samples // size
         for j, sel in value_groups(groups):
