@@ -114,6 +114,10 @@ class BlockOrder(ChunkStream):
         """Token offset of ``block`` in its epoch stream."""
         return np.asarray(block) * self._size + np.minimum(block, self._long)
 
+    def _windows_per_block(self, seq_len: int) -> tuple[int, int]:
+        """Grid windows of ``seq_len`` in a long block (``size + 1`` tokens) and in a short one."""
+        return self._size // seq_len, (self._size - 1) // seq_len
+
     def block_windows(self, block: np.ndarray | int, seq_len: int) -> np.ndarray:
         """Grid windows of ``seq_len`` in ``block``."""
         return (self._size + (np.asarray(block) < self._long) - 1) // seq_len
@@ -121,7 +125,7 @@ class BlockOrder(ChunkStream):
     def windows_before(self, block: np.ndarray | int, seq_len: int) -> np.ndarray:
         """Grid windows of ``seq_len`` in an epoch's blocks before ``block``."""
         block = np.asarray(block)
-        long_n, short_n = self._size // seq_len, (self._size - 1) // seq_len
+        long_n, short_n = self._windows_per_block(seq_len)
         return np.minimum(block, self._long) * long_n + np.maximum(block - self._long, 0) * short_n
 
     def epoch_windows(self, seq_len: int) -> int:
@@ -130,7 +134,7 @@ class BlockOrder(ChunkStream):
 
     def block_of(self, window: np.ndarray, seq_len: int) -> np.ndarray:
         """The block holding an epoch's ``window``-th grid window of ``seq_len``."""
-        long_n, short_n = self._size // seq_len, (self._size - 1) // seq_len
+        long_n, short_n = self._windows_per_block(seq_len)
         in_long = self._long * long_n
         return np.where(
             window < in_long,
@@ -283,12 +287,12 @@ class BlockOrder(ChunkStream):
 
     def _windows_before_int(self, block: int, seq_len: int) -> int:
         """:meth:`windows_before` of one block, in Python ints."""
-        long_n, short_n = self._size // seq_len, (self._size - 1) // seq_len
+        long_n, short_n = self._windows_per_block(seq_len)
         return min(block, self._long) * long_n + max(block - self._long, 0) * short_n
 
     def _block_of_int(self, window: int, seq_len: int) -> int:
         """:meth:`block_of` of one window of the epoch, in Python ints."""
-        long_n, short_n = self._size // seq_len, (self._size - 1) // seq_len
+        long_n, short_n = self._windows_per_block(seq_len)
         in_long = self._long * long_n
         if window < in_long:
             return window // max(long_n, 1)
