@@ -749,6 +749,48 @@ def test_streaming_state_restores_on_a_byte_identical_copy(parquet_files, tmp_pa
     assert [int(r["x"]) for r in again] == rest
 
 
+def test_a_stream_state_restores_onto_other_num_epochs_that_still_hold_it(parquet_files):
+    """Each epoch is read afresh, so a state restores onto more epochs (the same rows next)
+    or fewer that still hold its epoch; one in an epoch the stream no longer has restored as
+    an empty stream (a silent end), and is refused."""
+
+    def stream(num_epochs):
+        source = HFStreamingSource(parquet_files, shuffle_buffer=8, seed=1)
+        return source.dataset(num_epochs=num_epochs)
+
+    two = [int(r["x"]) for r in stream(2)]
+    n = len(two) // 2
+    it = iter(stream(3))
+    for _ in range(n + 5):  # 5 rows into epoch 1
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    rest = [int(r["x"]) for r in it]
+    assert len(rest) == 2 * n - 5 and rest[: n - 5] == two[n + 5 :]
+    endless = iter(stream(None))
+    endless.set_state(state)
+    assert [int(next(endless)["x"]) for _ in rest] == rest
+    shorter = iter(stream(2))
+    shorter.set_state(state)
+    assert [int(r["x"]) for r in shorter] == rest[: n - 5]
+    with pytest.raises(
+        ValueError,
+        match=r"^cannot restore this HFStreamingSource state: it is in epoch 1 \(counting from "
+        r"0\), past the end of a stream of num_epochs=1; restore with num_epochs >= 2 \(or "
+        r"None: endless\), as at the save, or start a new run$",
+    ):
+        iter(stream(1)).set_state(state)
+    # an exhausted iterator's state is the end of its own epochs: more epochs go on from it
+    done = iter(stream(1))
+    assert len(list(done)) == n
+    end = done.get_state()
+    again = iter(stream(1))
+    again.set_state(end)
+    assert list(again) == []
+    more = iter(stream(2))
+    more.set_state(end)
+    assert [int(r["x"]) for r in more] == two[n:]
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

@@ -75,7 +75,11 @@ class HFStreamingSource:
     config it belongs to (each file's size and a digest of its first and last MiB, columns,
     tokenizer by its vocabulary's sha256 and EOS id, shuffle buffer, seed, shard, worker
     slice): ``set_state`` refuses a state from
-    other files or another config, naming what changed. A missing value (None) in a kept
+    other files or another config, naming what changed. Files of any size are identified
+    without reading them whole, so an edit in place that keeps a file's size and its first and
+    last MiB is not seen (convert to ``.rox``, or use :class:`HFEagerSource`, for digests of
+    the whole content). ``num_epochs`` may differ at the restore (each epoch is read afresh),
+    but a state past the new end is refused. A missing value (None) in a kept
     column is an error naming the column and row (``nulls="skip"``: such rows are left out,
     counted in the state and logged per epoch); a damaged file is an error naming the file.
 

@@ -218,6 +218,7 @@ class StreamIterator(grain.DatasetIterator):
                     f"and 'skipped' {inner['skipped']} at most 'rows' {inner['rows']}"
                 )
             )
+        _check_within_epochs(inner, self._num_epochs)
         self._epoch = inner["epoch"]
         self._start_epoch()
         try:
@@ -230,6 +231,22 @@ class StreamIterator(grain.DatasetIterator):
         self._begin_window(inner["window"])
         self._window_hf = hf
         self._offset = inner["offset"]
+
+
+def _check_within_epochs(inner: Mapping[str, Any], num_epochs: int | None) -> None:
+    """Refuse a state past the end of a stream of ``num_epochs`` epochs. The epochs may be
+    more or fewer than at the save (each epoch is read afresh, so the rows already served are
+    the same), but a state in an epoch the stream no longer has would end it at once; the
+    start of epoch ``num_epochs`` is the end itself (the state of an exhausted iterator)."""
+    epoch = inner["epoch"]
+    at_start = inner["window"] == inner["offset"] == inner["rows"] == 0
+    needed = epoch if at_start else epoch + 1
+    if num_epochs is not None and needed > num_epochs:
+        raise ValueError(
+            f"cannot restore this {_WHAT} state: it is in epoch {epoch} (counting from 0), "
+            f"past the end of a stream of num_epochs={num_epochs}; restore with num_epochs >= "
+            f"{needed} (or None: endless), as at the save, or start a new run"
+        )
 
 
 def _edited(problem: str) -> str:
