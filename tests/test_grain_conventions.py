@@ -413,17 +413,25 @@ def _noisy(x, rng):
     [
         ({"seed": 2}, "rng_pool.seed=1"),
         ({"weights": [1, 3]}, "selection_map.proportions=[100, 100]"),
+        ({"window": 8}, "window_size=4"),
+        ({"reseed": False}, "reseed_each_epoch=False"),
     ],
 )
 def test_a_mixture_state_is_refused_when_a_hidden_input_setting_changed(changed, named):
     """A random_map's seed and a MapDataset.mix's weights live in helper objects that the
-    nodes' str does not show; a state saved with others is refused, naming them."""
+    nodes' str does not show, a window shuffle's size and a repeat's reseeding in attributes
+    it does not show; a state saved with others is refused, naming them."""
 
-    def build(seed: int = 1, weights=(1, 1)):
+    def build(seed: int = 1, weights=(1, 1), window=4, reseed=True):
         a = grain.MapDataset.range(50).random_map(_noisy, seed=seed)
         b = grain.MapDataset.mix([grain.MapDataset.range(100, 150), grain.MapDataset.range(200, 250)],
                                  list(weights))  # fmt: skip
-        return mix_datasets({"a": a, "b": b}, {"a": 0.5, "b": 0.5}, seed=0, length=40)
+        c = grain.experimental.WindowShuffleMapDataset(
+            grain.MapDataset.range(300, 350), window_size=window, seed=3
+        )
+        d = grain.MapDataset.range(400, 425).shuffle(seed=4).repeat(2, reseed_each_epoch=reseed)
+        inputs = {"a": a, "b": b, "c": c, "d": d}
+        return mix_datasets(inputs, dict.fromkeys(inputs, 0.25), seed=0, length=40)
 
     it = iter(build().to_iter_dataset(grain.ReadOptions(num_threads=0)))
     next(it)

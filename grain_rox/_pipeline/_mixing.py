@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import inspect
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -122,9 +123,9 @@ _HIDDEN = (("_rng_pool", "_seed"), ("_selection_map", "_proportions"))
 
 
 def _hidden_facts(node: Any) -> list[str]:
-    """Settings of a Grain node that its ``str`` does not show: ``random_map``'s seed (in its
-    ``_rng_pool``) and ``MapDataset.mix``'s proportions (in its ``_selection_map``), each as
-    ``name=value``.
+    """Settings of a Grain node that its ``str`` may not show, each as ``name=value``:
+    ``random_map``'s seed (in its ``_rng_pool``), ``MapDataset.mix``'s proportions (in its
+    ``_selection_map``) and the node's own constructor arguments (:func:`_argument_facts`).
 
     >>> import grain
     >>> _hidden_facts(grain.MapDataset.range(4).random_map(lambda x, rng: x, seed=7))
@@ -136,7 +137,49 @@ def _hidden_facts(node: Any) -> list[str]:
         if value is not None:
             value = [int(v) for v in value] if isinstance(value, (list, tuple)) else value
             facts.append(f"{holder.lstrip('_')}.{field.lstrip('_')}={value!r}")
+    return facts + _argument_facts(node)
+
+
+def _argument_facts(node: Any) -> list[str]:
+    """The arguments a Grain node was made with and keeps as attributes (``x`` or ``_x``):
+    each plain value (numbers, text, and lists and dicts of them) other than the argument's
+    default, as ``name=value``. ``WindowShuffleMapDataset``'s window size, the packers'
+    lengths and bins and ``repeat``'s ``reseed_each_epoch=False`` are not in their ``str``.
+
+    >>> import grain
+    >>> _argument_facts(grain.MapDataset.range(9).repeat(2, reseed_each_epoch=False))
+    ['num_epochs=2', 'reseed_each_epoch=False']
+    """
+    try:
+        parameters = inspect.signature(type(node).__init__).parameters.values()
+    except (TypeError, ValueError):  # (a constructor without a signature: nothing to add)
+        return []
+    kept = vars(node)
+    facts = []
+    for p in parameters:
+        name = p.name
+        key = f"_{name}" if f"_{name}" in kept else name
+        if name in ("self", "parent", "parents") or key not in kept:
+            continue
+        value = kept[key]
+        if value is None or not _plain(value):
+            continue
+        if p.default is not inspect.Parameter.empty and _plain(p.default) and value == p.default:
+            continue
+        facts.append(f"{name}={value!r}")
     return facts
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is numbers, text, ``None`` and lists, tuples and dicts of them: a
+    value whose repr is the same in every process."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
 
 
 def _node_description(node: Any) -> str:
