@@ -585,3 +585,37 @@ def test_sources_and_nodes_name_themselves_as_grain_shows_and_compares_them(path
     assert str(it._parent) == "InOrderIterator(next_index=1)"  # under the pipeline's identity
     with pytest.raises(IndexError, match="an endless pipeline has no last batch to count from"):
         pipe.map_dataset()[-1]
+
+
+def test_a_data_loader_over_our_map_datasets_restores_by_their_identity(paths):
+    """A grain_rox MapDataset is a RandomAccessDataSource to Grain's DataLoader, which compares
+    the source's repr on restore: it was an object address, so a loader refused its own state
+    on the same data; it is the identity now, so other data is refused."""
+    from grain_rox import NumpySource
+
+    def loader(dataset):
+        sampler = grain.samplers.IndexSampler(len(dataset), shuffle=False, num_epochs=1)
+        return grain.DataLoader(data_source=dataset, sampler=sampler, worker_count=0,
+                                read_options=grain.ReadOptions(num_threads=0))  # fmt: skip
+
+    def batches(seed):
+        return NumpySource(np.arange(40)).batches(4, seed=seed)
+
+    def pipeline(seed):
+        return TokenPipeline(paths["a"], seq_len=16, global_batch_size=4, seed=seed, num_epochs=1)
+
+    for make, other in (
+        (lambda: batches(1), batches(2)),
+        (lambda: pipeline(2).map_dataset(), pipeline(3).map_dataset()),
+    ):
+        it = iter(loader(make()))
+        next(it)
+        state = it.get_state()
+        expected = as_list(next(it))
+        again = iter(loader(make()))
+        again.set_state(state)
+        assert as_list(next(again)) == expected
+        assert repr(make()) == repr(make()) != repr(other)
+        assert " at 0x" not in repr(make())
+        with pytest.raises(ValueError, match=r"DataSource in checkpoint does not match"):
+            iter(loader(other)).set_state(state)

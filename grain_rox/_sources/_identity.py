@@ -29,6 +29,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from grain_rox._format._digest import facts_digest
 from grain_rox._order._permutation import json_plain
 from grain_rox._sources._batch_dataset import next_index_of
 
@@ -317,6 +318,10 @@ class IdentifiedMapDataset(grain.MapDataset):
 
     def __str__(self) -> str:
         return f"IdentifiedMapDataset({self.what})"
+
+    def __repr__(self) -> str:
+        # a grain.DataLoader over this dataset compares its repr on restore: the identity
+        return f"IdentifiedMapDataset({self.what}, identity={facts_digest(self.identity)})"
 
 
 def _with_op(identity: dict[str, Any], op: str | None) -> dict[str, Any]:
