@@ -201,31 +201,6 @@ def test_a_lanes_data_loader_state_is_refused_under_another_max_seq_len(position
     assert np.array_equal(next(again)["inputs"], expected)
 
 
-@pytest.mark.parametrize(
-    "changed", [{"layout": "tokens"}, {"layout": "windows"}, {"segmentation": False}]
-)
-def test_a_data_loader_state_is_refused_under_another_batch_form(positional, changed):
-    """iter_dataset() refuses a state saved under another layout or segmentation; the
-    DataLoader's repr check left both out, and restored MaxText batches as another form."""
-
-    def loader(**form):
-        return TokenPipeline(positional, seq_len=16, global_batch_size=4, seed=2, **form)
-
-    it = iter(loader().data_loader())
-    next(it)
-    state = it.get_state()
-    with pytest.raises(ValueError, match=r"DataSource in checkpoint does not match"):
-        iter(loader(**changed).data_loader()).set_state(state)
-    with pytest.raises(ValueError, match=rf"{next(iter(changed))}: saved"):
-        iter(loader(**changed).iter_dataset()).set_state(iter(loader().iter_dataset()).get_state())
-    # the default form's repr is as before (its DataLoader states restore)
-    assert repr(loader().batch_source()) == repr(loader(layout="maxtext").batch_source())
-    assert "layout" not in repr(loader().batch_source())
-    again = iter(loader().data_loader())
-    again.set_state(state)
-    assert np.array_equal(next(again)["inputs"], next(it)["inputs"])
-
-
 def test_segmentation_from_eos_and_chunk_joins(make_rox):
     docs = [np.full(n, 7 + i, np.uint16) for i, n in enumerate([5, 9, 3, 40, 2, 11] * 30)]
     path = make_rox("d", docs, separator=0, block_size=64)

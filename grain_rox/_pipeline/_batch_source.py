@@ -174,10 +174,6 @@ class GlobalBatchSource:
                     and o.max_seq_len != max(ph.seq_len for ph in self.schedule.phases)
                     else []
                 ),
-                # the batches' form, as describe() names it for the other iterators: named
-                # where it is not the default MaxText dict (whose repr is as before)
-                *([f"layout {p.layout}"] if p.layout != "maxtext" else []),
-                *(["no segmentation"] if not p.segmentation else []),
             ]
         )
         shown = ",".join(f"{n}:{f}" if n else f for n, f in data.items())
