@@ -303,15 +303,46 @@ def test_deriving_the_features_on_the_devices_needs_no_collectives():
             assert collective not in compiled, (layout, collective)
 
 
-def test_a_state_restores_only_onto_the_layout_it_was_saved_with(corpora):
-    """The layout is part of the pipeline's identity: a tokens-layout state onto a maxtext
-    pipeline is refused, naming the change (the batches would arrive in another shape)."""
+def test_a_state_restores_under_another_layout_with_the_same_batches(corpora):
+    """The layout is the batches' form, not which batches: a state saved under one restores
+    under another (a run may move to the one-array layout mid-way) and goes on with the same
+    batches in the new form, for every iterator (MultiHostDataLoadIterator and iter_dataset
+    refused it; data_loader accepted it). Segment features on or off change what the model
+    attends to: refused by every iterator."""
     pipe = TokenPipeline(corpora["a"], seq_len=16, global_batch_size=8, seed=2)
-    with MultiHostDataLoadIterator(pipe.with_layout("tokens")) as it:
-        next(it)
-        state = it.get_state()
-    with (
-        MultiHostDataLoadIterator(pipe) as other,
-        pytest.raises(ValueError, match=r"layout: saved 'tokens' -> now 'maxtext'"),
-    ):
-        other.set_state(state)
+    unmasked = TokenPipeline(corpora["a"], seq_len=16, global_batch_size=8, seed=2,
+                             segmentation=False)  # fmt: skip
+    forms = [pipe, pipe.with_layout("tokens"), pipe.with_layout("windows")]
+
+    def features(form, batch):
+        return form.unpack(batch) if form.layout != "maxtext" else batch
+
+    for saved in forms:
+        with MultiHostDataLoadIterator(saved) as it:
+            next(it)
+            state = it.get_state()
+            expected = features(saved, next(it))
+        for restored in forms:
+            with MultiHostDataLoadIterator(restored) as again:
+                again.set_state(state)
+                got = features(restored, next(again))
+            assert set(got) == set(expected) == set(MAXTEXT_FEATURES)
+            assert all(np.array_equal(got[k], expected[k]) for k in expected), (saved, restored)
+        with (
+            MultiHostDataLoadIterator(unmasked) as other,
+            pytest.raises(ValueError, match=r"segmentation: saved True -> now False"),
+        ):
+            other.set_state(state)
+        for made in ("iter_dataset", "data_loader"):
+            mine = iter(getattr(saved, made)())
+            next(mine)
+            inner = mine.get_state()
+            following = features(saved, next(mine))
+            for restored in forms:
+                again = iter(getattr(restored, made)())
+                again.set_state(inner)
+                got = features(restored, next(again))
+                assert all(np.array_equal(got[k], following[k]) for k in following)
+            refusal = "segmentation: saved True" if made == "iter_dataset" else "DataSource in"
+            with pytest.raises(ValueError, match=refusal):
+                iter(getattr(unmasked, made)()).set_state(inner)

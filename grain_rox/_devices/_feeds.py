@@ -33,7 +33,7 @@ from grain_rox._order._curriculum import ENDLESS, history_problems, legacy_count
 from grain_rox._pipeline._batch_source import GlobalBatchSource
 from grain_rox._pipeline._pipeline import TokenPipeline
 from grain_rox._sources._batch_dataset import dataset_source
-from grain_rox._sources._identity import DATA_HINT
+from grain_rox._sources._identity import DATA_HINT, FORM_FIELDS
 from grain_rox._sources._tokens_layout import TOKENS
 
 _log = logging.getLogger("grain_rox")
@@ -201,12 +201,16 @@ class PipelineFeed:
                 f"TokenPipeline(..., order={saved.get('order')!r}) to continue this run "
                 "bit-exactly, or start a new run"
             )
-        # the phases are checked by their history, the holes by what the run has read
+        # the phases are checked by their history, the holes by what the run has read; the
+        # batches' form may change
         apart = ("phases", "holes")
+        skipped = {*apart, *FORM_FIELDS}
         changed = {
-            k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v and k not in apart
+            k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v and k not in skipped
         }
-        changed.update({k: (v, None) for k, v in saved.items() if k not in now and k not in apart})
+        changed.update(
+            {k: (v, None) for k, v in saved.items() if k not in now and k not in skipped}
+        )
         history = history_problems(saved.get("phases", []), now["phases"], decoded["step"])
         earlier = False  # refused for what an earlier release served: only it continues
         if history:

@@ -37,11 +37,16 @@ from grain_rox._sources._batch_dataset import next_index_of
 # release) is compared without it. "sources": mix_datasets' sources in order (each source's
 # shuffle seed and selection index follow its place; a reordered mapping restored silently).
 ADDED_FIELDS = frozenset({"sources"})
+# The form of a pipeline's batches: another layout at a restore serves the same batches in that
+# form (MaxText features, or one array to unpack in the step), as another mesh or process count
+# serves them on other devices; an identity names it, and it may change. (Segment features on
+# or off is not a form: it changes what the model attends to, and is refused.)
+FORM_FIELDS = frozenset({"layout"})
 
 
 def identity_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """Each field of ``now`` whose saved value differs, as ``"key: saved a -> now b"``."""
-    keys = list(now) + [k for k in saved if k not in now]
+    keys = [k for k in [*now, *(k for k in saved if k not in now)] if k not in FORM_FIELDS]
     return [
         f"{k}: saved {saved.get(k)!r} -> now {now.get(k)!r}"
         for k in keys
