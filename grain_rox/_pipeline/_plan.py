@@ -215,13 +215,8 @@ def _check_sets_within(name: str, corpus: RoxCorpus, *, allow_mixed_tokenizers: 
     label = (
         f"TokenPipeline: {f'source {name!r}' if name else 'the source'} ({corpus.paths[0]}, ...)"
     )
-    disagreement = None if eos_given else corpus.eos_disagreement()
-    if disagreement is not None:
-        raise ValueError(
-            f"{label}: {disagreement}: the segment features would cut one set's documents at "
-            "another's EOS id. Name each set as a source of its own (with weights), or pass "
-            "eos_id= if every set ends its documents with that id"
-        )
+    # the tokenizers first: sets of other tokenizers differ in their EOS ids too, and the
+    # advice for those (eos_id=) would only lead to this refusal
     recorded = {tokenizer_key(tok) for _, tok, _ in corpus.set_facts() if tok is not None}
     if len(recorded) > 1 and not allow_mixed_tokenizers:
         raise ValueError(
@@ -230,6 +225,13 @@ def _check_sets_within(name: str, corpus: RoxCorpus, *, allow_mixed_tokenizers: 
             "Re-tokenize them with one tokenizer (grain-rox convert --tokenizer ...), name each "
             "set as a source of its own, or pass allow_mixed_tokenizers=True if mixing them is "
             "intended"
+        )
+    disagreement = None if eos_given else corpus.eos_disagreement()
+    if disagreement is not None:
+        raise ValueError(
+            f"{label}: {disagreement}: the segment features would cut one set's documents at "
+            "another's EOS id. Name each set as a source of its own (with weights), or pass "
+            "eos_id= if every set ends its documents with that id"
         )
 
 
