@@ -574,6 +574,22 @@ def test_nonexistent_file(tmp_path):
         open_rox(path, roxxel_names=True)
 
 
+def test_a_missing_directory_is_named_as_one(tmp_path):
+    """A path ending in '/' or in a directory that is not there was searched as a set name
+    ('nope/_NNNN.rox' shards), which it cannot be."""
+    gone = tmp_path / "nope"
+    for roxxel_names in (False, True):
+        expected = f"no .rox shard found for the directory {str(gone) + '/'!r} (it does not exist)"
+        with pytest.raises(FileNotFoundError, match=re.escape(expected) + "$"):
+            open_rox(str(gone) + "/", roxxel_names=roxxel_names)
+        inside = str(gone / "train.rox")
+        expected = (
+            f"no .rox shard found for {inside!r} (its directory {str(gone)!r} does not exist)"
+        )
+        with pytest.raises(FileNotFoundError, match=re.escape(expected) + "$"):
+            open_rox(inside, roxxel_names=roxxel_names)
+
+
 def test_empty_glob(tmp_path):
     (tmp_path / "other.rox").write_bytes(GOOD)
     pattern = str(tmp_path / "train_*.rox")

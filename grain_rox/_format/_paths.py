@@ -73,6 +73,11 @@ def _resolve_entry(s: str, roxxel_names: bool) -> tuple[list[str], str]:
         return found, f"the directory {s!r} (no *.rox in it{killed_write_note(s, True)})"
     if os.path.exists(s):
         return [s], ""
+    if s.endswith(("/", os.sep)):  # (a set name, the only other kind, is no directory)
+        return [], f"the directory {s!r} (it does not exist)"
+    parent = os.path.dirname(s)
+    if parent and not os.path.isdir(parent):
+        return [], f"{s!r} (its directory {parent!r} does not exist)"
     prefix = s[: -len(".rox")] if s.endswith(".rox") else s
     if not roxxel_names:
         found = _resolve_set_name(s, prefix)
