@@ -301,6 +301,15 @@ def test_verify_reports_every_damaged_shard_and_exits_1(tmp_path, capsys):
                             "run grain-rox verify without --no-checksums")  # fmt: skip
     untouched = next(line for line in lines if line.startswith(f"OK   {tmp_path / 'v_0000'}"))
     assert untouched.endswith("checksum none")
+    # beside a healthy set, a set whose one shard lost its footer: no dtype to show ('?')
+    two = tmp_path / "two"
+    for name in ("l", "m"):
+        assert main(["convert", str(src), "-o", str(two / f"{name}.rox")]) == 0
+    (two / "l.rox").write_bytes((two / "l.rox").read_bytes()[:-5])
+    assert main(["verify", str(two)]) == 1
+    said = capsys.readouterr().out
+    assert f"set {two / 'l'}: one shard, dtype unreadable\n" in said
+    assert f"set {two / 'm'}: one shard, uint16\n" in said
 
 
 def test_verify_refuses_a_manifest_whose_token_count_is_not_the_shards(tmp_path, capsys):

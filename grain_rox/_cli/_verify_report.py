@@ -43,7 +43,9 @@ def verify_lines(reports: list[ShardReport]) -> list[str]:
     for name, group in sets.items():
         if len(sets) > 1:
             kinds = sorted({r.dtype for r in group if r.dtype is not None})
-            lines.append(f"set {name}: {_count(len(group), 'shard')}, {', '.join(kinds) or '?'}")
+            lines.append(
+                f"set {name}: {_count(len(group), 'shard')}, {', '.join(kinds) or 'dtype unreadable'}"
+            )
         for r in group:
             if r.ok:
                 note = f"; WARN: {cli_wording(r.note, 'verify')}" if r.note else ""
