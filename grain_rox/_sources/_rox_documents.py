@@ -67,6 +67,11 @@ class RoxDocumentSource:
     (``tokens_dropped`` counts the rest, and a warning is logged to ``"grain_rox"``), or an
     ``"error"`` naming the document.
 
+    Each write's block padding is left out where a manifest records it. Shards without one
+    (roxxel's) are read whole: text after the last EOS is left out with a warning, but a
+    roxxel append leaves the earlier write's padding mid-file, and it is read as the start of
+    the next document (nothing tells it from tokens; write with grain_rox for a manifest).
+
     Args:
         paths: The `.rox` shards (a file, glob, directory, base path, list of them) or an open
             :class:`~grain_rox.RoxCorpus`.
