@@ -190,7 +190,10 @@ def shuffled_batches(
     functions), and slicing, ``.shuffle``, ``.batch``, ``.repeat``, ``.seed`` and
     ``.random_map``, whose arguments join it (``"ops"``), so a state restores only onto the
     same slice, seeds and batching; iterator datasets (after ``.to_iter_dataset(...)``) pass
-    the state through.
+    the state through. Grain's functions that join datasets (``grain.MapDataset.mix``,
+    ``concatenate``, ``grain.experimental.ZipMapDataset``, ``WindowShuffleMapDataset``) make
+    plain Grain datasets, whose states name no data: mix with :func:`~grain_rox.mix_datasets`,
+    whose state names every input.
 
     Args:
         source: A source with ``len`` and a vectorised ``get_batch(rows)`` (grain_rox's
