@@ -35,6 +35,7 @@ import numpy as np
 
 from grain_rox._cli._describe import describe
 from grain_rox._cli._logging import LOG_LEVELS, cli_logging
+from grain_rox._cli._neighbour_sets import warn_of_other_tokenizers
 from grain_rox._cli._progress import byte_bar, count_bar
 from grain_rox._cli._stdout import Summary, silence_stdout
 from grain_rox._cli._verify_report import verify_lines
@@ -279,6 +280,7 @@ def _convert(args: argparse.Namespace) -> int:
     if args.runner is not None:
         return _convert_on_beam(args)
     tok = get_tokenizer(args.tokenizer or "bytes")
+    warn_of_other_tokenizers(args.output, tok.identity())
     stats = ReadStats()
     label = f"built-in '{args.builtin}'" if args.builtin else ", ".join(args.inputs)[:60]
     desc = f"converting {label} ({tok.name})"
@@ -372,6 +374,7 @@ def _convert_on_beam(args: argparse.Namespace) -> int:
     from grain_rox.beam import run_convert
 
     tok = get_tokenizer(args.tokenizer or "bytes")
+    warn_of_other_tokenizers(args.output, tok.identity())
     result = run_convert(
         args.inputs or None,
         args.output,

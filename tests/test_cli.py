@@ -926,3 +926,31 @@ def test_inspect_into_a_closed_pipe_ends_quietly_as_sigpipe_would(tmp_path):
     assert main(["convert", str(src), "-o", out, "--max-shard-bytes", "4KiB"]) == 0
     proc = run_with_stdout_closed("inspect", out)
     assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def test_convert_warns_when_it_writes_beside_sets_of_another_tokenizer(tmp_path, caplog):
+    """A pipeline over a directory refuses to join sets of two tokenizers; the conversion that
+    put a second tokenizer's set there said nothing (the README's advice: a directory each)."""
+    src = tmp_path / "a.txt"
+    src.write_text("some text\n")
+    data = tmp_path / "data"
+
+    def convert(name, *tokenizer):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="grain_rox"):
+            assert main(["convert", str(src), "-o", str(data / name), *tokenizer]) == 0
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    assert convert("a.rox") == []
+    assert convert("b.rox") == []  # the same tokenizer beside it
+    said = convert("c.rox", "--tokenizer", "cl100k_base")
+    assert said == [
+        f"{data / 'c.rox'} is written beside shard sets of another tokenizer ("
+        f"{data / 'a.manifest.json'} (tokenizer 'bytes'); {data / 'b.manifest.json'} (tokenizer "
+        "'bytes')): a TokenPipeline over their directory refuses to join them (the same token "
+        "id is other text in each); write each tokenizer's sets to a directory of their own"
+    ]
+    # a set rewritten with another tokenizer: its own old manifest is not named
+    said = convert("a.rox", "--tokenizer", "cl100k_base", "--if-exists", "overwrite")
+    assert len(said) == 1 and f"beside shard sets of another tokenizer ({data / 'b.manifest.json'}" \
+        " (tokenizer 'bytes')): " in said[0]  # fmt: skip
