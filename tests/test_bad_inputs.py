@@ -634,6 +634,43 @@ def test_a_hf_arrow_file_named_alone_says_to_pass_its_folder(tmp_path, capsys, c
                  "--no-progress"]) == 0  # fmt: skip
 
 
+def test_only_a_folder_save_to_disk_wrote_is_read_as_a_saved_hf_dataset(tmp_path, capsys, caplog):
+    """A folder holding any state.json (a run's, an app's) was read as a saved HF dataset and
+    stopped the conversion with datasets' bare message; --format hf named a file a directory,
+    and --format text skipped a saved dataset as 'a FIFO, socket or device'."""
+    from grain_rox._text._convert import expand_inputs, is_hf_dataset_dir
+
+    datasets = pytest.importorskip("datasets")
+    tree = tmp_path / "tree"
+    (tree / "proj").mkdir(parents=True)
+    (tree / "proj" / "a.txt").write_text("hi")
+    datasets.Dataset.from_dict({"text": ["from hf"]}).save_to_disk(str(tree / "saved"))
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["t"]})})
+    splits.save_to_disk(str(tmp_path / "splits"))
+    run = tmp_path / "run"  # a folder of an app's JSON files
+    run.mkdir()
+    (run / "state.json").write_text('{"step": 3}')
+    (run / "dataset_dict.json").write_text('{"splits": 2}')
+    assert not is_hf_dataset_dir(str(run)) and not is_hf_dataset_dir(str(tree / "proj"))
+    assert is_hf_dataset_dir(str(tree / "saved")) and is_hf_dataset_dir(str(tmp_path / "splits"))
+    assert list(read_files(expand_inputs([str(tree)]))) == ["hi", "from hf"]
+    # its JSON files are read as records (and say what they lack), not as a dataset
+    with pytest.raises(KeyError, match=r"run/dataset_dict\.json:1 has no column 'text'"):
+        list(read_files(expand_inputs([str(run)])))
+    with caplog.at_level(logging.INFO, logger="grain_rox"):
+        assert list(read_files([str(tree / "saved")], fmt="text")) == []
+    assert "a saved HF dataset, not text (pass --format hf)" in caplog.text
+    capsys.readouterr()  # (datasets' progress bars)
+    for given, path in ((tree / "proj" / "a.txt",) * 2, (run, run / "dataset_dict.json")):
+        out = str(tmp_path / "o.rox")  # (a folder is walked: its first file is named)
+        assert main(["convert", str(given), "-o", out, "--format", "hf", "--no-progress"]) == 2
+        assert capsys.readouterr().err == (
+            f"grain-rox convert: error: {path} is not a saved HF dataset: that is the folder "
+            "save_to_disk writes (with state.json and dataset_info.json, or dataset_dict.json); "
+            "drop --format hf to read it by its name's format\n"
+        )
+
+
 def test_json_past_pythons_limits_is_read_or_named(tmp_path, capsys):
     """An int of 5,000 digits in any field stopped convert with Python's "Exceeds the limit
     (4300 digits)" naming no file or line, and deep nesting with a bare RecursionError. Such
@@ -883,6 +920,34 @@ def test_a_utf16_file_of_one_json_object_is_said_to_be_one(tmp_path, encoding):
         ValueError, match=r"one\.json holds one JSON object \(keys \['text'\]\), not"
     ):
         list(read_files([str(path)]))
+
+
+def test_a_large_jsonl_whose_first_line_is_no_record_is_not_read_whole(tmp_path, monkeypatch):
+    """To say a file is one JSON object, the reader parsed it whole: a 1 GB JSONL with a
+    comment for its first line took 2 GB of memory before its error. Past a size it says what
+    line 1 is instead (the limit made small here: the same code path)."""
+    from grain_rox._text import _document_readers
+
+    path = tmp_path / "big.jsonl"
+    lines = ["# a header line", *(json.dumps({"text": f"doc {i}"}) for i in range(200))]
+    path.write_text("\n".join(lines) + "\n")
+    read = []
+    real = _document_readers.byte_chunks
+
+    def counted(p, size=1 << 20, **kwargs):  # in chunks of 100 bytes: what is read shows
+        for chunk in real(p, 100, **kwargs):
+            read.append(len(chunk))
+            yield chunk
+
+    monkeypatch.setattr(_document_readers, "byte_chunks", counted)
+    monkeypatch.setattr(_document_readers, "_WHOLE_JSON_BYTES", 1000)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:1 is not valid JSON: "):
+        list(read_files([str(path)]))
+    assert sum(read) <= 1100 < path.stat().st_size  # up to the limit, not the whole file
+    pretty = tmp_path / "pretty.jsonl"  # a small one is still said to be one object
+    pretty.write_text(json.dumps({"text": "x", "n": 1}, indent=2))
+    with pytest.raises(ValueError, match=r"pretty\.jsonl holds one JSON object"):
+        list(read_files([str(pretty)]))
 
 
 def test_utf16_without_a_mark_is_skipped_with_the_command_that_converts_it(tmp_path, caplog):

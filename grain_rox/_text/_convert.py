@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import errno
 import glob
+import json
 import logging
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from grain_rox._format._manifest import MANIFEST_SUFFIX, member_pattern
 from grain_rox._text._document_readers import (
@@ -226,10 +228,36 @@ def _walk(directory: str, seen: _Seen) -> list[str]:
 
 
 def is_hf_dataset_dir(path: str) -> bool:
-    """Whether ``path`` is a dataset written by HF ``save_to_disk`` (a Dataset or DatasetDict)."""
-    return os.path.isdir(path) and any(
-        os.path.exists(os.path.join(path, name)) for name in ("state.json", "dataset_dict.json")
-    )
+    """Whether ``path`` is a dataset written by HF ``save_to_disk``: a Dataset (a
+    ``state.json`` listing its ``_data_files``, beside a ``dataset_info.json``) or a
+    DatasetDict (a ``dataset_dict.json`` listing its ``splits``). Any folder may hold a
+    ``state.json`` of its own (a run's, an app's): its files are text to convert.
+
+    >>> import tempfile, json
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(os.path.join(d, "state.json"), "w").write(json.dumps({"step": 3}))
+    >>> is_hf_dataset_dir(d)
+    False
+    """
+    if not os.path.isdir(path):
+        return False
+    state = _small_json(os.path.join(path, "state.json"))
+    if isinstance(state, dict) and "_data_files" in state:
+        return os.path.isfile(os.path.join(path, "dataset_info.json"))
+    splits = _small_json(os.path.join(path, "dataset_dict.json"))
+    names = splits.get("splits") if isinstance(splits, dict) else None
+    return isinstance(names, list) and all(isinstance(name, str) for name in names)
+
+
+def _small_json(path: str, limit: int = 1 << 20) -> Any:
+    """The JSON value of file ``path`` if it is a file of at most ``limit`` bytes, else None."""
+    try:
+        if os.path.getsize(path) > limit:
+            return None
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def detect_format(path: str) -> str:
@@ -373,6 +401,9 @@ def _file_documents(
         stats.skip(path, "broken link", f"a link to {target!r}, which does not exist")
         return
     mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode) and is_hf_dataset_dir(path):  # (--format text names one)
+        stats.skip(path, "saved HF dataset", "a saved HF dataset, not text (pass --format hf)")
+        return
     if not stat.S_ISREG(mode):
         stats.skip(path, "not a regular file", "not a regular file (a FIFO, socket or device)")
         return

@@ -99,7 +99,18 @@ def hf_documents(path: str, text_column: str, stats: ReadStats) -> Iterator[str]
         raise ImportError("reading a HF dataset needs: pip install 'grain_rox[hf]'") from None
     from grain_rox._text._hf_checks import load_saved
 
-    ds = load_saved(path)
+    try:
+        ds = None if os.path.isfile(path) else load_saved(path)
+    except FileNotFoundError:  # (datasets: "neither a 'Dataset' directory nor ...")
+        if not os.path.isdir(path):
+            raise
+        ds = None
+    if ds is None:
+        raise ValueError(
+            f"{path} is not a saved HF dataset: that is the folder save_to_disk writes (with "
+            "state.json and dataset_info.json, or dataset_dict.json); drop --format hf to "
+            "read it by its name's format"
+        )
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:
             raise ValueError(
@@ -226,9 +237,22 @@ def _as_text(value: str, where: str, errors: str) -> str:
     return value
 
 
+# A file whose first line is no JSON record is read whole, up to this many bytes, to say what
+# it holds instead (one pretty-printed JSON object, say); a larger one gets the line's error.
+_WHOLE_JSON_BYTES = 64 << 20
+
+
 def _not_jsonl(path: str, errors: str) -> str | None:
-    """What ``path`` holds if it is one JSON document that is not a list, else ``None``."""
-    data = b"".join(byte_chunks(path))
+    """What ``path`` holds if it is one JSON document that is not a list, else ``None``; a
+    file of more than :data:`_WHOLE_JSON_BYTES` is not read whole to find out (a bad first
+    line of a 1 GB JSONL took 2 GB of memory before its error)."""
+    parts, size = [], 0
+    for chunk in byte_chunks(path):
+        size += len(chunk)
+        if size > _WHOLE_JSON_BYTES:
+            return None
+        parts.append(chunk)
+    data = b"".join(parts)
     encoding = bom_encoding(data)  # UTF-16/32 text is read as such (see _convert)
     try:
         text = data.decode(encoding, errors) if encoding else decode(data, path, errors)
