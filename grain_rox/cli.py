@@ -163,6 +163,12 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="ArrayRecord inputs: the dtype of the token documents' raw records, e.g. uint16",
     )
+    conv.add_argument(
+        "--eos-token",
+        default=None,
+        help="a tokenizer.json's token that ends each document (default: its "
+        "tokenizer_config.json's eos_token, else the first of the usual ones it holds)",
+    )
     conv.add_argument("--block-size", type=parse_size, default=4096, help="bytes per block")
     conv.add_argument(
         "--max-shard-bytes",
@@ -279,7 +285,7 @@ def _convert(args: argparse.Namespace) -> int:
         )
     if args.runner is not None:
         return _convert_on_beam(args)
-    tok = get_tokenizer(args.tokenizer or "bytes")
+    tok = get_tokenizer(args.tokenizer or "bytes", eos_token=args.eos_token)
     warn_of_other_tokenizers(args.output, tok.identity())
     stats = ReadStats()
     label = f"built-in '{args.builtin}'" if args.builtin else ", ".join(args.inputs)[:60]
@@ -370,6 +376,12 @@ def _convert_on_beam(args: argparse.Namespace) -> int:
         raise ValueError(
             "--workers sets the local converter's threads; on Beam the runner picks the "
             "workers: pass its option instead (--direct_num_workers=N, --num_workers=N)"
+        )
+    if args.eos_token is not None:
+        raise ValueError(
+            "--eos-token is not sent to Beam workers; put a tokenizer_config.json naming "
+            "eos_token beside the tokenizer.json (both converters read it), or convert "
+            "without --runner"
         )
     from grain_rox.beam import run_convert
 

@@ -954,3 +954,38 @@ def test_convert_warns_when_it_writes_beside_sets_of_another_tokenizer(tmp_path,
     said = convert("a.rox", "--tokenizer", "cl100k_base", "--if-exists", "overwrite")
     assert len(said) == 1 and f"beside shard sets of another tokenizer ({data / 'b.manifest.json'}" \
         " (tokenizer 'bytes')): " in said[0]  # fmt: skip
+
+
+def test_convert_eos_token_chooses_a_tokenizer_jsons_eos(tmp_path, capsys):
+    """A tokenizer.json whose EOS is none of the usual tokens (ChatML's '<|im_end|>') could be
+    used from Python only (HFTokenizer(eos_token=...)); the error pointed there too."""
+    from tokenizers import Tokenizer as HFLib
+    from tokenizers import models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "<|im_end|>": 1, "hello": 2, "world": 3}
+    lib = HFLib(models.WordLevel(vocab, unk_token="[UNK]"))
+    lib.pre_tokenizer = pre_tokenizers.Whitespace()
+    lib.add_special_tokens(["<|im_end|>"])
+    tok = tmp_path / "chatml" / "tokenizer.json"
+    tok.parent.mkdir()
+    lib.save(str(tok))
+    src = tmp_path / "a.txt"
+    src.write_text("hello world")
+    out = str(tmp_path / "o.rox")
+    assert main(["convert", str(src), "-o", out, "--tokenizer", str(tok)]) == 2
+    assert "pass eos_token= (grain-rox convert --eos-token) naming its" in capsys.readouterr().err
+    argv = ["convert", str(src), "-o", out, "--tokenizer", str(tok), "--eos-token", "<|im_end|>"]
+    assert main([*argv, "--no-progress"]) == 0
+    with open_rox(out) as corpus:
+        assert corpus.eos_id == 1 and corpus.tokens(0, 3).tolist() == [2, 3, 1]
+    capsys.readouterr()
+    bytes_eos = ["convert", str(src), "-o", str(tmp_path / "b.rox"), "--eos-token", "</s>"]
+    assert main(bytes_eos) == 2
+    assert "eos_token='</s>' chooses a tokenizer.json's EOS, and 'bytes' is not one" in (
+        capsys.readouterr().err
+    )
+    beam = [*argv[:3], str(tmp_path / "c.rox"), *argv[4:], "--runner", "DirectRunner"]
+    assert main(beam) == 2
+    assert "--eos-token is not sent to Beam workers; put a tokenizer_config.json" in (
+        capsys.readouterr().err
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import pickle
 import shutil
 import socket
@@ -540,6 +541,52 @@ def test_hf_eos_token_override_and_errors(hf_path: Path, tmp_path: Path) -> None
         HFTokenizer(tmp_path / "nope.json")
 
 
+def test_hf_eos_is_the_models_own_where_its_config_names_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A vocabulary holding '</s>' and '<|endoftext|>' ended documents with '</s>' (the first
+    of the usual tokens) while the model's tokenizer_config.json named the other, without a
+    word; the config decides now, and without one the choice is said."""
+    path = _train_hf(tmp_path / "two" / "tokenizer.json", ["</s>", "[UNK]", "<|endoftext|>"])
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        guessed = HFTokenizer(path)
+    assert guessed.eos_id == 0
+    assert f"{path} holds several usual EOS tokens ('</s>', '<|endoftext|>') and no " \
+        "tokenizer_config.json beside it names one: documents end with '</s>' (id 0), the " \
+        "first; pass eos_token= (grain-rox convert --eos-token) if the model ends them with " \
+        "another" in caplog.text  # fmt: skip
+    for config in ({"eos_token": "<|endoftext|>"}, {"eos_token": {"content": "<|endoftext|>"}}):
+        (path.parent / "tokenizer_config.json").write_text(json.dumps(config))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="grain_rox"):
+            assert HFTokenizer(path).eos_id == 2 and not caplog.records
+        assert HFTokenizer(path, eos_token="</s>").eos_id == 0  # given: it decides
+    (path.parent / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eot>"}))
+    with pytest.raises(ValueError, match=r"^tokenizer_config\.json '<eot>' is not in .*"
+                       r"pass eos_token= \(grain-rox convert --eos-token\)"):  # fmt: skip
+        HFTokenizer(path)
+    with pytest.raises(ValueError, match=r"eos_token='</s>' chooses a tokenizer\.json's EOS"):
+        get_tokenizer("cl100k_base", eos_token="</s>")
+    assert get_tokenizer(path, eos_token="[UNK]").eos_id == 1
+
+
+def test_hf_vocabulary_with_gaps_in_its_ids_counts_up_to_the_largest(tmp_path: Path) -> None:
+    """A WordLevel vocabulary {..., 'world': 300} has 4 tokens: its size was taken as 4, and
+    its own id 300 was refused as outside the vocabulary (and would pick too small a dtype)."""
+    from tokenizers import Tokenizer as HFLib
+    from tokenizers import models, pre_tokenizers
+
+    vocab = {"</s>": 0, "[UNK]": 1, "hello": 2, "world": 300}
+    tok = HFLib(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "holes" / "tokenizer.json"
+    path.parent.mkdir()
+    tok.save(str(path))
+    holes = HFTokenizer(path)
+    assert holes.vocab_size == 301 and holes.encode("hello world").tolist() == [2, 300]
+    assert holes.decode([2, 300]) == "hello world"
+
+
 def test_hf_missing_package(monkeypatch: pytest.MonkeyPatch, hf_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(ImportError, match=r"pip install 'grain_rox\[tokenizers\]'"):
@@ -655,7 +702,7 @@ def test_an_eos_that_text_can_encode_to_is_refused(tmp_path: Path) -> None:
     assert word.encode("a b").tolist() == [0, 1]
     message = (
         f"{tmp_path / 'word.json'}: the text 'a </s> b' encodes to the EOS id 3 (at token 1), "
-        "which would fake a document boundary; pass eos_token= naming a special token that no "
+        "which would fake a document boundary; pass eos_token= (grain-rox convert --eos-token) naming a special token that no "
         "text encodes to"
     )
     for encode in (word.encode, lambda t: word.encode_batch(["a", t])):

@@ -5,6 +5,8 @@ found among the usual special tokens, and the file pinned by its sha256 across p
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grain_rox._format._log_once import log_once
 from grain_rox._text._tokenizer_base import INSTALL_FIX, check_text, identity_record, to_id_list
 
 if TYPE_CHECKING:
@@ -19,6 +22,21 @@ if TYPE_CHECKING:
 
 _HF_EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|end|>", "[EOS]", "<|end_of_text|>")
 _HF_PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>")
+_CONFIG = "tokenizer_config.json"
+
+
+def _configured_eos(path: Path) -> str | None:
+    """The ``eos_token`` of the ``tokenizer_config.json`` beside ``path`` (the model's own
+    choice, a string or ``{"content": ...}``), or None where there is none to read."""
+    config = path.parent / _CONFIG
+    try:
+        with open(config, encoding="utf-8") as f:
+            value = json.load(f).get("eos_token")
+    except (OSError, ValueError, AttributeError):  # none, unreadable, or not an object
+        return None
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
 
 
 def _resolve_tokenizer_json(path: str | os.PathLike[str]) -> Path:
@@ -39,14 +57,15 @@ class HFTokenizer:
     Nothing is added around the text (``add_special_tokens=False``), special-token strings
     inside the text are encoded as ordinary text, and the file's truncation and padding (a
     model's input length) are not applied: a document is encoded whole. EOS is
-    ``eos_token`` if given, else the first of ``</s>``, ``<|endoftext|>``, ``<eos>``,
-    ``<|end|>``, ``[EOS]``, ``<|end_of_text|>`` present in the vocabulary. Pickling sends
-    the path; the file is re-read lazily and must still have the same sha256.
+    ``eos_token`` if given, else the ``eos_token`` of a ``tokenizer_config.json`` beside the
+    file (the model's own), else the first of ``</s>``, ``<|endoftext|>``, ``<eos>``,
+    ``<|end|>``, ``[EOS]``, ``<|end_of_text|>`` present in the vocabulary (a warning names
+    the choice when it holds several). Pickling sends the path; the file is re-read lazily
+    and must still have the same sha256.
 
     Args:
       path: a ``tokenizer.json`` file, or a directory containing one.
-      eos_token: the token that ends a document; default the first of the usual EOS tokens
-        above that the vocabulary holds.
+      eos_token: the token that ends a document; default as above.
 
     >>> HFTokenizer("/nonexistent/tokenizer.json")
     Traceback (most recent call last):
@@ -67,23 +86,38 @@ class HFTokenizer:
         tok = self._load(data)
         parent = self.path.parent.name if self.path.name == "tokenizer.json" else ""
         self.name = f"hf:{parent or self.path.name}"
-        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-        if eos_token is not None:
-            eos = tok.token_to_id(eos_token)
+        # ids may have gaps (a WordLevel vocabulary's): the ids go up to the largest one
+        ids = tok.get_vocab(with_added_tokens=True).values()
+        self.vocab_size = max(tok.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1)
+        named = eos_token if eos_token is not None else _configured_eos(self.path)
+        if named is not None:
+            where = "eos_token" if eos_token is not None else _CONFIG
+            eos = tok.token_to_id(named)
             if eos is None:
                 raise ValueError(
-                    f"eos_token {eos_token!r} is not in {self.path}; pass one of its "
-                    f"tokens, e.g. one of its special tokens {self._special_tokens(tok)}"
+                    f"{where} {named!r} is not in {self.path}; pass eos_token= (grain-rox "
+                    f"convert --eos-token) naming one of its tokens, e.g. one of its special "
+                    f"tokens {self._special_tokens(tok)}"
                 )
         else:
-            found = [i for t in _HF_EOS_CANDIDATES if (i := tok.token_to_id(t)) is not None]
+            found = [(t, i) for t in _HF_EOS_CANDIDATES if (i := tok.token_to_id(t)) is not None]
             if not found:
                 raise ValueError(
                     f"{self.path} has none of the usual EOS tokens {list(_HF_EOS_CANDIDATES)}; "
-                    f"pass HFTokenizer(..., eos_token=...) naming its end-of-document token, "
-                    f"e.g. one of its special tokens {self._special_tokens(tok)}"
+                    f"pass eos_token= (grain-rox convert --eos-token) naming its "
+                    f"end-of-document token, e.g. one of its special tokens "
+                    f"{self._special_tokens(tok)}"
                 )
-            eos = found[0]
+            eos = found[0][1]
+            if len(found) > 1:
+                log_once(
+                    logging.WARNING,
+                    f"{self.path} holds several usual EOS tokens "
+                    f"({', '.join(repr(t) for t, _ in found)}) and no {_CONFIG} beside it names "
+                    f"one: documents end with {found[0][0]!r} (id {eos}), the first; pass "
+                    "eos_token= (grain-rox convert --eos-token) if the model ends them with "
+                    "another",
+                )
         self.eos_id = int(eos)
         self._refuse_an_eos_text_can_hold(tok)
         pads = [i for t in _HF_PAD_CANDIDATES if (i := tok.token_to_id(t)) is not None]
@@ -113,8 +147,8 @@ class HFTokenizer:
             raise ValueError(
                 f"{self.path}: the text {text[:80]!r}{'...' if len(text) > 80 else ''} encodes "
                 f"to the EOS id {self.eos_id} (at token {int(at[0])}), which would fake a "
-                "document boundary; pass eos_token= naming a special token that no text "
-                "encodes to"
+                "document boundary; pass eos_token= (grain-rox convert --eos-token) naming a "
+                "special token that no text encodes to"
             )
         return out
 

@@ -185,7 +185,9 @@ class ByteTokenizer:
         return "ByteTokenizer()"
 
 
-def get_tokenizer(spec: str | os.PathLike[str] | Tokenizer) -> Tokenizer:
+def get_tokenizer(
+    spec: str | os.PathLike[str] | Tokenizer, *, eos_token: str | None = None
+) -> Tokenizer:
     """Turn a spec into a tokenizer.
 
     ``"bytes"``, ``"cl100k_base"``, ``"o200k_base"``, a path to a ``tokenizer.json`` (or a
@@ -194,6 +196,8 @@ def get_tokenizer(spec: str | os.PathLike[str] | Tokenizer) -> Tokenizer:
     Args:
         spec: A tokenizer name (``"bytes"``, ``"cl100k_base"``, ``"o200k_base"``), the path
             of a ``tokenizer.json`` or of a directory holding one, or a :class:`Tokenizer`.
+        eos_token: For a ``tokenizer.json``: the token that ends a document (see
+            :class:`~grain_rox.HFTokenizer`); the named tokenizers' EOS is fixed.
 
     Returns:
         The tokenizer: a :class:`ByteTokenizer`, :class:`~grain_rox.TiktokenTokenizer` or
@@ -201,11 +205,17 @@ def get_tokenizer(spec: str | os.PathLike[str] | Tokenizer) -> Tokenizer:
 
     Raises:
         ValueError: ``spec`` names no known tokenizer and no ``tokenizer.json`` (the message
-            lists the accepted names).
+            lists the accepted names), or ``eos_token`` is given for another tokenizer.
 
     >>> get_tokenizer("bytes")
     ByteTokenizer()
     """
+    if eos_token is not None and _fixed_eos(spec):
+        raise ValueError(
+            f"eos_token={eos_token!r} chooses a tokenizer.json's EOS, and {spec!r} is not one "
+            "(the bytes, cl100k_base and o200k_base tokenizers end documents with their own); "
+            "leave it out, or name a tokenizer.json"
+        )
     if isinstance(spec, str | os.PathLike):
         key = os.fspath(spec)
         if key == "bytes":
@@ -214,7 +224,7 @@ def get_tokenizer(spec: str | os.PathLike[str] | Tokenizer) -> Tokenizer:
             return TiktokenTokenizer(key)
         p = Path(key).expanduser()
         if p.is_file() or (p.is_dir() and (p / "tokenizer.json").is_file()):
-            return HFTokenizer(p)
+            return HFTokenizer(p, eos_token=eos_token)
         problem = (
             f"directory {key!r} has no tokenizer.json"
             if p.is_dir()
@@ -229,3 +239,10 @@ def get_tokenizer(spec: str | os.PathLike[str] | Tokenizer) -> Tokenizer:
         f"{problem}; use one of {accepted}, a path to a Hugging Face tokenizer.json "
         "(or a directory containing one), or a Tokenizer instance"
     )
+
+
+def _fixed_eos(spec: object) -> bool:
+    """Whether ``spec`` is a tokenizer whose EOS is its own: a named one, or an instance."""
+    if isinstance(spec, Tokenizer):
+        return True
+    return isinstance(spec, str | os.PathLike) and os.fspath(spec) in ("bytes", *TIKTOKEN_NAMES)
