@@ -299,7 +299,11 @@ def test_inputs_the_devices_cannot_hold_are_refused(root):
     other_share = shuffled_batches(source, 16, shard=(1, 2))  # not this process's rows:
     with pytest.raises(ValueError, match=r"shard=\(1, 2\) is neither this process's share"):
         MultiHostDataLoadIterator(other_share, placement="device")  # (it served all 16)
-    assert MultiHostDataLoadIterator(other_share, placement="auto").placement == "host"
+    # nor on the host, which made half of each batch of 16 a global batch of 8
+    for placement in ("auto", "host"):
+        with pytest.raises(ValueError, match=r"shard=\(1, 2\) gives this process rows \[8, 16\) "
+                           r"of each global batch of 16, but its devices hold rows \[0, 16\)"):  # fmt: skip
+            MultiHostDataLoadIterator(other_share, placement=placement)
 
 
 # ---- processes ----------------------------------------------------------------------------------

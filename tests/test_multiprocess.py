@@ -505,6 +505,132 @@ def _refused_in_both_processes(tmp_path, rows: int, make, *, says: str, fix: str
     assert fix in message
 
 
+def _batches_on_meshes(path: str):
+    """(For the test below: built in each process.) One NumpySource's .batches() read three
+    ways, each step's global batches zipped: the whole batch on every process (shard (0, 1)),
+    the same over a mesh listing the processes' devices last-first, and each process's own
+    shard on the default mesh."""
+    import jax
+    from jax.sharding import Mesh
+
+    from grain_rox import NumpySource
+
+    rows = np.load(path)
+    reversed_mesh = Mesh(np.asarray(jax.devices()[::-1]), ("data",))
+    mine = (jax.process_index(), jax.process_count())
+    ways = {
+        "whole": MultiHostDataLoadIterator(NumpySource(rows).batches(16, seed=1)),
+        "reversed": MultiHostDataLoadIterator(
+            NumpySource(rows).batches(16, seed=1), mesh=reversed_mesh
+        ),
+        "own": MultiHostDataLoadIterator(NumpySource(rows).batches(16, seed=1, shard=mine)),
+    }
+    return (dict(zip(ways, step, strict=True)) for step in zip(*ways.values(), strict=False))
+
+
+@pytest.mark.slow
+def test_a_batches_dataset_gives_the_one_process_batches_whatever_its_shard_and_mesh(tmp_path):
+    """A .batches() dataset's elements were taken as each process's rows: read whole on every
+    process (shard (0, 1)), its rows were doubled into a (32, 4) batch (the device path gave
+    the right (16, 4)); each process now keeps the rows its devices hold. The reversed mesh
+    holds process 1's rows first: each process keeps them, not its index's."""
+    import functools
+
+    np.save(tmp_path / "rows.npy", np.arange(64 * 4, dtype=np.int32).reshape(64, 4))
+    testing.check_processes_equal(
+        functools.partial(_batches_on_meshes, str(tmp_path / "rows.npy")), read=3
+    )
+
+
+def _shards_refused(path: str):
+    """(For the test below: built in each process.) Both processes give shard (0, 2): process
+    1's devices hold rows [8, 16) of each batch of 16, which that shard does not read."""
+    import jax
+
+    from grain_rox import NumpySource
+
+    rows = np.load(path)
+    shard = (0, 2) if jax.process_count() == 2 else (0, 1)  # (one process: the batches to be)
+    return MultiHostDataLoadIterator(NumpySource(rows).batches(16, seed=1, shard=shard))
+
+
+@pytest.mark.slow
+def test_a_batches_shard_that_is_not_the_processes_rows_is_refused_by_every_process(tmp_path):
+    """A shard that does not read the rows a process's devices hold assembled the batch from
+    the wrong rows (here process 0's rows twice), silently. That process refuses, naming the
+    shard it needs; the other, whose shard is right, stops too instead of waiting for it in
+    the iterator's collective."""
+    import functools
+
+    np.save(tmp_path / "rows.npy", np.arange(64 * 4, dtype=np.int32).reshape(64, 4))
+    with pytest.raises(AssertionError) as failed:
+        testing.check_processes_equal(
+            functools.partial(_shards_refused, str(tmp_path / "rows.npy")), read=1
+        )
+    message = str(failed.value)
+    assert (
+        message.count(
+            "ValueError: the .batches() dataset's shard=(0, 2) gives this process rows [0, 8) of "
+            "each global batch of 16, but its devices hold rows [8, 16) under this mesh: the batch "
+            "would be assembled from the wrong rows. Make it with shard=(1, 2), or pass "
+            "placement='device'"
+        )
+        == 1
+    ), message
+    assert (
+        message.count(
+            "ValueError: process 1 refused this iterator's input when it was made (each says why "
+            "in its own error); this process stops too rather than wait for them"
+        )
+        == 1
+    ), message
+
+
+def _overlapping_mesh():
+    """A (data=4, model=2) mesh whose model pairs span the processes: each process's devices
+    hold rows of 3 of the 4 data pieces (12 of 16 rows)."""
+    import jax
+    from jax.sharding import Mesh
+
+    devices = sorted(jax.devices(), key=lambda d: d.id)
+    order = [0, 3, 1, 5, 2, 6, 4, 7]
+    return Mesh(np.asarray([devices[i] for i in order]).reshape(4, 2), ("data", "model"))
+
+
+def _pipeline_on_an_overlapping_mesh(path: str):
+    """(For the test below: built in each process.)"""
+    return MultiHostDataLoadIterator(TokenPipeline(path, **CONFIG), mesh=_overlapping_mesh())
+
+
+def _grain_input_on_an_overlapping_mesh(path: str):
+    """(For the test below: built in each process.)"""
+    import grain
+
+    rows = list(np.load(path))
+    ds = grain.MapDataset.source(rows).batch(16)
+    return MultiHostDataLoadIterator(ds, mesh=_overlapping_mesh())
+
+
+@pytest.mark.slow
+def test_a_pipeline_on_a_mesh_of_overlapping_process_rows_gives_the_one_process_batches(
+    tmp_path, make_rox
+):
+    """Each process holds 12 of a batch's 16 rows: the global batch was taken as a multiple
+    of that share (12 rows, replicas disagreeing), silently. A Grain input, which gives each
+    process's rows as it reads them, cannot serve such a mesh: refused by every process."""
+    import functools
+
+    path = make_rox("overlap", random_documents(7, lengths=(1, 300), until_tokens=20_000),
+                    separator=0)  # fmt: skip
+    testing.check_processes_equal(functools.partial(_pipeline_on_an_overlapping_mesh, path), read=2)
+    _refused_in_both_processes(
+        tmp_path, 32, _grain_input_on_an_overlapping_mesh,
+        says="this mesh gives the processes overlapping shares of each batch (in 4 pieces: "
+        "[0, 3), [1, 4)), which a Grain input of each process's own rows cannot give",
+        fix="read a TokenPipeline",
+    )  # fmt: skip
+
+
 # ---- 4. a mixture curriculum restores elastically across its phase change ------------------------
 @pytest.mark.slow
 def test_a_mixture_curriculum_restores_1_to_2_to_4_processes_across_its_phase_change(

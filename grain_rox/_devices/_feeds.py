@@ -28,11 +28,13 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from grain_rox._devices._iterator_state import check_step
-from grain_rox._devices._placement import data_shards, process_rows
+from grain_rox._devices._placement import data_shards, process_rows, row_shares
+from grain_rox._devices._resident import batch_source_of
 from grain_rox._order._curriculum import ENDLESS, history_problems, legacy_counts_differ
 from grain_rox._pipeline._batch_source import GlobalBatchSource
 from grain_rox._pipeline._pipeline import TokenPipeline
 from grain_rox._sources._batch_dataset import dataset_source
+from grain_rox._sources._batches import BatchSource
 from grain_rox._sources._identity import DATA_HINT, FORM_FIELDS
 from grain_rox._sources._tokens_layout import TOKENS
 
@@ -119,11 +121,11 @@ class PipelineFeed:
                 f"{what} that is a multiple of {shards} (e.g. {fix}), or a "
                 "mesh with fewer devices on that axis"
             )
-        # each phase batch size -> the rows [lo, hi) this process reads
+        # each phase batch size -> the rows [lo, hi) this process reads, and back: a mesh may
+        # give the processes overlapping rows (12 of 16 each), so the global batch is not a
+        # multiple of a process's share
         self.rows = {b: process_rows(sharding, b) for b in sizes}
-        lo, hi = self.rows[sizes[0]]
-        # global rows / this process's rows: the same in every phase
-        self.global_per_local = sizes[0] // (hi - lo)
+        self.batch_of = {hi - lo: b for b, (lo, hi) in self.rows.items()}
         # The host reads each batch as one array (layout="tokens") and one compiled function
         # derives the MaxText features on the devices: one transfer a batch instead of six.
         self.read_as = pipeline
@@ -173,7 +175,7 @@ class PipelineFeed:
         return None
 
     def global_rows(self, local_rows: int) -> int:
-        return local_rows * self.global_per_local
+        return self.batch_of[local_rows]
 
     def check_rows(self, arrays: list[np.ndarray]) -> None:
         pass  # the rows were chosen to split evenly (checked when the feed was made)
@@ -307,7 +309,7 @@ def _by_process(values: list[int]) -> str:
 
 
 def refuse_uneven_lengths(
-    length: int | None, last_rows: int | None, sharding: NamedSharding
+    length: int | None, last_rows: int | None, sharding: NamedSharding, *, refused: bool = False
 ) -> None:
     """Refuse Grain inputs that give the processes different numbers of batches, or last
     batches of different sizes (each process's ``length`` and rows in its last batch; None:
@@ -316,7 +318,8 @@ def refuse_uneven_lengths(
     the second each process would make a global array of another shape (a collective
     mismatch: an error from deep in XLA, or a hang). One small collective when the iterator
     is made, in every process of the mesh (a mesh over only some processes is not checked:
-    the others make no iterator)."""
+    the others make no iterator). It also carries whether this process ``refused`` its input
+    already (it raises its own error after): the others stop too, instead of waiting for it."""
     processes = {d.process_index for d in sharding.mesh.devices.flat}
     if processes != set(range(jax.process_count())):
         return
@@ -325,8 +328,17 @@ def refuse_uneven_lengths(
     # a length as two int32 halves (JAX's default integers), -1 for unknown
     n = -1 if length is None else length
     rows = -1 if last_rows is None else min(last_rows, 2**31 - 1)
-    mine = np.array([n >> 31, n & (2**31 - 1), rows], dtype=np.int32)
-    got = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3).astype(np.int64)
+    mine = np.array([n >> 31, n & (2**31 - 1), rows, int(refused)], dtype=np.int32)
+    got = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 4).astype(np.int64)
+    others = np.flatnonzero(got[:, 3]).tolist()
+    if refused:
+        return
+    if others:
+        raise ValueError(
+            f"process{'es' if len(others) > 1 else ''} {', '.join(map(str, others))} refused "
+            "this iterator's input when it was made (each says why in its own error); this "
+            "process stops too rather than wait for them"
+        )
     lengths = [int(hi << 31 | lo) for hi, lo in got[:, :2].tolist()]
     if min(lengths) < 0:  # an unknown length: nothing to compare
         return
@@ -359,14 +371,30 @@ class GrainFeed:
     def __init__(self, source: Any, sharding: NamedSharding):
         self.source = source
         self.shards, self.axes = data_shards(sharding)
+        self.first_rows: int | None = None  # a batch's global rows, from the first batch
+        # A .batches() dataset knows its global batch and which rows of it this process reads
+        # (its shard): the process keeps the rows its devices hold, or is refused.
+        self.keep: slice | None = None
+        self.global_batch: int | None = None
+        problem = None  # said after the processes compare notes: none is left waiting
+        try:
+            batches = batch_source_of(source)
+            if batches is not None:
+                self.keep, self.global_batch = _rows_to_keep(batches, sharding)
+            else:
+                _refuse_overlapping_shares(sharding, self.shards)
+        except ValueError as e:
+            problem = e
         lo, hi = process_rows(sharding, self.shards)
         # global rows / this process's rows: the processes' count where each holds its own
         # rows, fewer where processes hold the same rows (a mesh axis across them that does
         # not split the batch: every process then gives the same, whole rows)
         self.global_per_local = self.shards // (hi - lo)
-        self.first_rows: int | None = None  # a batch's global rows, from the first batch
         if jax.process_count() > 1:
-            refuse_uneven_lengths(self.length, self._last_rows(), sharding)
+            last = None if problem else self._last_rows()
+            refuse_uneven_lengths(self.length, last, sharding, refused=problem is not None)
+        if problem is not None:
+            raise problem
 
     def _last_rows(self) -> int | None:
         """Rows in this process's last batch, read by index where the input has one (a
@@ -398,7 +426,9 @@ class GrainFeed:
         return TypeError("this iterator is endless (num_epochs=None): it has no len()")
 
     def host_iterator(self, start_step: int, position: Any) -> Iterator[Any]:
-        it = iter(self.source)
+        it: Any = iter(self.source)
+        if self.keep is not None:
+            it = _KeptRows(it, self.keep)
         if position is not None:
             try:
                 it.set_state(position)
@@ -415,6 +445,8 @@ class GrainFeed:
         return host_iterator.get_state() if hasattr(host_iterator, "get_state") else None
 
     def global_rows(self, local_rows: int) -> int:
+        if self.global_batch is not None:
+            return self.global_batch
         return local_rows * self.global_per_local
 
     def check_rows(self, arrays: list[np.ndarray]) -> None:
@@ -554,6 +586,66 @@ def _names_its_data(state: Any) -> bool:
     if isinstance(state, list):
         return any(map(_names_its_data, state))
     return False
+
+
+def _rows_to_keep(batches: BatchSource, sharding: NamedSharding) -> tuple[slice | None, int]:
+    """Which rows of each element of a ``.batches()`` dataset this process keeps (None: all),
+    and the global batch size. The element holds its shard's rows of each global batch; the
+    process needs the rows its devices hold, which the mesh decides, not the process index
+    (a mesh may list process 1's devices first, or put a model axis across the processes)."""
+    size = batches.batch_size
+    index, count = batches.shard
+    first, last = index * size // count, (index + 1) * size // count
+    lo, hi = process_rows(sharding, size)
+    if first <= lo and hi <= last:
+        return (None if (lo, hi) == (first, last) else slice(lo - first, hi - first)), size
+    aligned = size % (hi - lo) == 0 and lo % (hi - lo) == 0
+    fix = f"shard=({lo // (hi - lo)}, {size // (hi - lo)})" if aligned else "shard=(0, 1)"
+    raise ValueError(
+        f"the .batches() dataset's shard={tuple(batches.shard)} gives this process rows "
+        f"[{first}, {last}) of each global batch of {size}, but its devices hold rows [{lo}, "
+        f"{hi}) under this mesh: the batch would be assembled from the wrong rows. Make it "
+        f"with {fix}, or pass placement='device'"
+    )
+
+
+def _refuse_overlapping_shares(sharding: NamedSharding, shards: int) -> None:
+    """Refuse a mesh whose processes hold overlapping but different rows of a batch (12 of 16
+    each, say): a Grain input gives each process's rows as it reads them, which cannot be
+    both its own and another's."""
+    shares = sorted(set(row_shares(sharding, shards).values()))
+    disjoint = all(a[1] <= b[0] for a, b in itertools.pairwise(shares))
+    if len(shares) > 1 and not disjoint:
+        shown = ", ".join(f"[{lo}, {hi})" for lo, hi in shares)
+        raise ValueError(
+            f"this mesh gives the processes overlapping shares of each batch (in {shards} "
+            f"pieces: {shown}), which a Grain input of each process's own rows cannot give; "
+            "use a mesh whose data axis keeps each process's devices together (jax.make_mesh), "
+            "or read a TokenPipeline, which reads each process's rows itself"
+        )
+
+
+class _KeptRows:
+    """A Grain iterator whose batches are cut to rows ``keep`` (this process's rows of a whole
+    global batch); its state is the inner iterator's."""
+
+    def __init__(self, inner: Any, keep: slice) -> None:
+        self.inner, self.keep = inner, keep
+
+    def __iter__(self) -> _KeptRows:
+        return self
+
+    def __next__(self) -> Any:
+        return jax.tree_util.tree_map(lambda a: a[self.keep], next(self.inner))
+
+    def get_state(self) -> Any:
+        return self.inner.get_state()
+
+    def set_state(self, state: Any) -> None:
+        self.inner.set_state(state)
+
+    def close(self) -> None:
+        _close(self.inner)
 
 
 def _close(it: Any) -> None:

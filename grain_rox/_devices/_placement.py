@@ -47,6 +47,13 @@ def process_rows(sharding: NamedSharding, global_batch: int) -> tuple[int, int]:
     # each later dimension as long as the spec splits it: its pieces hold no row of their own
     shape = (global_batch, *(_pieces(sharding, entry) for entry in tuple(sharding.spec)[1:]))
     index_map = sharding.addressable_devices_indices_map(shape)
+    if not index_map:
+        held = sorted({d.process_index for d in sharding.mesh.devices.flat})
+        raise ValueError(
+            f"process {jax.process_index()} holds none of the mesh's devices (the mesh's "
+            f"{sharding.mesh.devices.size} devices are on processes {held}): make the iterator "
+            "only on those processes, or use a mesh over every process's devices"
+        )
     starts, stops = [], []
     for index in index_map.values():
         assert index is not None
@@ -65,3 +72,22 @@ def process_rows(sharding: NamedSharding, global_batch: int) -> tuple[int, int]:
             "(e.g. jax.make_mesh or mesh_utils.create_device_mesh)"
         )
     return lo, hi
+
+
+def row_shares(sharding: NamedSharding, global_batch: int) -> dict[int, tuple[int, int]]:
+    """Each process's rows ``[lo, hi)`` of a global batch under ``sharding`` (the span of its
+    devices' rows), computed alike in every process.
+
+    >>> from jax.sharding import PartitionSpec
+    >>> mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    >>> row_shares(NamedSharding(mesh, PartitionSpec("data")), 8)
+    {0: (0, 8)}
+    """
+    shape = (global_batch, *(_pieces(sharding, entry) for entry in tuple(sharding.spec)[1:]))
+    shares: dict[int, tuple[int, int]] = {}
+    for device, index in sharding.devices_indices_map(shape).items():
+        start, stop, _ = index[0].indices(global_batch)
+        process: int = device.process_index  # type: ignore[attr-defined]
+        lo, hi = shares.get(process, (start, stop))
+        shares[process] = (min(lo, start), max(hi, stop))
+    return dict(sorted(shares.items()))

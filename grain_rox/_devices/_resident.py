@@ -69,12 +69,21 @@ def _source_map(ds: Any) -> Any:
     return None
 
 
-def batches_feed(ds: Any) -> BatchSource:
-    """The whole (unsharded) :class:`BatchSource` behind a ``.batches()`` dataset ``ds``, or a
-    ValueError saying what placement='device' takes."""
+def batch_source_of(ds: Any) -> BatchSource | None:
+    """The :class:`BatchSource` behind a ``.batches()`` dataset ``ds`` (as it is or after
+    ``.to_iter_dataset(...)``, nothing after it), or None for any other input."""
     source_map = _source_map(ds)
     batches = dataset_source(source_map)
     if not isinstance(source_map, grain.MapDataset) or not isinstance(batches, BatchSource):
+        return None
+    return batches
+
+
+def batches_feed(ds: Any) -> BatchSource:
+    """The whole (unsharded) :class:`BatchSource` behind a ``.batches()`` dataset ``ds``, or a
+    ValueError saying what placement='device' takes."""
+    batches = batch_source_of(ds)
+    if batches is None:
         raise ValueError(f"placement='device' takes {_ACCEPTED}; got {type(ds).__name__}")
     mine = (jax.process_index(), jax.process_count())
     if batches.shard not in ((0, 1), mine):  # the host path reads a shard's rows as its own
