@@ -293,6 +293,14 @@ def test_a_last_partial_grain_batch_is_named_with_the_fix():
         pytest.raises(ValueError, match=r"the batches have 6 rows, .* a multiple of 8"),
     ):
         next(it)
+    # a .batches() dataset says its batch size when the iterator is made (JAX's
+    # IndivisibleError, about a partition of axis 0, came first)
+    from grain_rox import NumpySource
+
+    with pytest.raises(ValueError, match=r"^the \.batches\(\) dataset's batch_size=6 cannot be "
+                       r"split evenly over the 8 devices of the mesh's 'data' axis: use a batch "
+                       r"size that is a multiple of 8 \(e\.g\. 8\)"):  # fmt: skip
+        MultiHostDataLoadIterator(NumpySource(np.arange(48)).batches(6))
 
 
 def test_no_traceback_at_interpreter_exit_and_len_of_a_data_loader_is_explained(tmp_path):

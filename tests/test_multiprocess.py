@@ -586,6 +586,28 @@ def test_a_batches_shard_that_is_not_the_processes_rows_is_refused_by_every_proc
     ), message
 
 
+def _whole_batches_mapped(path: str):
+    """(For the test below: built in each process.) The whole batch on every process, then a
+    .map: the rows each process's devices hold cannot be cut from what the map returns."""
+    from grain_rox import NumpySource
+
+    rows = np.load(path)
+    return MultiHostDataLoadIterator(NumpySource(rows).batches(16, seed=1).map(lambda b: b + 1))
+
+
+@pytest.mark.slow
+def test_a_transformed_batches_dataset_of_the_whole_batch_is_refused_by_every_process(tmp_path):
+    """Read whole on every process and mapped, its rows were doubled into the global batch,
+    silently (only a bare .batches() keeps each process's rows); refused, naming the shard."""
+    _refused_in_both_processes(
+        tmp_path, 64, _whole_batches_mapped,
+        says="the .batches() dataset's shard=(0, 1) gives this process rows [0, 16) of each "
+        "global batch of 16 and transformed after it (its rows cannot be cut), but its devices "
+        "hold rows [",
+        fix="Make it with shard=(1, 2)",
+    )  # fmt: skip
+
+
 def _overlapping_mesh():
     """A (data=4, model=2) mesh whose model pairs span the processes: each process's devices
     hold rows of 3 of the 4 data pieces (12 of 16 rows)."""

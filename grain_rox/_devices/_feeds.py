@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding
 
 from grain_rox._devices._iterator_state import check_step
 from grain_rox._devices._placement import data_shards, process_rows, row_shares
-from grain_rox._devices._resident import batch_source_of
+from grain_rox._devices._resident import batch_source_beneath, batch_source_of
 from grain_rox._order._curriculum import ENDLESS, history_problems, legacy_counts_differ
 from grain_rox._pipeline._batch_source import GlobalBatchSource
 from grain_rox._pipeline._pipeline import TokenPipeline
@@ -382,6 +382,9 @@ class GrainFeed:
             if batches is not None:
                 self.keep, self.global_batch = _rows_to_keep(batches, sharding)
             else:
+                beneath = batch_source_beneath(source)  # (after a .map: rows cannot be cut)
+                if beneath is not None:
+                    _rows_to_keep(beneath, sharding, transformed=True)
                 _refuse_overlapping_shares(sharding, self.shards)
         except ValueError as e:
             problem = e
@@ -588,24 +591,40 @@ def _names_its_data(state: Any) -> bool:
     return False
 
 
-def _rows_to_keep(batches: BatchSource, sharding: NamedSharding) -> tuple[slice | None, int]:
+def _rows_to_keep(
+    batches: BatchSource, sharding: NamedSharding, *, transformed: bool = False
+) -> tuple[slice | None, int]:
     """Which rows of each element of a ``.batches()`` dataset this process keeps (None: all),
     and the global batch size. The element holds its shard's rows of each global batch; the
     process needs the rows its devices hold, which the mesh decides, not the process index
-    (a mesh may list process 1's devices first, or put a model axis across the processes)."""
+    (a mesh may list process 1's devices first, or put a model axis across the processes).
+    Of a ``transformed`` one (a ``.map`` after it) no rows can be cut: the shard must be
+    the process's rows exactly."""
     size = batches.batch_size
+    shards, axes = data_shards(sharding)
+    if size % shards:
+        raise ValueError(
+            f"the .batches() dataset's batch_size={size} cannot be split evenly over the "
+            f"{shards} devices of the mesh's {axes} axis: use a batch size that is a multiple "
+            f"of {shards} (e.g. {-(-size // shards) * shards}), or a mesh with fewer devices "
+            "on that axis"
+        )
     index, count = batches.shard
     first, last = index * size // count, (index + 1) * size // count
     lo, hi = process_rows(sharding, size)
-    if first <= lo and hi <= last:
+    if (first, last) == (lo, hi) or (first <= lo and hi <= last and not transformed):
         return (None if (lo, hi) == (first, last) else slice(lo - first, hi - first)), size
-    aligned = size % (hi - lo) == 0 and lo % (hi - lo) == 0
-    fix = f"shard=({lo // (hi - lo)}, {size // (hi - lo)})" if aligned else "shard=(0, 1)"
+    if size % (hi - lo) == 0 and lo % (hi - lo) == 0:
+        fix = f"shard=({lo // (hi - lo)}, {size // (hi - lo)})"
+    else:  # (a share no shard names: read whole, and cut here)
+        fix = "shard=(0, 1) and no transformation after it"
+    after = " and transformed after it (its rows cannot be cut)" if transformed else ""
+    device = "" if transformed else ", or pass placement='device'"
     raise ValueError(
         f"the .batches() dataset's shard={tuple(batches.shard)} gives this process rows "
-        f"[{first}, {last}) of each global batch of {size}, but its devices hold rows [{lo}, "
-        f"{hi}) under this mesh: the batch would be assembled from the wrong rows. Make it "
-        f"with {fix}, or pass placement='device'"
+        f"[{first}, {last}) of each global batch of {size}{after}, but its devices hold rows "
+        f"[{lo}, {hi}) under this mesh: the batch would be assembled from the wrong rows. "
+        f"Make it with {fix}{device}"
     )
 
 

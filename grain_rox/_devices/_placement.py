@@ -41,29 +41,34 @@ def _pieces(sharding: NamedSharding, entry: str | tuple[str, ...] | None) -> int
     return math.prod(sharding.mesh.shape[a] for a in axes)
 
 
+def _device_rows(sharding: NamedSharding, global_batch: int) -> dict[int, list[tuple[int, int]]]:
+    """Each process's devices' rows ``[start, stop)`` of a global batch under ``sharding``
+    (whatever it does along the other dimensions, e.g. splits the sequence), computed alike
+    in every process."""
+    # each later dimension as long as the spec splits it: its pieces hold no row of their own
+    shape = (global_batch, *(_pieces(sharding, entry) for entry in tuple(sharding.spec)[1:]))
+    rows: dict[int, list[tuple[int, int]]] = {}
+    for device, index in sharding.devices_indices_map(shape).items():
+        start, stop, _ = index[0].indices(global_batch)
+        process: int = device.process_index  # type: ignore[attr-defined]
+        rows.setdefault(process, []).append((start, stop))
+    return dict(sorted(rows.items()))
+
+
 def process_rows(sharding: NamedSharding, global_batch: int) -> tuple[int, int]:
     """The contiguous rows ``[lo, hi)`` of a global batch that this process's devices hold
     (whatever ``sharding`` does along the other dimensions, e.g. splits the sequence)."""
-    # each later dimension as long as the spec splits it: its pieces hold no row of their own
-    shape = (global_batch, *(_pieces(sharding, entry) for entry in tuple(sharding.spec)[1:]))
-    index_map = sharding.addressable_devices_indices_map(shape)
-    if not index_map:
-        held = sorted({d.process_index for d in sharding.mesh.devices.flat})
+    spans = _device_rows(sharding, global_batch)
+    if jax.process_index() not in spans:
         raise ValueError(
             f"process {jax.process_index()} holds none of the mesh's devices (the mesh's "
-            f"{sharding.mesh.devices.size} devices are on processes {held}): make the iterator "
-            "only on those processes, or use a mesh over every process's devices"
+            f"{sharding.mesh.devices.size} devices are on processes {sorted(spans)}): make the "
+            "iterator only on those processes, or use a mesh over every process's devices"
         )
-    starts, stops = [], []
-    for index in index_map.values():
-        assert index is not None
-        rows = index[0]
-        start, stop, _ = rows.indices(global_batch)
-        starts.append(start)
-        stops.append(stop)
-    lo, hi = min(starts), max(stops)
+    mine = spans[jax.process_index()]
+    lo, hi = min(a for a, _ in mine), max(b for _, b in mine)
     covered = np.zeros(global_batch, dtype=bool)
-    for a, b in zip(starts, stops, strict=True):
+    for a, b in mine:
         covered[a:b] = True
     if not covered[lo:hi].all():
         raise ValueError(
@@ -83,11 +88,7 @@ def row_shares(sharding: NamedSharding, global_batch: int) -> dict[int, tuple[in
     >>> row_shares(NamedSharding(mesh, PartitionSpec("data")), 8)
     {0: (0, 8)}
     """
-    shape = (global_batch, *(_pieces(sharding, entry) for entry in tuple(sharding.spec)[1:]))
-    shares: dict[int, tuple[int, int]] = {}
-    for device, index in sharding.devices_indices_map(shape).items():
-        start, stop, _ = index[0].indices(global_batch)
-        process: int = device.process_index  # type: ignore[attr-defined]
-        lo, hi = shares.get(process, (start, stop))
-        shares[process] = (min(lo, start), max(hi, stop))
-    return dict(sorted(shares.items()))
+    return {
+        process: (min(a for a, _ in spans), max(b for _, b in spans))
+        for process, spans in _device_rows(sharding, global_batch).items()
+    }

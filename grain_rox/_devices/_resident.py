@@ -79,6 +79,25 @@ def batch_source_of(ds: Any) -> BatchSource | None:
     return batches
 
 
+def batch_source_beneath(ds: Any) -> BatchSource | None:
+    """The :class:`BatchSource` of the one ``.batches()`` dataset a Grain dataset ``ds`` is
+    made from, through any transformations (``.map``, ``mp_prefetch``), or None (none, or
+    several: a mixture)."""
+    found: list[BatchSource] = []
+    nodes, seen = [ds], set()
+    while nodes:
+        node = nodes.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        batches = dataset_source(node)
+        if isinstance(batches, BatchSource):
+            found.append(batches)
+            continue
+        nodes.extend(getattr(node, "parents", ()) or ())
+    return found[0] if len(found) == 1 else None
+
+
 def batches_feed(ds: Any) -> BatchSource:
     """The whole (unsharded) :class:`BatchSource` behind a ``.batches()`` dataset ``ds``, or a
     ValueError saying what placement='device' takes."""
