@@ -588,6 +588,13 @@ def test_a_missing_directory_is_named_as_one(tmp_path):
         )
         with pytest.raises(FileNotFoundError, match=re.escape(expected) + "$"):
             open_rox(inside, roxxel_names=roxxel_names)
+    # roxxel's prefix fallback globs a directory part too: no such directory is needed
+    from grain_rox._format._paths import resolve_shard_paths
+
+    (tmp_path / "part1").mkdir()
+    (tmp_path / "part1" / "name_0000.rox").write_bytes(GOOD)
+    found = resolve_shard_paths([str(tmp_path / "part*" / "name")], roxxel_names=True)
+    assert found == [str(tmp_path / "part1" / "name_0000.rox")]
 
 
 def test_empty_glob(tmp_path):

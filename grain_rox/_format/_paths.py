@@ -76,7 +76,8 @@ def _resolve_entry(s: str, roxxel_names: bool) -> tuple[list[str], str]:
     if s.endswith(("/", os.sep)):  # (a set name, the only other kind, is no directory)
         return [], f"the directory {s!r} (it does not exist)"
     parent = os.path.dirname(s)
-    if parent and not os.path.isdir(parent):
+    # (roxxel's prefix fallback globs the whole path, a directory part too)
+    if parent and not os.path.isdir(parent) and not (roxxel_names and _has_glob(parent)):
         return [], f"{s!r} (its directory {parent!r} does not exist)"
     prefix = s[: -len(".rox")] if s.endswith(".rox") else s
     if not roxxel_names:
