@@ -619,3 +619,9 @@ def test_a_data_loader_over_our_map_datasets_restores_by_their_identity(paths):
         assert " at 0x" not in repr(make())
         with pytest.raises(ValueError, match=r"DataSource in checkpoint does not match"):
             iter(loader(other)).set_state(state)
+    # the batches' form may change, as for the pipeline's other iterators
+    tokens = iter(loader(pipeline(2).with_layout("tokens").map_dataset()))
+    tokens.set_state(state)
+    assert repr(pipeline(2).with_layout("tokens").map_dataset()) == repr(pipeline(2).map_dataset())
+    expected = pipeline(2).map_dataset()[1]["inputs"]
+    assert np.array_equal(pipeline(2).unpack(next(tokens))["inputs"], expected)

@@ -325,8 +325,10 @@ class IdentifiedMapDataset(grain.MapDataset):
         return f"IdentifiedMapDataset({self.what})"
 
     def __repr__(self) -> str:
-        # a grain.DataLoader over this dataset compares its repr on restore: the identity
-        return f"IdentifiedMapDataset({self.what}, identity={facts_digest(self.identity)})"
+        # a grain.DataLoader over this dataset compares its repr on restore: the identity,
+        # less the batches' form, which may change (as in set_state)
+        kept = {k: v for k, v in self.identity.items() if k not in FORM_FIELDS}
+        return f"IdentifiedMapDataset({self.what}, identity={facts_digest(kept)})"
 
 
 def _with_op(identity: dict[str, Any], op: str | None) -> dict[str, Any]:
