@@ -537,9 +537,11 @@ def test_the_worker_check_fails_when_workers_batch_their_own_slices():
         testing.check_mp_prefetch_equal(batched_first)
 
 
-def device_unsharded(r: str) -> Any:
-    """Every process reads the whole batch: the 2-process run is not the 1-process one."""
-    ds = npy_dict(f"{r}/npy").batches(8, seed=2).to_iter_dataset(grain.ReadOptions())
+def every_process_reads_everything(r: str) -> Any:
+    """Every process reads the whole batch of a plain Grain input (whose elements are each
+    process's rows): the 2-process run is not the 1-process one. (A grain_rox .batches()
+    dataset read whole on every process keeps each process's rows: it is no such case.)"""
+    ds = grain.MapDataset.source(npy_dict(f"{r}/npy")).batch(8)
     return MultiHostDataLoadIterator(ds)
 
 
@@ -548,7 +550,9 @@ def test_the_process_check_fails_when_every_process_reads_everything(root):
     with pytest.raises(
         AssertionError, match=r"^element 0 in process 0 of 2\['x'\]: shape \(16, 3\)"
     ):
-        testing.check_processes_equal(functools.partial(device_unsharded, root), read=1)
+        testing.check_processes_equal(
+            functools.partial(every_process_reads_everything, root), read=1
+        )
 
 
 # ---- thread safety from the very first read ---------------------------------------------------
