@@ -15,6 +15,7 @@ import re
 import select
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -344,6 +345,34 @@ def test_a_concurrent_writer_replacing_a_shard_mid_write_is_caught(bucket, monke
         open_rox(spec, storage_options=server.storage_options)
 
 
+def test_a_writer_that_finds_a_shard_name_taken_says_another_writer_did_it(bucket, monkeypatch):
+    """Two writes of one set at once: the one whose create-only upload found another's bytes
+    there raised the store's own text (a URL, or 'At least one of the pre-conditions you
+    specified did not hold') and not that the set is now refused until a write finishes."""
+    url, server = bucket
+    spec = f"{url}/taken/prose.rox"
+    upload(spec, server)
+    from grain_rox._format import _object_upload
+
+    real_upload = _object_upload._upload
+    other = server.filesystem()
+
+    def another_writer_first(store, path, target, md5):
+        if target.endswith("_0001.rox"):  # the other write's shard lands there first
+            other.pipe_file(target, b"other bytes")
+        real_upload(store, path, target, md5)
+
+    monkeypatch.setattr(_object_upload, "_upload", another_writer_first)
+    with pytest.raises(FileExistsError, match=r"prose_0001\.rox: another writer uploaded the "
+                       r"shard first \(the store refused to replace it\): two writes of the set "
+                       r"ran at once, and it is refused until one finishes\. Fix: run one write "
+                       r"of the set at a time, then run it again with if_exists='overwrite'"):  # fmt: skip
+        upload(spec, server, docs=DOCS[::-1], if_exists="overwrite")
+    # refused to read (the other writer's object is no shard; the manifest is pending)
+    with pytest.raises(RoxFormatError, match=r"prose_0001\.rox: the file is only 11 bytes"):
+        open_rox(spec, storage_options=server.storage_options)
+
+
 def test_a_retried_upload_whose_first_attempt_landed_is_taken_as_done(bucket, monkeypatch):
     url, server = bucket
     spec = f"{url}/retry/prose.rox"
@@ -390,6 +419,29 @@ def test_a_missing_bucket_is_named(bucket):
     missing = f"{server.protocol}://no-such-bucket-{id(server)}/prose.rox"
     with pytest.raises(FileNotFoundError, match="does not exist, or these credentials"):
         open_rox(missing, storage_options=server.storage_options)
+    # a write to it is refused before any document is read (it failed at the first upload,
+    # the corpus tokenized; on GCS naming only the upload's URL)
+    read = []
+
+    def docs():
+        for doc in DOCS:
+            read.append(doc)
+            yield doc
+
+    root = missing.rsplit("/", 1)[0]
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(missing)}: the bucket "
+                       rf"{re.escape(root)} does not exist, or these credentials and endpoint "
+                       "cannot see it. Fix: create the bucket"):  # fmt: skip
+        upload(missing, server, docs=docs())
+    assert read == []
+
+
+def test_an_error_of_the_staged_write_names_the_url_not_the_staging_directory(bucket):
+    url, server = bucket
+    spec = f"{url}/staged/prose.rox"
+    with pytest.raises(ValueError, match=rf"nothing to write to {re.escape(spec)}: ") as info:
+        upload(spec, server, docs=[])
+    assert "grain_rox_upload_" not in str(info.value)
 
 
 def test_a_write_killed_mid_upload_is_refused_and_a_rerun_finishes_it(bucket, monkeypatch):
@@ -533,6 +585,42 @@ def test_a_server_that_stays_down_fails_naming_the_url(s3_server, s3_bucket, mon
             corpus.tokens(0, 1000)
     finally:
         server.start()
+
+
+def test_retries_stop_at_the_deadline_and_each_is_logged(monkeypatch, caplog):
+    """An endpoint that takes connections and never answers cost a client minutes an attempt
+    (its own retries and timeouts): six attempts of ours on top came to ~40 minutes without a
+    word. No attempt starts past GRAIN_ROX_OBJECT_DEADLINE, and each retry is logged."""
+    import logging
+
+    from grain_rox._format._object_store import ObjectStore
+
+    monkeypatch.setenv("GRAIN_ROX_OBJECT_ATTEMPTS", "100")
+    monkeypatch.setenv("GRAIN_ROX_OBJECT_RETRY_DELAY", "0.05")
+    monkeypatch.setenv("GRAIN_ROX_OBJECT_DEADLINE", "1")
+    tries = []
+
+    def silent_endpoint():  # each attempt waits for its timeout, then fails
+        tries.append(time.monotonic())
+        time.sleep(0.3)
+        raise TimeoutError("read timeout")
+
+    start = time.monotonic()
+    with (
+        caplog.at_level(logging.WARNING, logger="grain_rox"),
+        pytest.raises(
+            OSError,
+            match=r"^s3://b/x\.rox: reading failed \d+ times in 1 s "
+            r"\(TimeoutError: read timeout\)\. .*GRAIN_ROX_OBJECT_DEADLINE",
+        ),  # fmt: skip
+    ):
+        ObjectStore("s3").call("reading", "s3://b/x.rox", silent_endpoint)
+    assert 2 <= len(tries) <= 4 and time.monotonic() - start < 2
+    retried = [r.getMessage() for r in caplog.records]
+    assert len(retried) == len(tries) - 1
+    assert retried[0].startswith("s3://b/x.rox: reading failed (TimeoutError: read timeout); "
+                                 "retrying in ")  # fmt: skip
+    assert retried[0].endswith("(attempt 2 of 100)")
 
 
 def test_a_batch_costs_two_round_trips_at_most_a_request_per_window_none_when_cached(bucket):

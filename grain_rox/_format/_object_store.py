@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import logging
 import os
 import random
 import re
@@ -31,6 +32,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
+_log = logging.getLogger("grain_rox")
 
 
 class ObjectChangedError(OSError):
@@ -69,10 +71,14 @@ def is_url(path: object) -> bool:
     return path.split("://", 1)[0].lower() not in ("file", "local")
 
 
-def _retry_settings() -> tuple[int, float]:
+def _retry_settings() -> tuple[int, float, float]:
     attempts = int(os.environ.get("GRAIN_ROX_OBJECT_ATTEMPTS", "6"))
     first_delay = float(os.environ.get("GRAIN_ROX_OBJECT_RETRY_DELAY", "0.25"))
-    return max(1, attempts), max(0.0, first_delay)
+    # No attempt starts after this long: a client retries on its own and waits for timeouts
+    # in each attempt (an endpoint that took connections and never answered cost s3fs ~7
+    # minutes an attempt, 6 attempts ~40 minutes, before this bound)
+    deadline = float(os.environ.get("GRAIN_ROX_OBJECT_DEADLINE", "120"))
+    return max(1, attempts), max(0.0, first_delay), max(0.0, deadline)
 
 
 def _precondition_failed(e: BaseException | None) -> bool:
@@ -266,10 +272,13 @@ class ObjectStore:
     def call(self, what: str, url: str, fn: Callable[[], _T]) -> _T:
         """Run one request, retrying transient errors with exponential backoff and jitter.
 
-        ``GRAIN_ROX_OBJECT_ATTEMPTS`` (default 6) bounds the attempts and
-        ``GRAIN_ROX_OBJECT_RETRY_DELAY`` (default 0.25 s) is the first wait, doubled each time.
+        ``GRAIN_ROX_OBJECT_ATTEMPTS`` (default 6) bounds the attempts,
+        ``GRAIN_ROX_OBJECT_RETRY_DELAY`` (default 0.25 s) is the first wait, doubled each time,
+        and no attempt starts ``GRAIN_ROX_OBJECT_DEADLINE`` (default 120) seconds after the
+        first; each retry is logged (a warning).
         """
-        attempts, delay = _retry_settings()
+        attempts, delay, deadline = _retry_settings()
+        start = time.monotonic()
         for attempt in range(1, attempts + 1):
             try:
                 result = fn()
@@ -285,15 +294,23 @@ class ObjectStore:
                     ) from e
                 if _permanent(e):
                     raise _naming(e, url, what) from e
-                if attempt == attempts:
+                wait = delay * (2 ** (attempt - 1)) * (0.5 + random.random())
+                spent = time.monotonic() - start
+                if attempt == attempts or spent + wait >= deadline:
+                    times = "once" if attempt == 1 else f"{attempt} times"
                     raise OSError(
-                        f"{url}: {what} failed {attempts} times ({type(e).__name__}: {e}). "
-                        "Fix: check that the object store is reachable and the credentials "
-                        "and endpoint are right (storage_options, or fsspec's FSSPEC_* "
-                        "environment); raise GRAIN_ROX_OBJECT_ATTEMPTS to wait longer"
+                        f"{url}: {what} failed {times} in {spent:.0f} s ({type(e).__name__}: "
+                        f"{e}). Fix: check that the object store is reachable and the "
+                        "credentials and endpoint are right (storage_options, or fsspec's "
+                        "FSSPEC_* environment); raise GRAIN_ROX_OBJECT_ATTEMPTS or "
+                        "GRAIN_ROX_OBJECT_DEADLINE to wait longer"
                     ) from e
+                _log.warning(
+                    "%s: %s failed (%s: %.200s); retrying in %.1f s (attempt %d of %d)",
+                    url, what, type(e).__name__, e, wait, attempt + 1, attempts,
+                )  # fmt: skip
                 count(retries=1)
-                time.sleep(delay * (2 ** (attempt - 1)) * (0.5 + random.random()))
+                time.sleep(wait)
         raise AssertionError("unreachable")
 
     def info(self, url: str) -> ObjectInfo:
