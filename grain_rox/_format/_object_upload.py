@@ -87,7 +87,17 @@ def check_can_publish(
     """Refuse, before any document is read, a write to a set that exists in the bucket when
     ``if_exists`` does not allow replacing it (the publish checks again at the end)."""
     name = os.path.basename(manifest_path_for(target))
-    _existing_set(store_for(target, storage_options), target, name, if_exists)
+    store = store_for(target, storage_options)
+    existing, has_manifest = _existing_set(store, target, name, if_exists)
+    if not existing and not has_manifest:  # (an empty listing: a new set, or no bucket)
+        bucket = target.split("://", 1)[1].split("/", 1)[0]
+        root = f"{target.split('://', 1)[0]}://{bucket}"
+        if not store.exists(root):
+            raise FileNotFoundError(
+                f"{target}: the bucket {root} does not exist, or these credentials and "
+                "endpoint cannot see it. Fix: create the bucket, or check the URL and the "
+                "storage_options (endpoint, credentials)"
+            )
 
 
 def publish_to_bucket(
@@ -167,11 +177,20 @@ def _upload(store: ObjectStore, path: str, url: str, md5: str) -> None:
     earlier attempt whose answer was lost (a retried request) had already put them: done."""
     try:
         store.call("uploading the shard", url, partial(store.fs.put_file, path, url, mode="create"))
-    except FileExistsError:
+    except FileExistsError as e:
         there = store.info(url)
         if not there.md5 or there.md5 != md5:
-            raise
+            raise _another_writer(url, "uploaded the shard") from e
         _log.info("%s: already uploaded by an earlier attempt of this request", url)
+
+
+def _another_writer(url: str, did: str) -> FileExistsError:
+    """The error of a create-only write that found ``url`` taken by other bytes."""
+    return FileExistsError(
+        f"{url}: another writer {did} first (the store refused to replace it): two writes of "
+        "the set ran at once, and it is refused until one finishes. Fix: run one write of "
+        "the set at a time, then run it again with if_exists='overwrite'"
+    )
 
 
 def _delete(store: ObjectStore, url: str, what: str) -> None:
@@ -188,6 +207,6 @@ def _put_manifest(store: ObjectStore, url: str, manifest: Manifest, *, create: b
             url,
             lambda: store.fs.pipe_file(url, data, mode="create" if create else "overwrite"),
         )
-    except FileExistsError:  # create-only: fine if an earlier attempt wrote these bytes
+    except FileExistsError as e:  # create-only: fine if an earlier attempt wrote these bytes
         if store.read_all(url) != data:
-            raise
+            raise _another_writer(url, "created the set's manifest") from e

@@ -263,7 +263,14 @@ def _write_to_bucket(
         )
     check_can_publish(url, if_exists=if_exists, storage_options=storage_options)
     with tempfile.TemporaryDirectory(prefix="grain_rox_upload_") as staging:
-        local = write_rox(items, os.path.join(staging, os.path.basename(url)), **options)
+        staged = os.path.join(staging, os.path.basename(url))
+        try:
+            local = write_rox(items, staged, **options)
+        except (ValueError, TypeError, OSError) as e:
+            named = _named_by_url(e, staged, url)
+            if named is e:
+                raise
+            raise named from e
         if not local.paths:
             return local
         assert local.manifest_path is not None
@@ -275,6 +282,20 @@ def _write_to_bucket(
             storage_options=storage_options,
         )
     return dataclasses.replace(local, paths=tuple(urls), manifest_path=murl)
+
+
+def _named_by_url(error: Exception, staged: str, url: str) -> Exception:
+    """``error`` of the local write staged at ``staged`` as the user sees it: its message naming
+    ``url`` (the staging directory is hidden and gone), the same type where it can be made
+    from a message alone; else ``error`` itself."""
+    stem, where = staged[: -len(".rox")], url[: -len(".rox")]
+    text = str(error)
+    if stem not in text:
+        return error
+    try:
+        return type(error)(text.replace(stem, where))
+    except Exception:  # (a type made otherwise)
+        return error
 
 
 def _check_output_path(path: str, if_exists: str, max_shard_bytes: int | None) -> None:
