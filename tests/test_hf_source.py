@@ -632,6 +632,29 @@ def test_sources_sharing_a_cache_dir_keep_their_own_data(tmp_path):
     assert [pickle.loads(pickle.dumps(second))[i]["a"].item() for i in range(3)] == [7, 8, 9]
 
 
+def test_datasets_sharing_an_hf_fingerprint_keep_their_own_rows(tmp_path):
+    """Two ds.map(f) with a random f have one HF fingerprint and other rows: the second
+    source was served the first's Arrow copy (and had its repr, so a state of one restored
+    onto the other). The same dataset object still shares one copy."""
+    import random
+
+    datasets = pytest.importorskip("datasets")
+    base = datasets.Dataset.from_dict({"x": list(range(6))})
+    random.seed(0)
+
+    def noisy(row):  # (random's own functions: HF hashes the function, not their state)
+        return {"y": random.randint(0, 10**6)}
+
+    train, val = base.map(noisy), base.map(noisy)
+    assert train._fingerprint == val._fingerprint and train["y"] != val["y"]
+    cache = str(tmp_path / "c")
+    sources = [HFEagerSource(ds, cache_dir=cache) for ds in (train, val, val)]
+    for source, ds in zip(sources, (train, val, val), strict=True):
+        assert source.get_batch(range(6))["y"].tolist() == ds["y"]
+    assert repr(sources[0]) != repr(sources[1]) == repr(sources[2])
+    assert sources[1].files == sources[2].files != sources[0].files  # one copy a dataset
+
+
 def test_editing_a_stream_state_leaves_the_source_identity_alone(parquet_files):
     """A state's identity shared its lists with the source's own: a caller that edited the
     state it got changed what every later iterator checks, refusing genuine states."""

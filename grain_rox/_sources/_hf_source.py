@@ -8,9 +8,10 @@ images and structs go through ``datasets``' numpy formatter. Pickling carries th
 Arrow file paths and the transforms applied to them (HF's own mechanism: ``select``,
 ``shuffle``, renames survive), which every Grain worker maps again: no rows are copied. Data
 that lives (partly) in memory is first written to an Arrow copy (under ``cache_dir``, default
-the system's temporary directory) so that workers can share it. The copy is named by the
-data's HF fingerprint (a hash of in-memory rows), so sources of the same data in one process
-share one copy; it is deleted when the last source using it is garbage-collected (or at
+the system's temporary directory) so that workers can share it. Sources made of the same
+dataset object in one process share one copy (not sources of datasets with the same HF
+fingerprint, which is no digest of the rows: two ``ds.map(f)`` with a random ``f`` share
+one); it is deleted when the last source using it is garbage-collected (or at
 exit) by the process that made it, never by a worker that unpickled one. A process killed
 with SIGKILL leaves its copies behind (``grain_rox_hf_<host>_<pid>_*``).
 
@@ -28,6 +29,7 @@ import socket
 import tempfile
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -168,19 +170,28 @@ def _without_null_rows(dataset: Any, columns: Sequence[str]) -> tuple[Any, int]:
 
 logger = logging.getLogger("grain_rox")
 _COPIES: dict[str, int] = {}  # Arrow copy directory -> sources using it (this process)
+# (id of a dataset, cache directory) -> (the dataset, weakly, and its Arrow copy directory)
+_COPIED: dict[tuple[int, str], tuple[weakref.ref[Any], str]] = {}
 _COPIES_LOCK = threading.RLock()  # a finalizer may run inside a locked block
 
 
 def _arrow_copy(dataset: Any, cache_dir: str | None) -> str:
-    """A ``save_to_disk`` copy of ``dataset``, shared by content within this process."""
+    """A ``save_to_disk`` copy of ``dataset``, shared by the sources of this very dataset
+    object in this process. Not by HF fingerprint: two ``ds.map(f)`` with a random ``f`` have
+    one and other rows, and the second source served the first's copy."""
     base = cache_dir or tempfile.gettempdir()
     os.makedirs(base, exist_ok=True)
-    name = f"grain_rox_hf_{socket.gethostname()}_{os.getpid()}_{dataset._fingerprint}"
-    target = os.path.join(base, name)
+    key = (id(dataset), base)
     with _COPIES_LOCK:
-        if _COPIES.get(target) and os.path.isdir(target):
-            _COPIES[target] += 1
-            return target
+        held, known = _COPIED.get(key, (None, ""))
+        if held is not None and held() is dataset and _COPIES.get(known) and os.path.isdir(known):
+            _COPIES[known] += 1
+            return known
+        name = (
+            f"grain_rox_hf_{socket.gethostname()}_{os.getpid()}_{dataset._fingerprint}_"
+            f"{uuid.uuid4().hex[:12]}"
+        )
+        target = os.path.join(base, name)
         partial = tempfile.mkdtemp(prefix=f".{name}.", dir=base)
         try:
             dataset.save_to_disk(partial)
@@ -190,6 +201,7 @@ def _arrow_copy(dataset: Any, cache_dir: str | None) -> str:
             shutil.rmtree(partial, ignore_errors=True)
             raise
         _COPIES[target] = 1
+        _COPIED[key] = (weakref.ref(dataset), target)
     return target
 
 
@@ -203,6 +215,8 @@ def _release_copy(target: str, owner: int) -> None:
             _COPIES[target] = left
             return
         _COPIES.pop(target, None)
+        for key in [k for k, (_, copy) in _COPIED.items() if copy == target]:
+            del _COPIED[key]
         shutil.rmtree(target, ignore_errors=True)
 
 
