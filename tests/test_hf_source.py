@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 
 import grain
@@ -653,6 +654,15 @@ def test_datasets_sharing_an_hf_fingerprint_keep_their_own_rows(tmp_path):
         assert source.get_batch(range(6))["y"].tolist() == ds["y"]
     assert repr(sources[0]) != repr(sources[1]) == repr(sources[2])
     assert sources[1].files == sources[2].files != sources[0].files  # one copy a dataset
+
+
+@pytest.mark.parametrize("shard", [(2, 2), (3, 2), (-1, 2), (5, 3), (0, 0)])
+def test_a_stream_shard_out_of_range_is_refused(parquet_files, shard):
+    """HF's split_dataset_by_node wraps the index: (2, 2) streamed (0, 2)'s rows, a second
+    host's copy of another's, and (0, 0) every row, silently."""
+    with pytest.raises(ValueError, match=re.escape(f"shard={shard!r} must be (index, count) "
+                                                   "with 0 <= index < count")):  # fmt: skip
+        HFStreamingSource(parquet_files, shard=shard)
 
 
 def test_editing_a_stream_state_leaves_the_source_identity_alone(parquet_files):

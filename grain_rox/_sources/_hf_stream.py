@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grain_rox._format._digest import facts_digest
+from grain_rox._order._permutation import int_arg
 from grain_rox._sources._grain_setup import make_grain_workers_usable
 from grain_rox._sources._hf_stream_windows import StreamDataset
 from grain_rox._text._hf_checks import (
@@ -42,6 +43,24 @@ def file_digest(path: str) -> str:
             f.seek(max(_SAMPLE, size - _SAMPLE))
             h.update(f.read(_SAMPLE))
     return h.hexdigest()[:16]
+
+
+def _shard_arg(shard: Any) -> tuple[int, int]:
+    """``shard`` as ``(index, count)`` with ``0 <= index < count``, or a ValueError (HF's
+    ``split_dataset_by_node`` wraps an index past the count: another host's rows, twice).
+
+    >>> _shard_arg((2, 2))
+    Traceback (most recent call last):
+    ...
+    ValueError: HFStreamingSource: shard=(2, 2) must be (index, count) with 0 <= index < count, e.g. (jax.process_index(), jax.process_count())
+    """
+    index, count = (int_arg(x, "shard", where="HFStreamingSource", minimum=None) for x in shard)
+    if not 0 <= index < count:
+        raise ValueError(
+            f"HFStreamingSource: shard={tuple(shard)!r} must be (index, count) with 0 <= index "
+            "< count, e.g. (jax.process_index(), jax.process_count())"
+        )
+    return index, count
 
 
 class HFStreamingSource:
@@ -126,7 +145,7 @@ class HFStreamingSource:
                 "window of B rows shuffled)"
             )
         self.seed = int(seed)
-        self.shard = (int(shard[0]), int(shard[1]))
+        self.shard = _shard_arg(shard)
         self.include_keys = list(include_keys) if include_keys is not None else None
         self.exclude_keys = list(exclude_keys or ())
         self.nulls = check_nulls_arg(nulls)
