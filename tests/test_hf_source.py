@@ -656,6 +656,19 @@ def test_datasets_sharing_an_hf_fingerprint_keep_their_own_rows(tmp_path):
     assert sources[1].files == sources[2].files != sources[0].files  # one copy a dataset
 
 
+def test_text_ending_in_nul_is_tokenized_whole_by_both_sources(tmp_path):
+    """The eager source read text through numpy, whose strings drop trailing NULs: "ab\x00"
+    was tokenized as "ab" there and whole by the streaming source."""
+    texts = ["ab\x00", "x\x00\x00", "\x00", "cd\x00"]
+    expected = [[*t.encode(), 256] for t in texts]
+    eager = HFEagerSource(data={"t": texts}, tokenize=["t"], tokenizer="bytes")
+    assert [eager[i]["t"].tolist() for i in range(4)] == expected
+    assert eager.get_batch([0, 3])["t"].tolist() == [expected[0], expected[3]]
+    pq.write_table(pa.table({"t": texts}), str(tmp_path / "nul.parquet"))
+    stream = HFStreamingSource(str(tmp_path / "nul.parquet"), tokenize=["t"], tokenizer="bytes")
+    assert [r["t"].tolist() for r in stream.dataset(num_epochs=1)] == expected
+
+
 @pytest.mark.parametrize("shard", [(2, 2), (3, 2), (-1, 2), (5, 3), (0, 0)])
 def test_a_stream_shard_out_of_range_is_refused(parquet_files, shard):
     """HF's split_dataset_by_node wraps the index: (2, 2) streamed (0, 2)'s rows, a second

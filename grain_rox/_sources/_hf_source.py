@@ -439,16 +439,23 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         return columns
 
     def _formatted(self, rows: list[int]) -> dict[str, Any]:
-        """The non-Arrow columns of ``rows`` through datasets' numpy formatter."""
+        """The non-Arrow columns of ``rows`` through datasets' numpy formatter, and text to
+        tokenize as Python strings (numpy's text drops trailing NULs: "ab\x00" was
+        tokenized as "ab", where the streaming source kept the NUL)."""
         if not self._formatted_columns:
             return {}
-        view = self._formatted_view
-        if view is None:  # built once per process: select_columns costs ~0.6 ms a call
-            view = self.dataset
-            if self._arrow_columns:
-                view = view.select_columns(self._formatted_columns)
-            self._formatted_view = view
-        return view[rows]
+        views = self._formatted_view
+        if views is None:  # built once per process: select_columns costs ~0.6 ms a call
+            text = [c for c in self._formatted_columns if c in self.format.tokenize]
+            other = [c for c in self._formatted_columns if c not in self.format.tokenize]
+            views = [self.dataset.select_columns(other)] if other else []
+            if text:
+                views.append(self.dataset.select_columns(text).with_format(None))
+            self._formatted_view = views
+        out: dict[str, Any] = {}
+        for view in views:
+            out.update(view[rows])
+        return out
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self._getitems([record_index(index, self._num_rows, "row")])[0]
