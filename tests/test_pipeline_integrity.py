@@ -816,6 +816,35 @@ def test_small_shards_are_served_not_lost_in_chunk_tails(tmp_path, caplog):
     assert served >= 0.98 * sum(shards)  # was 67%
 
 
+def test_the_lanes_order_says_what_it_leaves_in_tails_and_serves_of_padding(tmp_path, caplog):
+    """order='lanes' (grain_rox 0.1's, kept bit for bit) chose a chunk from the whole source
+    and left most of a corpus of small shards in their tails (6% served), and served block
+    padding as text, without a word: both are logged now (the order is unchanged)."""
+    from grain_rox import write_rox
+
+    paths = []
+    for i, n in enumerate([300] * 100 + [2000]):  # (lanes' chunk for 32,000 tokens: 500)
+        paths.append(str(tmp_path / f"s{i:03d}.rox"))
+        write_rox([np.arange(1, n, dtype=np.uint16)], paths[-1], separator=0, block_size=64)
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        pipe = TokenPipeline(paths, seq_len=16, global_batch_size=4, order="lanes")
+        first = pipe.map_dataset()[0]["inputs"]
+    said = caplog.text
+    chunk = pipe.plan.orders[0].chunk_tokens
+    assert chunk > 300 and f"lie in shard tails shorter than a chunk of {chunk} tokens" in said
+    padding = sum(sh.num_padding_tokens for sh in pipe.plan.corpora[""].shards)
+    assert padding > 0 and (
+        f"order='lanes' serves the {padding} tokens of block padding its writes left as text "
+        "(grain_rox 0.1's order, kept to continue its runs exactly)" in said
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="grain_rox"):
+        blocks = TokenPipeline(paths, seq_len=16, global_batch_size=4)
+        _ = blocks.map_dataset()[0]
+    assert "block padding" not in caplog.text and "shard tails" not in caplog.text
+    assert first.shape == (4, 16)
+
+
 def test_a_source_of_weight_0_too_small_for_a_chunk_is_told_to_be_left_out(make_rox):
     """A source no phase draws from must still hold a chunk; the error's fix ("a smaller
     chunk_tokens") would shrink every source's chunks, so it says to leave the source out."""

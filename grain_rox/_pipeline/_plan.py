@@ -323,7 +323,15 @@ def source_orders(
                 f"chunk join untrained, {100 / chunk:.1f}% of its pairs; pass a chunk_tokens of "
                 f"at least {math.ceil(1 / TAIL_SHARE_ALLOWED)}, or none (chosen from the data)",
             )
-        if not raw and (share := tail_share(shard_tokens, chunk)) > TAIL_SHARE_ALLOWED:
+        padding = sum(sh.num_padding_tokens or 0 for sh in corpus.shards) if raw else 0
+        if padding:
+            log_once(
+                logging.WARNING,
+                f"{source_label(name, corpus)}: order='lanes' serves the {padding} tokens of "
+                "block padding its writes left as text (grain_rox 0.1's order, kept to continue "
+                "its runs exactly); the default order='blocks' leaves them out",
+            )
+        if (share := tail_share(shard_tokens, chunk)) > TAIL_SHARE_ALLOWED:
             log_once(
                 logging.WARNING,
                 f"{source_label(name, corpus)} ({len(corpus.shards)} shard(s)): "
