@@ -8,10 +8,10 @@ images and structs go through ``datasets``' numpy formatter. Pickling carries th
 Arrow file paths and the transforms applied to them (HF's own mechanism: ``select``,
 ``shuffle``, renames survive), which every Grain worker maps again: no rows are copied. Data
 that lives (partly) in memory is first written to an Arrow copy (under ``cache_dir``, default
-the system's temporary directory) so that workers can share it. Sources made of the same
-dataset object in one process share one copy (not sources of datasets with the same HF
-fingerprint, which is no digest of the rows: two ``ds.map(f)`` with a random ``f`` share
-one); it is deleted when the last source using it is garbage-collected (or at
+the system's temporary directory) so that workers can share it. Sources of datasets with
+the same HF fingerprint and the same rows in one process share one copy (the fingerprint
+alone is no digest of the rows: two ``ds.map(f)`` with a random ``f`` share one, and their
+tables are compared); it is deleted when the last source using it is garbage-collected (or at
 exit) by the process that made it, never by a worker that unpickled one. A process killed
 with SIGKILL leaves its copies behind (``grain_rox_hf_<host>_<pid>_*``).
 
@@ -170,23 +170,24 @@ def _without_null_rows(dataset: Any, columns: Sequence[str]) -> tuple[Any, int]:
 
 logger = logging.getLogger("grain_rox")
 _COPIES: dict[str, int] = {}  # Arrow copy directory -> sources using it (this process)
-# (id of a dataset, cache directory) -> (the dataset, weakly, and its Arrow copy directory)
-_COPIED: dict[tuple[int, str], tuple[weakref.ref[Any], str]] = {}
+# (HF fingerprint, cache directory) -> the Arrow copies made of datasets with it (this process)
+_BY_FINGERPRINT: dict[tuple[str, str], list[str]] = {}
 _COPIES_LOCK = threading.RLock()  # a finalizer may run inside a locked block
 
 
 def _arrow_copy(dataset: Any, cache_dir: str | None) -> str:
-    """A ``save_to_disk`` copy of ``dataset``, shared by the sources of this very dataset
-    object in this process. Not by HF fingerprint: two ``ds.map(f)`` with a random ``f`` have
-    one and other rows, and the second source served the first's copy."""
+    """A ``save_to_disk`` copy of ``dataset``, shared within this process by the sources of
+    datasets with its HF fingerprint and its rows. The fingerprint alone is no digest of the
+    rows (two ``ds.map(f)`` with a random ``f`` share one): a second source served the first's
+    copy; a copy is now shared only where its table equals the dataset's."""
     base = cache_dir or tempfile.gettempdir()
     os.makedirs(base, exist_ok=True)
-    key = (id(dataset), base)
+    key = (dataset._fingerprint, base)
     with _COPIES_LOCK:
-        held, known = _COPIED.get(key, (None, ""))
-        if held is not None and held() is dataset and _COPIES.get(known) and os.path.isdir(known):
-            _COPIES[known] += 1
-            return known
+        for known in _BY_FINGERPRINT.get(key, []):
+            if _COPIES.get(known) and os.path.isdir(known) and _same_rows(dataset, known):
+                _COPIES[known] += 1
+                return known
         name = (
             f"grain_rox_hf_{socket.gethostname()}_{os.getpid()}_{dataset._fingerprint}_"
             f"{uuid.uuid4().hex[:12]}"
@@ -195,14 +196,24 @@ def _arrow_copy(dataset: Any, cache_dir: str | None) -> str:
         partial = tempfile.mkdtemp(prefix=f".{name}.", dir=base)
         try:
             dataset.save_to_disk(partial)
-            shutil.rmtree(target, ignore_errors=True)  # a copy whose sources are all gone
             os.rename(partial, target)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
         _COPIES[target] = 1
-        _COPIED[key] = (weakref.ref(dataset), target)
+        _BY_FINGERPRINT.setdefault(key, []).append(target)
     return target
+
+
+def _same_rows(dataset: Any, copy: str) -> bool:
+    """Whether the Arrow copy at ``copy`` holds ``dataset``'s rows (its table, compared value
+    for value; a dataset with an indices mapping is not compared: it gets a copy of its own)."""
+    import datasets
+
+    if dataset._indices is not None:
+        return False
+    saved = datasets.load_from_disk(copy)
+    return saved._indices is None and bool(saved.data.table.equals(dataset.data.table))
 
 
 def _release_copy(target: str, owner: int) -> None:
@@ -215,8 +226,11 @@ def _release_copy(target: str, owner: int) -> None:
             _COPIES[target] = left
             return
         _COPIES.pop(target, None)
-        for key in [k for k, (_, copy) in _COPIED.items() if copy == target]:
-            del _COPIED[key]
+        for key, copies in list(_BY_FINGERPRINT.items()):
+            if target in copies:
+                copies.remove(target)
+                if not copies:
+                    del _BY_FINGERPRINT[key]
         shutil.rmtree(target, ignore_errors=True)
 
 
