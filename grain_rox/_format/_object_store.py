@@ -436,6 +436,18 @@ class ObjectStore:
     def exists(self, url: str) -> bool:
         return bool(self.call("looking up the object", url, lambda: self.fs.exists(url)))
 
+    def missing_bucket(self, url: str) -> str | None:
+        """The bucket of ``url`` (``gs://b``) where the store says it does not exist; None
+        where it does, or cannot be told (a store without buckets, or credentials that may
+        write objects but not look buckets up)."""
+        if self.protocol not in (*_GCS, *_S3):
+            return None
+        root = f"{self.protocol}://{url.split('://', 1)[1].split('/', 1)[0]}"
+        try:
+            return None if self.exists(root) else root
+        except OSError:  # a denial, say
+            return None
+
     def isdir(self, url: str) -> bool:
         return bool(self.call("looking up the prefix", url, lambda: self.fs.isdir(url)))
 

@@ -89,15 +89,13 @@ def check_can_publish(
     name = os.path.basename(manifest_path_for(target))
     store = store_for(target, storage_options)
     existing, has_manifest = _existing_set(store, target, name, if_exists)
-    if not existing and not has_manifest:  # (an empty listing: a new set, or no bucket)
-        bucket = target.split("://", 1)[1].split("/", 1)[0]
-        root = f"{target.split('://', 1)[0]}://{bucket}"
-        if not store.exists(root):
-            raise FileNotFoundError(
-                f"{target}: the bucket {root} does not exist, or these credentials and "
-                "endpoint cannot see it. Fix: create the bucket, or check the URL and the "
-                "storage_options (endpoint, credentials)"
-            )
+    # (an empty listing: a new set, or no bucket)
+    if not existing and not has_manifest and (root := store.missing_bucket(target)):
+        raise FileNotFoundError(
+            f"{target}: the bucket {root} does not exist, or these credentials and endpoint "
+            "cannot see it. Fix: create the bucket, or check the URL and the storage_options "
+            "(endpoint, credentials)"
+        )
 
 
 def publish_to_bucket(

@@ -38,18 +38,11 @@ def resolve_url(
     whether the bucket itself is missing)."""
     store = store_for(entry, storage_options)
     found, searched = _resolve_url(store, entry, roxxel_names)
-    if not found:
-        bucket = entry.split("://", 1)[1].split("/", 1)[0]
-        root = f"{store.protocol}://{bucket}"
-        try:
-            bucket_exists = store.exists(root)
-        except OSError:  # a denial, say: the message above stands alone
-            bucket_exists = True
-        if not bucket_exists:
-            searched += (
-                f"; the bucket {root} does not exist, or these credentials and endpoint "
-                "cannot see it (storage_options, or fsspec's FSSPEC_* environment)"
-            )
+    if not found and (root := store.missing_bucket(entry)):
+        searched += (
+            f"; the bucket {root} does not exist, or these credentials and endpoint "
+            "cannot see it (storage_options, or fsspec's FSSPEC_* environment)"
+        )
     return found, searched
 
 
