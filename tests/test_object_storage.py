@@ -323,22 +323,34 @@ def test_a_set_copied_in_by_another_tool_says_that_only_verify_checks_its_bytes(
         assert main(["verify", spec]) == 1
 
 
-def test_a_concurrent_writer_replacing_a_shard_mid_write_is_caught(bucket, monkeypatch):
-    url, server = bucket
-    spec = f"{url}/race/prose.rox"
-    upload(spec, server)
+def _another_writer_at_shard_1(monkeypatch, server, *, before=None, after=None) -> None:
+    """Uploads of this process's writes, with another writer's ``before(fs, url)`` (or
+    ``after``) acting on shard 1's object around this write's upload of it."""
     from grain_rox._format import _object_upload
 
     real_upload = _object_upload._upload
     other = server.filesystem()
 
-    def then_another_writer_replaces_it(store, path, target, md5):
+    def racing(store, path, target, md5):
+        if target.endswith("_0001.rox") and before:
+            before(other, target)
         real_upload(store, path, target, md5)
-        if target.endswith("_0001.rox"):  # another writer's bytes (a valid shard) land there
-            other.rm_file(target)
-            other.pipe_file(target, other.cat_file(target.replace("_0001", "_0000")))
+        if target.endswith("_0001.rox") and after:
+            after(other, target)
 
-    monkeypatch.setattr(_object_upload, "_upload", then_another_writer_replaces_it)
+    monkeypatch.setattr(_object_upload, "_upload", racing)
+
+
+def test_a_concurrent_writer_replacing_a_shard_mid_write_is_caught(bucket, monkeypatch):
+    url, server = bucket
+    spec = f"{url}/race/prose.rox"
+    upload(spec, server)
+
+    def replaced(fs, target):  # another writer's bytes (a valid shard) land there
+        fs.rm_file(target)
+        fs.pipe_file(target, fs.cat_file(target.replace("_0001", "_0000")))
+
+    _another_writer_at_shard_1(monkeypatch, server, after=replaced)
     with pytest.raises(OSError, match="another writer replaced it during this write"):
         upload(spec, server, docs=DOCS[::-1], if_exists="overwrite")
     with pytest.raises(RoxFormatError, match="has not finished"):
@@ -352,17 +364,10 @@ def test_a_writer_that_finds_a_shard_name_taken_says_another_writer_did_it(bucke
     url, server = bucket
     spec = f"{url}/taken/prose.rox"
     upload(spec, server)
-    from grain_rox._format import _object_upload
-
-    real_upload = _object_upload._upload
-    other = server.filesystem()
-
-    def another_writer_first(store, path, target, md5):
-        if target.endswith("_0001.rox"):  # the other write's shard lands there first
-            other.pipe_file(target, b"other bytes")
-        real_upload(store, path, target, md5)
-
-    monkeypatch.setattr(_object_upload, "_upload", another_writer_first)
+    # the other write's shard lands there first
+    _another_writer_at_shard_1(
+        monkeypatch, server, before=lambda fs, target: fs.pipe_file(target, b"other bytes")
+    )
     with pytest.raises(FileExistsError, match=r"prose_0001\.rox: another writer uploaded the "
                        r"shard first \(the store refused to replace it\): two writes of the set "
                        r"ran at once, and it is refused until one finishes\. Fix: run one write "
