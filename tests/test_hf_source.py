@@ -669,6 +669,34 @@ def test_text_ending_in_nul_is_tokenized_whole_by_both_sources(tmp_path):
     assert [r["t"].tolist() for r in stream.dataset(num_epochs=1)] == expected
 
 
+def test_a_copy_is_compared_with_its_dataset_outside_the_copies_lock(tmp_path, monkeypatch):
+    """Comparing a copy loads it on datasets' threads, where a garbage collection may run
+    another source's finalizer, which takes the copies' lock: compared under the lock, a full
+    test run deadlocked. Another thread takes the lock while the comparison runs."""
+    import threading
+
+    from grain_rox._sources import _hf_source
+
+    data = {"a": [1, 2, 3]}
+    first = HFEagerSource(data=data, cache_dir=str(tmp_path))
+    real = _hf_source._same_rows
+
+    def with_another_thread_taking_the_lock(dataset, copy):
+        def take():
+            with _hf_source._COPIES_LOCK:
+                pass
+
+        other = threading.Thread(target=take, daemon=True)
+        other.start()
+        other.join(timeout=5)
+        assert not other.is_alive(), "the copies' lock was held while comparing"
+        return real(dataset, copy)
+
+    monkeypatch.setattr(_hf_source, "_same_rows", with_another_thread_taking_the_lock)
+    second = HFEagerSource(data=dict(data), cache_dir=str(tmp_path))
+    assert second.files == first.files  # (shared: the same rows)
+
+
 @pytest.mark.parametrize("shard", [(2, 2), (3, 2), (-1, 2), (5, 3), (0, 0)])
 def test_a_stream_shard_out_of_range_is_refused(parquet_files, shard):
     """HF's split_dataset_by_node wraps the index: (2, 2) streamed (0, 2)'s rows, a second

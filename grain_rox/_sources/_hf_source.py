@@ -184,22 +184,28 @@ def _arrow_copy(dataset: Any, cache_dir: str | None) -> str:
     os.makedirs(base, exist_ok=True)
     key = (dataset._fingerprint, base)
     with _COPIES_LOCK:
-        for known in _BY_FINGERPRINT.get(key, []):
-            if _COPIES.get(known) and os.path.isdir(known) and _same_rows(dataset, known):
-                _COPIES[known] += 1
-                return known
-        name = (
-            f"grain_rox_hf_{socket.gethostname()}_{os.getpid()}_{dataset._fingerprint}_"
-            f"{uuid.uuid4().hex[:12]}"
-        )
-        target = os.path.join(base, name)
-        partial = tempfile.mkdtemp(prefix=f".{name}.", dir=base)
-        try:
-            dataset.save_to_disk(partial)
-            os.rename(partial, target)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
+        candidates = [known for known in _BY_FINGERPRINT.get(key, []) if _COPIES.get(known)]
+    # compared outside the lock: loading a copy runs threads, in which a finalizer of another
+    # source (a garbage collection there) waits for the lock: a deadlock
+    for known in candidates:
+        if os.path.isdir(known) and _same_rows(dataset, known):
+            with _COPIES_LOCK:
+                if _COPIES.get(known):  # (not released meanwhile)
+                    _COPIES[known] += 1
+                    return known
+    name = (
+        f"grain_rox_hf_{socket.gethostname()}_{os.getpid()}_{dataset._fingerprint}_"
+        f"{uuid.uuid4().hex[:12]}"
+    )
+    target = os.path.join(base, name)
+    partial = tempfile.mkdtemp(prefix=f".{name}.", dir=base)
+    try:  # (its own name: written outside the lock, for the same reason)
+        dataset.save_to_disk(partial)
+        os.rename(partial, target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    with _COPIES_LOCK:
         _COPIES[target] = 1
         _BY_FINGERPRINT.setdefault(key, []).append(target)
     return target
@@ -212,7 +218,10 @@ def _same_rows(dataset: Any, copy: str) -> bool:
 
     if dataset._indices is not None:
         return False
-    saved = datasets.load_from_disk(copy)
+    try:
+        saved = datasets.load_from_disk(copy)
+    except (OSError, ValueError):  # (released and deleted meanwhile)
+        return False
     return saved._indices is None and bool(saved.data.table.equals(dataset.data.table))
 
 
