@@ -175,7 +175,7 @@ def test_streaming_shards_per_host_are_disjoint_and_complete(parquet_files):
         HFStreamingSource(["/nonexistent.parquet"])
 
 
-def test_text_columns_are_tokenized_or_kept():
+def test_text_columns_are_tokenized_or_kept(tmp_path):
     texts = ["hello world", "a", "tokens for grain"]
     source = HFEagerSource(
         data={"text": texts, "title": ["x", "y", "z"]}, tokenize=["text"], tokenizer="bytes"
@@ -198,6 +198,22 @@ def test_text_columns_are_tokenized_or_kept():
         source.get_batch([0, 1])
     with pytest.raises(ValueError, match="column 'title' holds text, not numbers"):
         HFEagerSource(data={"title": ["x", "y"]}).get_batch([0, 1])
+    # bytes, decimals and times are no text: tokenizing them was the advice
+    import datetime
+    import decimal
+
+    others = pa.table({
+        "raw": pa.array([b"\x01\x02", b"\x03\x04"]),
+        "dec": pa.array([decimal.Decimal("1.5")] * 2, pa.decimal128(4, 1)),
+        "at": pa.array([datetime.time(1)] * 2, pa.time64("us")),
+    })  # fmt: skip
+    pq.write_table(others, str(tmp_path / "others.parquet"))
+    for key, what in (("raw", "bytes"), ("dec", "Decimal values"), ("at", "time values")):
+        source = HFEagerSource(data_files=str(tmp_path / "others.parquet"), include_keys=[key])
+        with pytest.raises(ValueError, match=rf"^column '{key}' holds {what}, not numbers, so it "
+                           rf"cannot be an array; leave it out \(exclude_keys=\['{key}'\]\) or "
+                           r"cast it to numbers first"):  # fmt: skip
+            source.get_batch([0, 1])
     with pytest.raises(ValueError, match=r"tokenize=\['text'\] needs a tokenizer"):
         HFEagerSource(data={"text": texts}, tokenize=["text"])
     with pytest.raises(ValueError, match="tokenize names columns"):

@@ -237,14 +237,14 @@ def stack_column(key: str, values: Any, indices: Sequence[int]) -> Any:
     """Rows of one column as one array (nested dicts: one array per leaf), or a clear error."""
     if isinstance(values, np.ndarray) and values.dtype != object:
         if values.dtype.kind in "US":
-            raise ValueError(_text_problem(key))
+            raise ValueError(_not_numbers(key, values.reshape(-1)[:1]))
         return values
     items = list(values)
     if items and all(isinstance(v, dict) for v in items):
         return {k: stack_column(f"{key}.{k}", [v[k] for v in items], indices) for k in items[0]}
     arrays = [np.asarray(v) for v in items]
-    if any(a.dtype.kind in "USO" for a in arrays):
-        raise ValueError(_text_problem(key))
+    if bad := next((a for a in arrays if a.dtype.kind in "USO"), None):
+        raise ValueError(_not_numbers(key, bad))
     shapes = [a.shape for a in arrays]
     if len(set(shapes)) > 1:
         first = shapes[0]
@@ -256,10 +256,26 @@ def stack_column(key: str, values: Any, indices: Sequence[int]) -> Any:
     return np.stack(arrays)
 
 
-def _text_problem(key: str) -> str:
+def _not_numbers(key: str, values: np.ndarray) -> str:
+    """Why column ``key`` cannot be stacked, from some of its ``values``: text (tokenize it),
+    bytes or other objects (decimals, times, lists of structs: leave it out or cast it).
+
+    >>> _not_numbers("d", np.asarray([b"x"]))[:48]
+    "column 'd' holds bytes, not numbers, so it canno"
+    """
+    sample = values.reshape(-1)[0] if values.size else None
+    if values.dtype.kind == "U" or isinstance(sample, str):
+        return (
+            f"column {key!r} holds text, not numbers, so it cannot be an array; tokenize it "
+            f"(tokenize=[{key!r}], tokenizer='cl100k_base') or leave it out "
+            f"(exclude_keys=[{key!r}])"
+        )
+    what = "bytes" if values.dtype.kind == "S" or isinstance(sample, bytes) else (
+        f"{type(sample).__name__} values"
+    )  # fmt: skip
     return (
-        f"column {key!r} holds text, not numbers, so it cannot be an array; tokenize it "
-        f"(tokenize=[{key!r}], tokenizer='cl100k_base') or leave it out (exclude_keys=[{key!r}])"
+        f"column {key!r} holds {what}, not numbers, so it cannot be an array; leave it out "
+        f"(exclude_keys=[{key!r}]) or cast it to numbers first (e.g. dataset.cast_column)"
     )
 
 
