@@ -488,6 +488,18 @@ def test_stacking_npy_records_of_different_dtypes_names_them_instead_of_casting(
             src.get_batch([0, 1, 2])  # (np.stack made float64: 2**63 - 1 became 2**63)
 
 
+def test_stacking_npy_records_of_one_size_and_other_shapes_names_them(tmp_path):
+    """(2, 3) and (6,) records pass the size check without shape=; numpy's bare 'all input
+    arrays must have the same shape' named no record."""
+    arrays = [np.zeros((2, 3), np.int8), np.zeros(6, np.int8), np.ones((2, 3), np.int8)]
+    path = write_records(tmp_path / "s.array_record", [npy_image(a) for a in arrays])
+    src = ArrayRecordSource(path, encoding="npy")
+    assert src.get_batch([0, 2]).shape == (2, 2, 3)
+    with pytest.raises(ValueError, match=r"^records have different shapes: record 0 has shape "
+                       r"\(2, 3\) but records \[1\] have \(6,\); pass shape= "):  # fmt: skip
+        src.get_batch([0, 1, 2])
+
+
 def test_identity_is_content_and_a_rewritten_file_is_refused(tmp_path):
     import shutil
 

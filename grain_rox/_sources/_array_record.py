@@ -164,6 +164,15 @@ def _stack(arrays: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
             f"records {bad} hold {other}, and stacking would cast them to one; pass dtype= "
             "to require one dtype, or read such records one at a time (source[i])"
         )
+    shapes = [a.shape for a in arrays]
+    if len(set(shapes)) > 1:  # (.npy records of one size and other shapes: numpy's bare error)
+        bad = [int(r) for r, sh in zip(rows, shapes, strict=True) if sh != shapes[0]][:5]
+        unlike = next(sh for sh in shapes if sh != shapes[0])
+        raise ValueError(
+            f"records have different shapes: record {int(rows[0])} has shape {shapes[0]} but "
+            f"records {bad} have {unlike}; pass shape= to require one shape, or read such "
+            "records one at a time (source[i])"
+        )
     return np.stack(arrays)
 
 
