@@ -483,7 +483,8 @@ def test_stacking_npy_records_of_different_dtypes_names_them_instead_of_casting(
         src = ArrayRecordSource(path, encoding="npy", shape=shape)
         assert src.get_batch([0, 2]).tolist() == [[2**63 - 1, 1], [4, 5]]  # int64 as stored
         with pytest.raises(
-            ValueError, match=r"record 0 holds int64 but records \[1\] hold uint64, and stack"
+            ValueError,
+            match=r"record 0 has dtype int64 but records \[1\] have uint64; stacking would cast",
         ):
             src.get_batch([0, 1, 2])  # (np.stack made float64: 2**63 - 1 became 2**63)
 

@@ -154,25 +154,20 @@ class DescribedItems:
 def _stack(arrays: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
     """``arrays`` (records ``rows``) as one array; ``.npy`` records of different dtypes
     (``encoding="npy"`` without ``dtype=``) are an error naming them: ``np.stack`` would
-    cast them to a common one (``int64`` and ``uint64`` to ``float64``, changing values)."""
-    dtypes = [a.dtype for a in arrays]
-    if len(set(dtypes)) > 1:
-        bad = [int(r) for r, d in zip(rows, dtypes, strict=True) if d != dtypes[0]][:5]
-        other = next(d for d in dtypes if d != dtypes[0])
-        raise ValueError(
-            f"records have different dtypes: record {int(rows[0])} holds {dtypes[0]} but "
-            f"records {bad} hold {other}, and stacking would cast them to one; pass dtype= "
-            "to require one dtype, or read such records one at a time (source[i])"
-        )
-    shapes = [a.shape for a in arrays]
-    if len(set(shapes)) > 1:  # (.npy records of one size and other shapes: numpy's bare error)
-        bad = [int(r) for r, sh in zip(rows, shapes, strict=True) if sh != shapes[0]][:5]
-        unlike = next(sh for sh in shapes if sh != shapes[0])
-        raise ValueError(
-            f"records have different shapes: record {int(rows[0])} has shape {shapes[0]} but "
-            f"records {bad} have {unlike}; pass shape= to require one shape, or read such "
-            "records one at a time (source[i])"
-        )
+    cast them to a common one (``int64`` and ``uint64`` to ``float64``, changing values); so
+    are records of one size and other shapes (numpy's error named no record)."""
+    for what, fix, facts in (
+        ("dtype", "stacking would cast them to one: pass dtype=", [a.dtype for a in arrays]),
+        ("shape", "pass shape=", [a.shape for a in arrays]),
+    ):
+        if len(set(facts)) > 1:
+            bad = [int(r) for r, f in zip(rows, facts, strict=True) if f != facts[0]][:5]
+            unlike = next(f for f in facts if f != facts[0])
+            raise ValueError(
+                f"records have different {what}s: record {int(rows[0])} has {what} {facts[0]} "
+                f"but records {bad} have {unlike}; {fix} to require one {what}, or read such "
+                "records one at a time (source[i])"
+            )
     return np.stack(arrays)
 
 
