@@ -28,7 +28,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from grain_rox._devices._iterator_state import check_step
-from grain_rox._devices._placement import data_shards, process_rows, row_shares
+from grain_rox._devices._placement import (
+    data_shards,
+    process_rows,
+    refuse_unsplit_batch,
+    row_shares,
+)
 from grain_rox._devices._resident import batch_source_beneath, batch_source_of
 from grain_rox._order._curriculum import ENDLESS, history_problems, legacy_counts_differ
 from grain_rox._pipeline._batch_source import GlobalBatchSource
@@ -104,23 +109,17 @@ class PipelineFeed:
                 "this, or use Grain workers for inputs with heavy per-batch work",
                 worker_count,
             )
-        shards, axes = data_shards(sharding)
+        shards, _ = data_shards(sharding)
         sizes = sorted({p.batch_size for p in pipeline.schedule.phases})
         bad = [b for b in sizes if b % shards]
         if bad:
-            fix = -(-bad[0] // shards) * shards
             if pipeline.global_batch_size is not None:  # the one-phase shorthand
                 named, what = f"global_batch_size={bad[0]}", "global_batch_size"
             else:  # phases=[...]: the phase whose batch size it is, as the user wrote it
                 phases = pipeline.schedule.phases
                 at = next(i for i, ph in enumerate(phases) if ph.batch_size == bad[0])
                 named, what = f"phase {at}'s batch_size={bad[0]}", "batch_size"
-            raise ValueError(
-                f"{named} cannot be split evenly over the "
-                f"{shards} devices of the mesh's {axes} axis: use a "
-                f"{what} that is a multiple of {shards} (e.g. {fix}), or a "
-                "mesh with fewer devices on that axis"
-            )
+            refuse_unsplit_batch(named, bad[0], sharding, what)
         # each phase batch size -> the rows [lo, hi) this process reads, and back: a mesh may
         # give the processes overlapping rows (12 of 16 each), so the global batch is not a
         # multiple of a process's share
@@ -601,14 +600,9 @@ def _rows_to_keep(
     Of a ``transformed`` one (a ``.map`` after it) no rows can be cut: the shard must be
     the process's rows exactly."""
     size = batches.batch_size
-    shards, axes = data_shards(sharding)
-    if size % shards:
-        raise ValueError(
-            f"the .batches() dataset's batch_size={size} cannot be split evenly over the "
-            f"{shards} devices of the mesh's {axes} axis: use a batch size that is a multiple "
-            f"of {shards} (e.g. {-(-size // shards) * shards}), or a mesh with fewer devices "
-            "on that axis"
-        )
+    refuse_unsplit_batch(
+        f"the .batches() dataset's batch_size={size}", size, sharding, "batch size"
+    )
     index, count = batches.shard
     first, last = index * size // count, (index + 1) * size // count
     lo, hi = process_rows(sharding, size)

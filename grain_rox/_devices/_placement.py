@@ -35,6 +35,24 @@ def data_shards(sharding: NamedSharding) -> tuple[int, str]:
     return _pieces(sharding, first), "/".join(map(repr, axes))
 
 
+def refuse_unsplit_batch(named: str, size: int, sharding: NamedSharding, what: str) -> None:
+    """Refuse a batch of ``size`` rows (``named`` as the user wrote it, e.g.
+    ``batch_size=6``; ``what``: the argument in words) that the data sharding's pieces do
+    not divide, with the nearest size that they do.
+
+    >>> from jax.sharding import PartitionSpec
+    >>> mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    >>> refuse_unsplit_batch("batch_size=6", 6, NamedSharding(mesh, PartitionSpec("data")), "")
+    """
+    shards, axes = data_shards(sharding)
+    if size % shards:
+        raise ValueError(
+            f"{named} cannot be split evenly over the {shards} devices of the mesh's {axes} "
+            f"axis: use a {what} that is a multiple of {shards} (e.g. "
+            f"{-(-size // shards) * shards}), or a mesh with fewer devices on that axis"
+        )
+
+
 def _pieces(sharding: NamedSharding, entry: str | tuple[str, ...] | None) -> int:
     """How many pieces one entry of ``sharding``'s spec cuts its dimension into."""
     axes = () if entry is None else entry if isinstance(entry, tuple) else (entry,)

@@ -36,7 +36,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from grain_rox._devices._iterator_state import check_step
-from grain_rox._devices._placement import data_shards
+from grain_rox._devices._placement import refuse_unsplit_batch
 from grain_rox._devices._resident_data import BLOCK, ResidentRows
 from grain_rox._sources._batch_dataset import InOrderIterDataset, dataset_source
 from grain_rox._sources._batches import BatchSource, batch_identity
@@ -153,14 +153,8 @@ class ResidentFeed:
         self.batches = batches
         self.identity = batch_identity(batches)  # the host path's: a state moves between them
         self.what = f"{type(batches.source).__name__}.batches()"
-        shards, axes = data_shards(sharding)
-        if batches.batch_size % shards:
-            fix = -(-batches.batch_size // shards) * shards
-            raise ValueError(
-                f"batch_size={batches.batch_size} cannot be split evenly over the {shards} "
-                f"devices of the mesh's {axes} axis: use a batch size that is a multiple of "
-                f"{shards} (e.g. {fix}), or a mesh with fewer devices on that axis"
-            )
+        size = batches.batch_size
+        refuse_unsplit_batch(f"batch_size={size}", size, sharding, "batch size")
         self.rows = ResidentRows(
             batches.source, sharding, batch_size=batches.batch_size, budget=budget
         )
