@@ -122,7 +122,10 @@ class Config:
     stall_ways: tuple[str, ...] = ("fed", "one", "put")  # how the fed runs place a batch
     # ("host" also: the default's features on the host, then device_put)
     stall_ms: tuple[float, ...] = STEP_MS  # the step times the stall is measured at
-    stall_dim: int = 1024  # the step's matmul size on an accelerator (128 on a CPU)
+    # the step's matmul size on an accelerator (128 on a CPU): 4096 keeps a ~3 ms step on the
+    # device (8 iterations); 1024 makes it ~180 iterations of ~24 us, each driven by the host,
+    # a step as host-bound as the loader beside it (H200 runs 18-19: +-40% resident alone)
+    stall_dim: int = 4096
     # the step's matmuls as one straight-line program (no while loop, whose every iteration
     # an accelerator's host thread may drive), as a transformer step without a layer scan
     stall_unroll: bool = False
@@ -778,8 +781,8 @@ def main() -> int:
     parser.add_argument("--stall-steps", type=int, default=None, help="timed steps per stall run")
     parser.add_argument(
         "--stall-dim", type=int, default=None,
-        help="the stall step's (dim, dim) matmuls on an accelerator (default 1024; fewer, "
-        "larger ones keep the step on the device rather than on its kernel launches)",
+        help="the stall step's (dim, dim) matmuls on an accelerator (default 4096: a few, "
+        "device-bound; 1024 makes a step of many host-driven ~24 us loop iterations)",
     )  # fmt: skip
     parser.add_argument(
         "--stall-ms", default=None, help="stall step times in ms, comma-separated (default: 3,7)"

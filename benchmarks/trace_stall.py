@@ -131,7 +131,7 @@ def main() -> int:
     parser.add_argument("--out", default="trace_out", help="where the traces are copied")
     parser.add_argument("--steps", type=int, default=60, help="traced steps per loop")
     parser.add_argument("--step-ms", type=float, default=3.0, help="the step's target time")
-    parser.add_argument("--dim", type=int, default=1024, help="the step's matmul size")
+    parser.add_argument("--dim", type=int, default=4096, help="the step's matmul size")
     parser.add_argument("--unroll", action="store_true", help="the step's matmuls unrolled")
     parser.add_argument("--tokens", type=float, default=5e6, help="corpus size in tokens")
     parser.add_argument("--allow-cpu", action="store_true", help="a smoke run on the CPU")
