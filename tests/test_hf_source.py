@@ -685,6 +685,112 @@ def test_text_ending_in_nul_is_tokenized_whole_by_both_sources(tmp_path):
     assert [r["t"].tolist() for r in stream.dataset(num_epochs=1)] == expected
 
 
+def _both_sources(tmp_path, columns, **kwargs):
+    """An eager source over ``columns`` and a stream over the same rows as Parquet."""
+    table = pa.table(columns)
+    pq.write_table(table, str(tmp_path / "rows.parquet"))
+    eager = HFEagerSource(datasets.Dataset(table), **kwargs)
+    return eager, HFStreamingSource(str(tmp_path / "rows.parquet"), **kwargs)
+
+
+def _plain(value):
+    """A served value as Python values (dicts, lists, str, bytes, numbers)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        return [_plain(v) for v in value]
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def _streamed(stream):
+    return list(stream.dataset(num_epochs=1))
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "bad_row", "said"),
+    [
+        (
+            "t", ["ab", "c\x00d", "ef\x00"], 2,
+            "column 't' holds text ending in a NUL character in row 2{at} ('ef\\x00'), which "
+            "numpy's fixed-width text would serve without its trailing NULs ('ef')",
+        ),
+        (
+            "b", [b"\x01\x00\x02", b"\x00", b"x"], 1,
+            "column 'b' holds bytes ending in a NUL byte in row 1{at} (b'\\x00'), which numpy's "
+            "fixed-width bytes would serve without its trailing NULs (b'')",
+        ),
+        (
+            "s", [{"u": "k", "n": 1}, {"u": "k\x00", "n": 2}, {"u": "", "n": 3}], 1,
+            "column 's' (in its field ['u']) holds text ending in a NUL character in row 1{at} "
+            "('k\\x00'), which numpy's fixed-width text would serve without its trailing NULs "
+            "('k')",
+        ),
+    ],
+)  # fmt: skip
+def test_text_and_bytes_ending_in_nul_are_refused_by_both_sources(
+    tmp_path, column, values, bad_row, said
+):
+    """Numpy's fixed-width text and bytes end a value at its trailing NULs: both sources
+    served "ef\x00" as "ef", b"\x00" as b"" and a struct field's "k\x00" as "k", without
+    a word. Such a value is refused where it is served, naming the column, row and fix; the
+    rows before it are served whole, NULs inside a value included."""
+    eager, stream = _both_sources(tmp_path, {column: values})
+    for row in range(bad_row):  # "c\x00d": a NUL inside a value is served
+        assert _plain(eager[row][column]) == values[row]
+    with pytest.raises(ValueError, match=re.escape(said.format(at=""))) as e:
+        eager[bad_row]
+    assert "grain_rox serves a value whole or refuses it" in str(e.value)
+    assert f"exclude_keys=[{column!r}]" in str(e.value)
+    with pytest.raises(ValueError, match=re.escape("HFEagerSource: ")):
+        eager.__getitems__([0, bad_row])
+    at = " of this host's stream, shard=(0, 1), epoch 0"
+    rows = iter(stream.dataset(num_epochs=1))
+    assert [_plain(next(rows)[column]) for _ in range(bad_row)] == values[:bad_row]
+    with pytest.raises(ValueError, match=re.escape(said.format(at=at))) as e:
+        next(rows)
+    assert str(e.value).startswith(str(tmp_path / "rows.parquet"))
+
+
+def test_nul_endings_are_found_through_an_index_mapping_and_64_bit_offsets(tmp_path):
+    """The check reads each served row's last byte from the Arrow maps: through a shuffle's
+    index mapping (both mapped from disk), in chunks of 1,000 rows, with 64-bit offsets."""
+    values = [f"v{i}" + ("\x00" if i == 1500 else "") for i in range(2000)]
+    table = pa.table({"t": pa.array(values, pa.large_string())})
+    datasets.Dataset(table).save_to_disk(str(tmp_path / "saved"), max_shard_size="40KB")
+    saved = datasets.load_from_disk(str(tmp_path / "saved"))
+    order = saved.shuffle(seed=3, indices_cache_file_name=str(tmp_path / "indices.arrow"))
+    assert order._indices is not None and len(order.data.table.to_batches()) > 1
+    bad = order["t"].index(values[1500])
+    source = HFEagerSource(order)
+    assert str(tmp_path / "indices.arrow") in source.files  # mapped, not copied
+    served = [i for i in range(2000) if i != bad][:64]
+    assert [source[i]["t"].tolist() for i in served] == [order["t"][i] for i in served]
+    with pytest.raises(ValueError, match=re.escape(f"in row {bad} ('v1500\\x00')")):
+        source.__getitems__([0, bad, 1])
+
+
+def test_the_nul_fixes_serve_the_values_whole(tmp_path):
+    """The fixes the refusals name work: bytes mapped to a list of byte values are served as
+    numbers, text is tokenized whole; (nested) lists of text and of bytes keep their NULs as
+    objects (the stream served a list of bytes and nested lists of text as fixed-width numpy
+    arrays, without them)."""
+    data = datasets.Dataset.from_dict({"b": [b"x\x00", b"\x00\x00"], "t": ["ab\x00", "c"]})
+    as_numbers = HFEagerSource(data.map(lambda r: {"b": list(r["b"])}), exclude_keys=["t"])
+    assert [as_numbers[i]["b"].tolist() for i in range(2)] == [[120, 0], [0, 0]]
+    tokenized = HFEagerSource(data, exclude_keys=["b"], tokenize=["t"], tokenizer="bytes")
+    assert tokenized[0]["t"].tolist() == [97, 98, 0, 256]
+    lists = {
+        "lt": [["p\x00", "q"], []],
+        "lb": [[b"z\x00"], [b"", b"\x00"]],
+        "llt": [[["a", "b\x00"]], [["c"], ["d\x00"]]],
+    }
+    eager, stream = _both_sources(tmp_path, lists)
+    for got in ([eager[0], eager[1]], _streamed(stream)):
+        for key, values in lists.items():
+            assert [r[key].tolist() for r in got] == values
+            assert all(r[key].dtype == object for r in got)
+
+
 def test_a_copy_is_compared_with_its_dataset_outside_the_copies_lock(tmp_path, monkeypatch):
     """Comparing a copy loads it on datasets' threads, where a garbage collection may run
     another source's finalizer, which takes the copies' lock: compared under the lock, a full

@@ -60,6 +60,7 @@ from grain_rox._text._hf_records import (
     refuse_untyped_lists,
     stack_column,
 )
+from grain_rox._text._lost_nuls import NulEndedRows, lost_nul, lost_nul_fix, lost_nul_problem
 
 
 def _memory_mapped(dataset: Any) -> bool:
@@ -292,6 +293,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         _lock=threading.Lock,
         _columns=lambda: None,  # numpy views of the maps: rebuilt in each process
         _formatted_view=lambda: None,
+        _text_rows=lambda: None,  # (Arrow table, index mapping) of the text checks
         _cleanup=lambda: None,  # only the process that made a copy deletes it
         _watch_at=lambda: 0.0,  # when the data files are checked next (at the first read)
         _watch_next=lambda: -1,  # which file the next check starts at (-1: all, first)
@@ -299,6 +301,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
     _lock: threading.Lock
     _columns: dict[str, ArrowColumn] | None
     _formatted_view: Any
+    _text_rows: Any
     _cleanup: Any
     _watch_at: float
     _watch_next: int
@@ -391,6 +394,8 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             c for c in keep if c not in self.format.tokenize and arrow_numeric(schema.field(c).type)
         ]
         self._formatted_columns = [c for c in keep if c not in self._arrow_columns]
+        # text, bytes, structs...: values numpy may hold shorter than stored (trailing NULs)
+        self._text_columns = [c for c in self._formatted_columns if c not in self.format.tokenize]
 
     def _fingerprint(self) -> str:
         facts = [self._watched.digests[i] for i in range(len(self.files))] + [
@@ -491,7 +496,36 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         for key, column in self._arrow().items():
             for record, value in zip(records, column.rows(rows), strict=True):
                 record[key] = value
+        self._refuse_lost_nuls(rows, records)
         return [{k: r[k] for k in self.columns} for r in records]
+
+    def _refuse_lost_nuls(self, rows: list[int], records: list[dict[str, Any]]) -> None:
+        """Refuse a served text or bytes value that numpy holds without its trailing NULs
+        (``"ab\\x00"`` as ``"ab"``): one vectorised look at the rows' Arrow values, and a walk
+        of the Python values only where one ends in a NUL."""
+        if not self._text_columns:
+            return
+        if self._text_rows is None:  # the columns' maps, read in this process
+            table = self.dataset.data.table
+            self._text_rows = (
+                {c: NulEndedRows(table.column(c)) for c in self._text_columns},
+                _remap(self.dataset),
+            )
+        columns, remap = self._text_rows
+        at = remap[rows] if remap is not None else rows
+        suspects = [c for c in self._text_columns if columns[c].any(at)]
+        if not suspects:
+            return
+        plain = self.dataset.select_columns(suspects).with_format(None)[rows]
+        for j, row in enumerate(rows):
+            for column in suspects:
+                found = lost_nul(plain[column][j], records[j][column])
+                if found is not None:
+                    fields, value = found
+                    raise ValueError(
+                        f"HFEagerSource: {lost_nul_problem(column, fields, f'row {row}', value)}. "
+                        f"{lost_nul_fix(column, fields, value, files=False)}"
+                    )
 
     __getitems__ = _getitems
 

@@ -28,6 +28,7 @@ from grain_rox._text._hf_records import (
     kept_columns,
     refuse_untyped_lists,
 )
+from grain_rox._text._lost_nuls import lost_nul, lost_nul_fix, lost_nul_problem
 
 _SAMPLE = 1 << 20  # bytes hashed at each end of a data file for its identity
 
@@ -217,9 +218,24 @@ class HFStreamingSource:
                 )
         return False
 
-    def record(self, row: dict[str, Any]) -> dict[str, Any]:
-        """A streamed row as the eager source's record (same keys, dtypes and tokens)."""
-        return self.format.row(row)
+    def record(self, row: dict[str, Any], index: int, epoch: int) -> dict[str, Any]:
+        """A streamed row (row ``index`` of this host's stream) as the eager source's record
+        (same keys, dtypes and tokens); a text or bytes value that numpy would hold without
+        its trailing NULs is an error naming the column and row."""
+        record = self.format.row(row)
+        for key, value in record.items():
+            if key in self.format.tokenize:
+                continue
+            found = lost_nul(row[key], value)
+            if found is not None:
+                fields, text = found
+                files = self.files[0] if len(self.files) == 1 else self.files
+                where = f"row {index} of this host's stream, shard={self.shard}, epoch {epoch}"
+                raise ValueError(
+                    f"{files}: {lost_nul_problem(key, fields, where, text)}. "
+                    f"{lost_nul_fix(key, fields, text, files=True)}"
+                )
+        return record
 
     def build(self) -> Any:
         """The HF ``IterableDataset`` (sharded, shuffled, column-filtered)."""

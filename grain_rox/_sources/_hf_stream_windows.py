@@ -168,7 +168,7 @@ class StreamIterator(grain.DatasetIterator):
                 self._pass_others()
                 if self._source.nulls == "error":  # "skip" left such rows out when read
                     self._source.has_null(row, index, self._epoch)  # raises on a None
-                return self._source.record(row)
+                return self._source.record(row, index, self._epoch)
             if self._window is not None:  # an empty window: the epoch is over
                 self._end_epoch()
 

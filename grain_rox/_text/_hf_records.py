@@ -495,8 +495,8 @@ def number_dtypes(arrow_type: Any) -> Any:
     Also the dtype the eager source's values of two other types have, so that a streamed
     value (a Python one) is served the same: ``datetime64[unit]`` for a timestamp (the
     instant in UTC: numpy's datetimes have no time zone) and ``datetime64[D]`` for a date
-    (also in lists), and ``object`` for a list of strings (one level; a single string is
-    numpy text in both)."""
+    (also in lists), and ``object`` for (nested) lists of strings or of bytes (a single string
+    is numpy text in both)."""
     import pyarrow as pa
 
     if isinstance(arrow_type, pa.ExtensionType):  # datasets' ArrayXD: lists in storage
@@ -509,9 +509,13 @@ def number_dtypes(arrow_type: Any) -> Any:
     if pa.types.is_date32(inner):
         return np.dtype("datetime64[D]")
     lists = pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list
-    if any(is_list(arrow_type) for is_list in lists) and (
-        pa.types.is_string(arrow_type.value_type) or pa.types.is_large_string(arrow_type.value_type)
-    ):
+    texts = (
+        pa.types.is_string,
+        pa.types.is_large_string,
+        pa.types.is_binary,
+        pa.types.is_large_binary,
+    )
+    if any(is_list(arrow_type) for is_list in lists) and any(is_text(inner) for is_text in texts):
         return np.dtype(object)
     if pa.types.is_struct(arrow_type) and {f.name for f in arrow_type} != {"bytes", "path"}:
         fields = {f.name: number_dtypes(f.type) for f in arrow_type}
