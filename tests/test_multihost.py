@@ -84,6 +84,39 @@ def test_a_sharding_that_also_splits_the_sequence_axis(pipe):
     np.testing.assert_array_equal(np.asarray(x), rows[0])
 
 
+def test_a_sharding_that_cannot_split_a_batch_array_names_the_array_and_the_fix(pipe):
+    """layout="tokens" sends a sample as one row of seq_len + 2 columns: a sequence axis over
+    4 devices got JAX's bare IndivisibleError about an axis of 34 the user never chose. A
+    Grain input's array the mesh cannot split is named too."""
+    mesh = Mesh(np.asarray(jax.devices()).reshape(2, 4), ("data", "model"))
+    sharding = NamedSharding(mesh, PartitionSpec("data", "model"))
+    tokens = pipe.with_layout("tokens")
+    with (
+        MultiHostDataLoadIterator(tokens, data_sharding=sharding) as it,
+        pytest.raises(ValueError) as e,
+    ):
+        next(it)
+    assert str(e.value) == (
+        f"MultiHostDataLoadIterator: data_sharding {sharding.spec} splits axis 1 "
+        "of the batch's ['tokens'] 4 ways, but that axis has 34 entries (shape (16, 34)); "
+        "layout='tokens' sends each sample as rows that hold its tokens with what the features "
+        "need, not one position of the sequence a column: split batches by rows only "
+        "(PartitionSpec('data')) and the sequence inside your step "
+        "(jax.lax.with_sharding_constraint on pipe.unpack's features), or use "
+        "layout='maxtext', whose features are (batch, seq_len)"
+    )
+    rows = NumpySource(np.zeros((64, 6), np.int32)).batches(8, seed=0)
+    said = re.escape(
+        "splits axis 1 of the batch's (the batch) 4 ways, but that axis has 6 entries "
+        "(shape (8, 6)); give it a sharding whose mesh axes divide it, or pad it"
+    )
+    with (
+        MultiHostDataLoadIterator(rows, data_sharding=sharding) as it,
+        pytest.raises(ValueError, match=said),
+    ):
+        next(it)
+
+
 @pytest.mark.parametrize(
     ("arg", "value", "error", "message"),
     [

@@ -304,12 +304,50 @@ class MultiHostDataLoadIterator:
             where=lambda: f"a batch of {_input_kind(self._feed)}",
             names=lambda: leaf_names(local),
         )
+        try:
+            return self._placed(treedef, arrays)
+        except ValueError as e:  # JAX's IndivisibleError names neither the array nor the fix
+            if "evenly divide" not in str(e):
+                raise
+            raise ValueError(self._unsplit(arrays, leaf_names(local), e)) from None
+
+    def _unsplit(self, arrays: list[np.ndarray], names: list[str], error: Exception) -> str:
+        """What to say of a batch array that ``self.sharding`` cannot split evenly."""
+        spec = self.sharding.spec
+        sizes = dict(self.sharding.mesh.shape)
+        for name, a in zip(names, arrays, strict=True):
+            for axis, (dim, part) in enumerate(zip(a.shape, tuple(spec), strict=False)):
+                parts = part if isinstance(part, tuple) else (part,)
+                ways = int(np.prod([sizes[p] for p in parts if p is not None]))
+                if dim % ways == 0:
+                    continue
+                layout = getattr(getattr(self._feed, "pipeline", None), "layout", None)
+                fix = (
+                    f"layout={layout!r} sends each sample as rows that hold its tokens with "
+                    "what the features need, not one position of the sequence a column: split "
+                    f"batches by rows only (PartitionSpec({next(iter(spec))!r})) and the sequence "
+                    "inside your step (jax.lax.with_sharding_constraint on pipe.unpack's "
+                    "features), or use layout='maxtext', whose features are (batch, seq_len)"
+                    if layout not in (None, "maxtext")
+                    else "give it a sharding whose mesh axes divide it, or pad it to a multiple"
+                )
+                return (
+                    f"MultiHostDataLoadIterator: data_sharding {spec} splits axis {axis} of the "
+                    f"batch's {name} {ways} ways, but that axis has {dim} entries (shape "
+                    f"{a.shape}); {fix}"
+                )
+        return str(error)
+
+    def _placed(self, treedef: Any, arrays: list[np.ndarray]) -> Any:
+        """The host arrays of a batch as global arrays on the devices."""
         if self._place_by_call:
             try:
                 if self._call_fits(treedef, arrays):
                     return self._placing()(jax.tree_util.tree_unflatten(treedef, arrays))
-            except (TypeError, ValueError):  # a batch the call cannot take (a pytree node
-                self._place_by_call = False  # whose metadata is an array): device_put's way
+            except (TypeError, ValueError) as e:  # a batch the call cannot take (a pytree
+                if "evenly divide" in str(e):  # node whose metadata is an array):
+                    raise  # device_put's way; no sharding splits it either way
+                self._place_by_call = False
         if jax.process_count() > 1:
             placed = [
                 jax.make_array_from_process_local_data(
