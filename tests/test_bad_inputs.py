@@ -517,6 +517,15 @@ def test_hf_streaming_nulls_are_exact_errors(tmp_path):
         with pytest.raises(ValueError) as info:
             list(HFStreamingSource(path, **kwargs).dataset(num_epochs=1))
         assert str(info.value) == expected
+    # A refused row stays the next one: a retry (or a state saved after the error) served
+    # the rows after it, without it, and the state counted it as kept.
+    rows = iter(HFStreamingSource(path, include_keys=["t"]).dataset(num_epochs=1))
+    assert str(next(rows)["t"]) == "a"
+    state = rows.get_state()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="in row 1"):
+            next(rows)
+        assert rows.get_state() == state
 
 
 def _hf_files():

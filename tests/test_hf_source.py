@@ -746,9 +746,14 @@ def test_text_and_bytes_ending_in_nul_are_refused_by_both_sources(
     at = " of this host's stream, shard=(0, 1), epoch 0"
     rows = iter(stream.dataset(num_epochs=1))
     assert [_plain(next(rows)[column]) for _ in range(bad_row)] == values[:bad_row]
+    state = rows.get_state()
     with pytest.raises(ValueError, match=re.escape(said.format(at=at))) as e:
         next(rows)
     assert str(e.value).startswith(str(tmp_path / "rows.parquet"))
+    # the refused row stays the next one: a retry, or a state saved now, does not pass it
+    assert rows.get_state() == state
+    with pytest.raises(ValueError, match=re.escape(said.format(at=at))):
+        next(rows)
 
 
 def test_nul_endings_are_found_through_an_index_mapping_and_64_bit_offsets(tmp_path):

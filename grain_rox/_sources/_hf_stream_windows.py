@@ -164,11 +164,14 @@ class StreamIterator(grain.DatasetIterator):
                 self._pass_others()
             if self._window:
                 index, row = self._window[self._order[self._offset]]
-                self._offset += 1
-                self._pass_others()
+                # checked before the position moves on: a refused row stays the next one
+                # (refused again), never passed by a retry or a state taken after the error
                 if self._source.nulls == "error":  # "skip" left such rows out when read
                     self._source.has_null(row, index, self._epoch)  # raises on a None
-                return self._source.record(row, index, self._epoch)
+                record = self._source.record(row, index, self._epoch)
+                self._offset += 1
+                self._pass_others()
+                return record
             if self._window is not None:  # an empty window: the epoch is over
                 self._end_epoch()
 
