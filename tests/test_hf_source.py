@@ -774,6 +774,27 @@ def test_nul_endings_are_found_through_an_index_mapping_and_64_bit_offsets(tmp_p
         source.__getitems__([0, bad, 1])
 
 
+@pytest.mark.parametrize(
+    "column",
+    [
+        pa.array(["a", "b\x00", "c"], pa.string_view()),
+        pa.array([b"a", b"b\x00", b"c"], pa.binary_view()),
+        pa.array(["a", "b\x00", "c"]).dictionary_encode(),
+        pa.array([b"ab", b"b\x00", b"cd"], pa.binary(2)),
+        pa.array([{"f": "a"}, {"f": "b\x00"}, {"f": "c"}], pa.struct([("f", pa.large_string())])),
+    ],
+    ids=["string_view", "binary_view", "dictionary", "fixed_size_binary", "struct"],
+)
+def test_nul_endings_are_found_in_every_text_type_arrow_stores(column):
+    """View columns crashed every read (Arrow has no take for them); dictionary, fixed-width
+    and struct text are read through their own layouts: each refuses row 1 and serves the
+    others."""
+    source = HFEagerSource(datasets.Dataset(pa.table({"c": column})))
+    assert [_plain(source[i]["c"]) for i in (0, 2)] == [column[0].as_py(), column[2].as_py()]
+    with pytest.raises(ValueError, match=r"holds (text|bytes) ending in a NUL .* in row 1 "):
+        source[1]
+
+
 def test_the_nul_fixes_serve_the_values_whole(tmp_path):
     """The fixes the refusals name work: bytes mapped to a list of byte values are served as
     numbers, text is tokenized whole; (nested) lists of text and of bytes keep their NULs as

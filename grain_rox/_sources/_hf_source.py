@@ -60,7 +60,13 @@ from grain_rox._text._hf_records import (
     refuse_untyped_lists,
     stack_column,
 )
-from grain_rox._text._lost_nuls import NulEndedRows, lost_nul, lost_nul_fix, lost_nul_problem
+from grain_rox._text._lost_nuls import (
+    NulEndedRows,
+    lost_nul,
+    lost_nul_fix,
+    lost_nul_problem,
+    may_lose_nuls,
+)
 
 
 def _memory_mapped(dataset: Any) -> bool:
@@ -394,8 +400,15 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             c for c in keep if c not in self.format.tokenize and arrow_numeric(schema.field(c).type)
         ]
         self._formatted_columns = [c for c in keep if c not in self._arrow_columns]
-        # text, bytes, structs...: values numpy may hold shorter than stored (trailing NULs)
-        self._text_columns = [c for c in self._formatted_columns if c not in self.format.tokenize]
+        # text and bytes that numpy serves fixed-width (trailing NULs dropped), not those
+        # under lists (objects) or in a decoded image or sound (served as samples)
+        self._text_columns = [
+            c
+            for c in self._formatted_columns
+            if c not in self.format.tokenize
+            and may_lose_nuls(schema.field(c).type)
+            and not getattr(dataset.features[c], "decode", False)
+        ]
 
     def _fingerprint(self) -> str:
         facts = [self._watched.digests[i] for i in range(len(self.files))] + [

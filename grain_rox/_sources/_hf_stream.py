@@ -28,7 +28,7 @@ from grain_rox._text._hf_records import (
     kept_columns,
     refuse_untyped_lists,
 )
-from grain_rox._text._lost_nuls import lost_nul, lost_nul_fix, lost_nul_problem
+from grain_rox._text._lost_nuls import lost_nul, lost_nul_fix, lost_nul_problem, may_lose_nuls
 
 _SAMPLE = 1 << 20  # bytes hashed at each end of a data file for its identity
 
@@ -151,6 +151,7 @@ class HFStreamingSource:
         self.exclude_keys = list(exclude_keys or ())
         self.nulls = check_nulls_arg(nulls)
         self.dtypes: dict[str, Any] = {}
+        self.nul_checked: list[str] | None = None  # columns numpy may shorten (None: all)
         self.kept = self.columns()
         self.format = RecordFormat(
             columns=self.kept,
@@ -181,6 +182,8 @@ class HFStreamingSource:
                 "list typed (e.g. list<int32>, in the column or its struct field)"
             )
             refuse_untyped_lists(features.arrow_schema, kept, where, typing=typing)
+            schema = features.arrow_schema
+            self.nul_checked = [c for c in kept if may_lose_nuls(schema.field(c).type)]
         return kept
 
     def __repr__(self) -> str:
@@ -223,10 +226,10 @@ class HFStreamingSource:
         (same keys, dtypes and tokens); a text or bytes value that numpy would hold without
         its trailing NULs is an error naming the column and row."""
         record = self.format.row(row)
-        for key, value in record.items():
+        for key in list(record) if self.nul_checked is None else self.nul_checked:
             if key in self.format.tokenize:
                 continue
-            found = lost_nul(row[key], value)
+            found = lost_nul(row[key], record[key])
             if found is not None:
                 fields, text = found
                 files = self.files[0] if len(self.files) == 1 else self.files

@@ -514,6 +514,8 @@ def number_dtypes(arrow_type: Any) -> Any:
         pa.types.is_large_string,
         pa.types.is_binary,
         pa.types.is_large_binary,
+        getattr(pa.types, "is_string_view", lambda _: False),
+        getattr(pa.types, "is_binary_view", lambda _: False),
     )
     if any(is_list(arrow_type) for is_list in lists) and any(is_text(inner) for is_text in texts):
         return np.dtype(object)

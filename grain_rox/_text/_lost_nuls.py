@@ -43,7 +43,9 @@ def _nul_ended(value: Any) -> str | bytes | None:
 
 def lost_nul(original: Any, served: Any) -> tuple[tuple[str, ...], str | bytes] | None:
     """Where ``served`` (a value's numpy form) lost trailing NULs of ``original`` (the value
-    as Python holds it): the struct field path and the whole value, or ``None``."""
+    as Python holds it): the struct field path and the whole value, or ``None``. Elements of
+    an ``object`` array are Python objects or numpy scalars, which keep their NULs; only the
+    arrays among them are looked into."""
     if isinstance(served, dict):
         if not isinstance(original, Mapping):
             return None
@@ -60,67 +62,79 @@ def lost_nul(original: Any, served: Any) -> tuple[tuple[str, ...], str | bytes] 
     listed = isinstance(original, list | tuple) and served.dtype == object and served.ndim == 1
     if listed and len(original) == served.shape[0]:
         for inner_original, inner in zip(original, served, strict=True):
-            found = lost_nul(inner_original, inner)
-            if found is not None:
-                return found
+            if isinstance(inner, np.ndarray):
+                found = lost_nul(inner_original, inner)
+                if found is not None:
+                    return found
     return None
 
 
-def may_hold_nul_ended(values: Any) -> bool:
-    """Whether any text or bytes value inside ``values`` (an Arrow array or chunked array of
-    any type: through lists and struct fields) ends in a NUL: one vectorised look at the
-    values' last bytes, so that the rows are walked in Python only when one may be lost."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
-    for chunk in chunks:
-        kind = chunk.type
-        if isinstance(kind, pa.ExtensionType):
-            chunk = chunk.storage
-            kind = chunk.type
-        if pa.types.is_struct(kind):
-            if any(may_hold_nul_ended(chunk.field(i)) for i in range(kind.num_fields)):
-                return True
-        elif (
-            pa.types.is_list(kind)
-            or pa.types.is_large_list(kind)
-            or pa.types.is_fixed_size_list(kind)
-        ):
-            if may_hold_nul_ended(chunk.flatten()):
-                return True
-        elif (
-            pa.types.is_string(kind)
-            or pa.types.is_large_string(kind)
-            or pa.types.is_binary(kind)
-            or pa.types.is_large_binary(kind)
-            or pa.types.is_fixed_size_binary(kind)
-            or getattr(pa.types, "is_string_view", lambda _: False)(kind)
-            or getattr(pa.types, "is_binary_view", lambda _: False)(kind)
-        ):
-            ends = pc.ends_with(chunk.cast(pa.large_binary()), pattern=b"\x00")
-            if pc.any(ends).as_py():
-                return True
-    return False
-
-
-def _flat_text(kind: Any) -> bool:
+def _is_text(kind: Any) -> bool:
     import pyarrow as pa
 
+    views = (getattr(pa.types, "is_string_view", None), getattr(pa.types, "is_binary_view", None))
     return bool(
         pa.types.is_string(kind)
         or pa.types.is_large_string(kind)
         or pa.types.is_binary(kind)
         or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+        or any(is_view is not None and is_view(kind) for is_view in views)
     )
 
 
+def may_lose_nuls(kind: Any) -> bool:
+    """Whether values of Arrow type ``kind`` hold text or bytes that numpy serves fixed-width
+    (a column's value, a struct field's, a fixed-size list's or ``Array2D``'s elements): not
+    those under a variable-length list, which both sources serve as objects.
+
+    >>> import pyarrow as pa
+    >>> [may_lose_nuls(t) for t in (pa.string(), pa.struct([("u", pa.binary())]),
+    ...  pa.list_(pa.string()), pa.int32())]
+    [True, True, False, False]
+    """
+    import pyarrow as pa
+
+    if isinstance(kind, pa.ExtensionType):
+        kind = kind.storage_type
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_struct(kind):
+        return any(may_lose_nuls(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_fixed_size_list(kind):
+        return may_lose_nuls(kind.value_type)
+    return _is_text(kind)
+
+
+def _leaves(array: Any, per_row: int = 1) -> list[tuple[Any, int]]:
+    """The text and bytes arrays inside one Arrow ``array`` that numpy serves fixed-width
+    (see :func:`may_lose_nuls`), each with its values per row of ``array``: plain string or
+    binary arrays (views, dictionaries and fixed widths decoded into them: a copy)."""
+    import pyarrow as pa
+
+    kind = array.type
+    if isinstance(kind, pa.ExtensionType):
+        array, kind = array.storage, array.storage.type
+    if pa.types.is_dictionary(kind):
+        array = array.dictionary_decode()
+        kind = array.type
+    if pa.types.is_struct(kind):
+        return [leaf for i in range(kind.num_fields) for leaf in _leaves(array.field(i), per_row)]
+    if pa.types.is_fixed_size_list(kind):
+        return _leaves(array.flatten(), per_row * kind.list_size)
+    if not _is_text(kind):
+        return []
+    plain = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
+    if not any(is_plain(kind) for is_plain in plain) and not pa.types.is_large_binary(kind):
+        array = array.cast(pa.large_binary())  # views and fixed widths: into offsets and bytes
+    return [(array, per_row)]
+
+
 class NulEndedRows:
-    """Which rows of one Arrow column may hold a value ending in a NUL, read from its maps:
-    a text or bytes column by each row's end offset and last byte (a few Python reads a row,
-    nothing copied: HF's chunks of 1,000 rows made a numpy pass per chunk cost more than the
-    rows), any other column (structs, lists) by an Arrow ``take`` of the rows and
-    :func:`may_hold_nul_ended`.
+    """Which rows of one Arrow column hold a value that numpy would serve without trailing
+    NULs, read from the column's maps: each served text or bytes value's end offset and last
+    byte (a few Python reads a value, nothing copied; HF's chunks of 1,000 rows made a numpy
+    pass per chunk cost more than the rows).
 
     >>> import pyarrow as pa
     >>> rows = NulEndedRows(pa.chunked_array([["a", "b\\x00"], ["", "c"]]))
@@ -131,35 +145,30 @@ class NulEndedRows:
     def __init__(self, column: Any) -> None:
         import pyarrow as pa
 
-        self.column = column
         self.starts = np.cumsum([0, *(len(c) for c in column.chunks)]).tolist()
-        # per chunk: (its offsets, its bytes, its first offset's index), or None (not flat)
-        self.flat: list[tuple[memoryview, memoryview, int] | None] = []
+        # per chunk, per leaf: (its end offsets, its bytes, its first offset, values a row)
+        self.leaves: list[list[tuple[memoryview, memoryview, int, int]]] = []
         for chunk in column.chunks:
-            if not _flat_text(chunk.type):
-                self.flat.append(None)
-                continue
-            _, offsets, data = chunk.buffers()
-            large = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
-            ends = memoryview(offsets).cast("q" if large else "i")
-            last = memoryview(data).cast("B") if data is not None else memoryview(b"")
-            self.flat.append((ends, last, chunk.offset))
+            readers = []
+            for leaf, per_row in _leaves(chunk):
+                _, offsets, data = leaf.buffers()[:3]
+                large = pa.types.is_large_string(leaf.type) or pa.types.is_large_binary(leaf.type)
+                ends = memoryview(offsets).cast("q" if large else "i")
+                last = memoryview(data).cast("B") if data is not None else memoryview(b"")
+                readers.append((ends, last, leaf.offset, per_row))
+            self.leaves.append(readers)
 
     def any(self, rows: Any) -> bool:
-        """Whether a value of table rows ``rows`` may end in a NUL."""
-        others: dict[int, list[int]] = {}
+        """Whether a value of table rows ``rows`` ends in a NUL where numpy would drop it."""
         for row in np.asarray(rows, dtype=np.int64).tolist():
             c = bisect.bisect_right(self.starts, row) - 1
-            flat = self.flat[c]
-            if flat is None:
-                others.setdefault(c, []).append(row - self.starts[c])
-                continue
-            ends, last, first = flat
-            at = row - self.starts[c] + first
-            stop = ends[at + 1]
-            if stop > ends[at] and last[stop - 1] == 0:
-                return True
-        return any(may_hold_nul_ended(self.column.chunks[c].take(i)) for c, i in others.items())
+            for ends, last, first, per_row in self.leaves[c]:
+                at = (row - self.starts[c]) * per_row + first
+                for i in range(at, at + per_row):
+                    stop = ends[i + 1]
+                    if stop > ends[i] and last[stop - 1] == 0:
+                        return True
+        return False
 
 
 def lost_nul_problem(column: str, fields: tuple[str, ...], where: str, value: str | bytes) -> str:
