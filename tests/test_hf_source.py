@@ -795,6 +795,27 @@ def test_nul_endings_are_found_in_every_text_type_arrow_stores(column):
         source[1]
 
 
+@pytest.mark.parametrize(
+    ("name", "neighbour"),
+    [
+        ("data[1].parquet", "data1.parquet"),
+        ("a*.parquet", "ab.parquet"),
+        ("b?.parquet", "bz.parquet"),
+    ],
+)
+def test_a_file_named_with_glob_characters_is_read_alone(tmp_path, name, neighbour):
+    """datasets reads every data_files entry as a glob: "data[1].parquet" read data1.parquet
+    instead (other rows, no word) and "a*.parquet" every a...parquet beside it, in both
+    sources; the stream's identity digested the file named, not the files read."""
+    wanted, other = str(tmp_path / name), str(tmp_path / neighbour)
+    pq.write_table(pa.table({"x": [111, 112]}), wanted)
+    pq.write_table(pa.table({"x": [999, 998, 997]}), other)
+    eager = HFEagerSource(data_files=wanted)
+    assert [int(eager[i]["x"]) for i in range(len(eager))] == [111, 112]
+    streamed = HFStreamingSource(wanted).dataset(num_epochs=1)
+    assert [int(r["x"]) for r in streamed] == [111, 112]
+
+
 def test_the_nul_fixes_serve_the_values_whole(tmp_path):
     """The fixes the refusals name work: bytes mapped to a list of byte values are served as
     numbers, text is tokenized whole; (nested) lists of text and of bytes keep their NULs as

@@ -26,6 +26,7 @@ from grain_rox._text._hf_records import (
     file_kind,
     hf_datasets,
     kept_columns,
+    literal_files,
     refuse_untyped_lists,
 )
 from grain_rox._text._lost_nuls import lost_nul, lost_nul_fix, lost_nul_problem, may_lose_nuls
@@ -167,7 +168,7 @@ class HFStreamingSource:
         """The kept columns, from the files' schema (an error names unknown keys)."""
         try:
             ds = hf_datasets().load_dataset(
-                self.kind, data_files=self.files[:1], split="train", streaming=True
+                self.kind, data_files=literal_files(self.files[:1]), split="train", streaming=True
             )
             features = ds.features
         except read_errors() as e:
@@ -245,7 +246,9 @@ class HFStreamingSource:
         datasets = hf_datasets()
         from datasets.distributed import split_dataset_by_node
 
-        ds = datasets.load_dataset(self.kind, data_files=self.files, split="train", streaming=True)
+        ds = datasets.load_dataset(
+            self.kind, data_files=literal_files(self.files), split="train", streaming=True
+        )
         columns = list(ds.column_names or [])
         if columns:  # known from the files' schema
             keep = kept_columns(columns, self.include_keys, self.exclude_keys)

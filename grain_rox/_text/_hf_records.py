@@ -10,6 +10,7 @@ packed).
 from __future__ import annotations
 
 import datetime
+import glob
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -69,6 +70,17 @@ def kept_columns(
     return keep
 
 
+def literal_files(files: Sequence[str]) -> list[str]:
+    """``files`` as ``datasets`` patterns that match each file alone: ``datasets`` reads every
+    ``data_files`` entry as a glob, so ``data[1].parquet`` read ``data1.parquet`` and ``a*.jsonl``
+    every ``a...jsonl`` beside it, silently.
+
+    >>> literal_files(["data[1].parquet", "a*.jsonl"])
+    ['data[[]1].parquet', 'a[*].jsonl']
+    """
+    return [glob.escape(str(f)) for f in files]
+
+
 def load_files(files: Sequence[str]) -> Any:
     """One ``datasets.Dataset`` over local Parquet, JSON or Arrow files; an unreadable file
     is an error naming it (see :func:`unreadable`)."""
@@ -78,7 +90,7 @@ def load_files(files: Sequence[str]) -> Any:
         if kind == "arrow":
             parts = [datasets.Dataset.from_file(f) for f in files]
             return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-        dataset = datasets.load_dataset(kind, data_files=list(files), split="train")
+        dataset = datasets.load_dataset(kind, data_files=literal_files(files), split="train")
         if kind == "json":  # HF's JSON reader stores bytes that are not UTF-8 as they are
             dataset.data.table.validate(full=True)
         return dataset
