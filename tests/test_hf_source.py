@@ -816,6 +816,26 @@ def test_a_file_named_with_glob_characters_is_read_alone(tmp_path, name, neighbo
     assert [int(r["x"]) for r in streamed] == [111, 112]
 
 
+def test_nanosecond_times_of_day_are_refused_by_both_sources(tmp_path):
+    """A stream served time64[ns] as Python times, to the microsecond: 1,234,567,891 ns became
+    1.234567 s without a word (the eager source raised Arrow's bare error at the first read).
+    Both refuse the column when made, naming it (and a struct field); microseconds serve."""
+    ns = pa.array([1, 1_234_567_891], pa.time64("ns"))
+    field = pa.StructArray.from_arrays([ns], ["at"])
+    for column, what in ((ns, "column 't' holds"), (field, "column 't' (in its field at) holds")):
+        pq.write_table(pa.table({"t": column}), str(tmp_path / "t.parquet"))
+        said = re.escape(f"{what} times of day in nanoseconds")
+        with pytest.raises(ValueError, match=said):
+            HFEagerSource(datasets.Dataset(pa.table({"t": column})))
+        with pytest.raises(ValueError, match=said):
+            HFStreamingSource(str(tmp_path / "t.parquet"))
+    micro = pa.array([1, 1_234_567], pa.time64("us"))
+    eager, stream = _both_sources(tmp_path, {"t": micro})
+    expected = micro.to_pylist()
+    assert [eager[i]["t"].item() for i in range(2)] == expected
+    assert [r["t"].item() for r in _streamed(stream)] == expected
+
+
 def test_the_nul_fixes_serve_the_values_whole(tmp_path):
     """The fixes the refusals name work: bytes mapped to a list of byte values are served as
     numbers, text is tokenized whole; (nested) lists of text and of bytes keep their NULs as

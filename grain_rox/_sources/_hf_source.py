@@ -57,6 +57,7 @@ from grain_rox._text._hf_records import (
     hf_datasets,
     kept_columns,
     load_files,
+    refuse_nanosecond_times,
     refuse_untyped_lists,
     stack_column,
 )
@@ -360,6 +361,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             ) from None
         schema = dataset.features.arrow_schema  # (rows left out below keep it)
         refuse_untyped_lists(schema, keep, "HFEagerSource")
+        refuse_nanosecond_times(schema, keep, "HFEagerSource")
         self.nulls = check_nulls_arg(nulls)
         self.skipped_rows = 0  # rows left out for a missing value (nulls="skip")
         if self.nulls == "skip":

@@ -27,6 +27,7 @@ from grain_rox._text._hf_records import (
     hf_datasets,
     kept_columns,
     literal_files,
+    refuse_nanosecond_times,
     refuse_untyped_lists,
 )
 from grain_rox._text._lost_nuls import lost_nul, lost_nul_fix, lost_nul_problem, may_lose_nuls
@@ -183,6 +184,7 @@ class HFStreamingSource:
                 "list typed (e.g. list<int32>, in the column or its struct field)"
             )
             refuse_untyped_lists(features.arrow_schema, kept, where, typing=typing)
+            refuse_nanosecond_times(features.arrow_schema, kept, where)
             schema = features.arrow_schema
             self.nul_checked = [c for c in kept if may_lose_nuls(schema.field(c).type)]
         return kept

@@ -482,6 +482,52 @@ def refuse_untyped_lists(
         )
 
 
+def _nanosecond_time(arrow_type: Any) -> tuple[str, ...] | None:
+    """The struct fields down to the first ``time64[ns]`` in ``arrow_type`` (at any list
+    depth; ``()``: the column itself), or None."""
+    import pyarrow as pa
+
+    if isinstance(arrow_type, pa.ExtensionType):
+        arrow_type = arrow_type.storage_type
+    inner = _innermost(arrow_type)
+    if pa.types.is_time64(inner) and inner.unit == "ns":
+        return ()
+    if pa.types.is_struct(inner):
+        for field in inner:
+            found = _nanosecond_time(field.type)
+            if found is not None:
+                return (field.name, *found)
+    return None
+
+
+def refuse_nanosecond_times(schema: Any, columns: Sequence[str], where: str) -> None:
+    """Refuse a kept column holding Arrow ``time64[ns]`` (a time of day in nanoseconds, also
+    in lists and struct fields): a stream's rows arrive as Python ``datetime.time``, which
+    keeps microseconds, so the nanoseconds were dropped without a word (and the eager
+    source's numpy formatter raised Arrow's bare "Value 1 has non-zero nanoseconds").
+
+    >>> import pyarrow as pa
+    >>> refuse_nanosecond_times(pa.schema([("t", pa.time64("ns"))]), ["t"], "HFEagerSource")
+    Traceback (most recent call last):
+    ...
+    ValueError: HFEagerSource: column 't' holds times of day in nanoseconds (time64[ns]), which neither source serves exactly (a stream's rows hold Python times, to the microsecond); cast it to int64 nanoseconds or to time64[us] first (dataset.cast_column / the files' schema), or leave the column out (exclude_keys=['t'])
+    """
+    for field in schema:
+        if field.name not in columns:
+            continue
+        found = _nanosecond_time(field.type)
+        if found is None:
+            continue
+        what = f" (in its field {'.'.join(found)})" if found else ""
+        raise ValueError(
+            f"{where}: column {field.name!r}{what} holds times of day in nanoseconds "
+            "(time64[ns]), which neither source serves exactly (a stream's rows hold Python "
+            "times, to the microsecond); cast it to int64 nanoseconds or to time64[us] first "
+            "(dataset.cast_column / the files' schema), or leave the column out "
+            f"(exclude_keys=[{field.name!r}])"
+        )
+
+
 def _untyped_list(arrow_type: Any) -> tuple[tuple[str, ...], Any] | None:
     """``(struct fields down to it, type)`` of the first ``list<null>`` in ``arrow_type`` (no
     fields: the column itself), or None (a plain null column is every value missing, which
