@@ -836,6 +836,26 @@ def test_nanosecond_times_of_day_are_refused_by_both_sources(tmp_path):
     assert [r["t"].item() for r in _streamed(stream)] == expected
 
 
+def test_durations_are_served_alike_by_both_sources(tmp_path):
+    """The stream served durations as pandas Timedelta / datetime.timedelta objects where the
+    eager source serves timedelta64 in the column's unit: the same values in another type."""
+    columns = {
+        "ns": pa.array([1_234_567_891, -1], pa.duration("ns")),
+        "us": pa.array([5, 0], pa.duration("us")),
+        "listed": pa.array([[1, 2], []], pa.list_(pa.duration("ms"))),
+    }
+    eager, stream = _both_sources(tmp_path, columns)
+    for got in ([eager[0], eager[1]], _streamed(stream)):
+        for key, unit in (("ns", "ns"), ("us", "us"), ("listed", "ms")):
+            assert [r[key].dtype for r in got] == [np.dtype(f"timedelta64[{unit}]")] * 2
+            stored = (
+                columns[key]
+                .cast(pa.list_(pa.int64()) if key == "listed" else pa.int64())
+                .to_pylist()
+            )
+            assert [r[key].astype(np.int64).tolist() for r in got] == stored
+
+
 def test_the_nul_fixes_serve_the_values_whole(tmp_path):
     """The fixes the refusals name work: bytes mapped to a list of byte values are served as
     numbers, text is tokenized whole; (nested) lists of text and of bytes keep their NULs as

@@ -113,7 +113,17 @@ def to_numpy(value: Any, dtypes: Any = None) -> Any:
         return {k: to_numpy(v, inner.get(k)) for k, v in value.items()}
     if isinstance(dtypes, np.dtype) and dtypes.kind == "M":
         value = _utc(value)
+    if isinstance(dtypes, np.dtype) and dtypes.kind == "m":
+        value = _timedeltas(value)
     return np.asarray(value, dtype=dtypes if isinstance(dtypes, np.dtype) else None)
+
+
+def _timedeltas(value: Any) -> Any:
+    """``value`` with every pandas ``Timedelta`` (at any list depth) as numpy's, nanoseconds
+    kept (numpy reads one as a ``datetime.timedelta``, to the microsecond)."""
+    if isinstance(value, list | tuple):
+        return [_timedeltas(v) for v in value]
+    return value.to_timedelta64() if hasattr(value, "to_timedelta64") else value
 
 
 def _utc(value: Any) -> Any:
@@ -566,6 +576,10 @@ def number_dtypes(arrow_type: Any) -> Any:
         return np.dtype(f"datetime64[{inner.unit}]")
     if pa.types.is_date32(inner):
         return np.dtype("datetime64[D]")
+    if pa.types.is_date64(inner):  # milliseconds, as the eager source serves them
+        return np.dtype("datetime64[ms]")
+    if pa.types.is_duration(inner):
+        return np.dtype(f"timedelta64[{inner.unit}]")
     lists = pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list
     texts = (
         pa.types.is_string,
