@@ -13,6 +13,7 @@ import os
 import re
 import sys
 
+import numpy as np
 import pytest
 
 from grain_rox import open_rox
@@ -526,6 +527,26 @@ def test_hf_streaming_nulls_are_exact_errors(tmp_path):
         with pytest.raises(ValueError, match="in row 1"):
             next(rows)
         assert rows.get_state() == state
+
+
+def test_hf_streaming_dates_out_of_pythons_range_name_the_file_and_row(tmp_path):
+    """Year 10000 streamed as a bare OverflowError ("date value out of range") naming no file
+    or row; the eager source serves it as datetime64."""
+    pytest.importorskip("datasets")
+    from grain_rox import HFEagerSource, HFStreamingSource
+
+    path = str(tmp_path / "t.parquet")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    pq.write_table(pa.table({"ts": pa.array([0, 253402300800], pa.timestamp("s"))}), path)
+    assert HFEagerSource(data_files=path)[1]["ts"] == np.datetime64("10000-01-01T00:00:00")
+    rows = iter(HFStreamingSource(path).dataset(num_epochs=1))
+    assert next(rows)["ts"] == np.datetime64("1970-01-01T00:00:00")
+    with pytest.raises(ValueError, match=re.escape(
+        f"{path}: row 1 of this host's stream (shard=(0, 1), epoch 0) holds a date or time "
+        "outside Python's range (years 1-9999; "
+    )):  # fmt: skip
+        next(rows)
 
 
 def _hf_files():
