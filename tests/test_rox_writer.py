@@ -173,17 +173,44 @@ def test_single_file_append_is_copy_on_write(tmp_path):
     before = open(path, "rb").read()
     old = open_rox(path)
     old_view = old[0]  # a live zero-copy view of the old file's map
-    result = write_rox(["second"], path, separator=b"\n", block_size=4, if_exists="append")
+    result = write_rox(["second"], path, separator=b"\n", block_size=8, if_exists="append")
     assert result.paths == (path,)
     assert bytes(old_view) == b"first do"  # the old inode was never written to
     with open_rox(path) as corpus:
         assert bytes(corpus.tokens(0, corpus.num_tokens)) == b"first doc\n\n\n\n\n\n\nsecond\n\n"
-        assert [len(corpus[i]) for i in range(len(corpus))] == [8, 8, 4, 4]
-        assert corpus.uniform_blocks is False
+        assert [len(corpus[i]) for i in range(len(corpus))] == [8, 8, 8]
+        assert corpus.uniform_blocks is True
         assert corpus.num_documents == 2
         corpus.verify()
     assert open(path, "rb").read()[:16] == before[:16]
     old.close()
+
+
+def test_an_append_with_another_block_size_is_refused_and_changes_nothing(tmp_path):
+    """roxxel reads every block of a set as its first block's size: a single file appended
+    with another block size, or a set given shards of another, was written without a word and
+    roxxel then served 43,008 of its 67,584 tokens (grain_rox read them all)."""
+    single, sharded = str(tmp_path / "s.rox"), str(tmp_path / "c.rox")
+    write_rox([np.arange(1, 40, dtype=np.uint16)], single, block_size=16, separator=0)
+    write_rox([np.arange(1, 40, dtype=np.uint16)], sharded, block_size=16, max_shard_bytes=64)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    cases = [
+        (single, {}, single),
+        (sharded, {"max_shard_bytes": 64}, str(tmp_path / "c_0000.rox")),
+        (str(tmp_path / "c_0001.rox"), {}, str(tmp_path / "c_0000.rox")),  # one member
+    ]
+    for path, kwargs, named in cases:
+        with pytest.raises(ValueError) as e:
+            write_rox([np.arange(3, dtype=np.uint16)], path, block_size=8, separator=0 if
+                      path == single else None, if_exists="append" if kwargs or path == single
+                      else "overwrite", **kwargs)  # fmt: skip
+        assert str(e.value) == (
+            f"cannot write block_size=8 into the set of {named}, whose blocks are 16 bytes: "
+            "roxxel reads every block of a set as its first block's size, so a mix is "
+            "misread; pass block_size=16 (grain-rox convert --block-size 16), or write to a "
+            "new path"
+        )
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_sharded_write_follows_roxxel_rotation_and_append_adds_shards(tmp_path):

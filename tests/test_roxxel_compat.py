@@ -829,10 +829,20 @@ def test_both_writers_produce_identical_shard_files(tmp_path: Path, case: SameCa
 def test_grain_rox_append_matches_roxxel_append_bytes(
     tmp_path: Path, first_block: int, second_block: int
 ) -> None:
+    """The same blocks as roxxel's append; one with another block size, which roxxel writes
+    and then misreads (its failure W6), is refused, and roxxel's own file is read whole."""
     first, second = ["hello", "world", "a" * 70], ["abc", "defghij"]
     roxxel_write(tmp_path / "r.rox", first, separator=b"\n", block_size=first_block)
     roxxel_write(tmp_path / "r.rox", second, separator=b"\n", block_size=second_block)
     write_rox(first, tmp_path / "g.rox", separator=b"\n", block_size=first_block)
+    if first_block != second_block:
+        with pytest.raises(ValueError, match=f"pass block_size={first_block} "):
+            write_rox(second, tmp_path / "g.rox", separator=b"\n", block_size=second_block,
+                      if_exists="append")  # fmt: skip
+        with open_rox(str(tmp_path / "r.rox")) as corpus:
+            assert corpus.uniform_blocks is False
+        assert_grain_reads_like_roxxel(str(tmp_path / "r.rox"))
+        return
     write_rox(
         second, tmp_path / "g.rox", separator=b"\n", block_size=second_block, if_exists="append"
     )

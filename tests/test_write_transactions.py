@@ -668,10 +668,9 @@ def test_single_files_named_like_shards_are_members_of_one_set(tmp_path):
     assert _tokens(str(tmp_path / "t.rox")) == [4, 5, 6, 7, 0, 1, 2, 3]
     with pytest.raises(FileExistsError, match=r"t_0001\.rox exists; pass if_exists='append'"):
         write_rox([np.arange(4, dtype=np.uint16)], tmp_path / "t_0001.rox", block_size=8)
-    write_rox(
-        [np.array([9, 9], np.uint16)], tmp_path / "t_0000.rox", block_size=4, if_exists="overwrite"
-    )
-    assert _tokens(str(tmp_path / "t.rox")) == [9, 9, 0, 1, 2, 3]
+    nines = np.array([9, 9, 9, 9], np.uint16)
+    write_rox([nines], tmp_path / "t_0000.rox", block_size=8, if_exists="overwrite")
+    assert _tokens(str(tmp_path / "t.rox")) == [9, 9, 9, 9, 0, 1, 2, 3]
     with pytest.raises(ValueError, match=r"eos/separator None != 0"):
         write_rox([np.array([1], np.uint16)], tmp_path / "t_0002.rox", separator=0, block_size=4)
 
@@ -725,6 +724,25 @@ def test_rerun_of_an_interrupted_append_removes_its_uncommitted_shards(tmp_path,
         "set_0002.rox",
         "set_0003.rox",
     ]
+
+
+def test_an_append_stopped_after_its_renames_is_completed_not_rolled_back(tmp_path, monkeypatch):
+    """Stopped after its shards were in place but before its final manifest, an append's set
+    opens as the new data (readers are served it); the next write rolled it back as
+    uncommitted, so those rows vanished without a word. It completes the append instead."""
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 4)  # set_0000, set_0001
+    before = _tokens(path)
+    _stop_at(monkeypatch, "replace", 4)  # pending manifest, set_0002, set_0003, then stop
+    with pytest.raises(_Stop):
+        _write(path, 2, 4, "append")
+    monkeypatch.undo()
+    appended = np.concatenate([np.append(d, 0) for d in _docs(2, 4)]).tolist()
+    assert _tokens(path) == before + appended  # served as the new data
+    _write(path, 3, 4, "append")
+    more = np.concatenate([np.append(d, 0) for d in _docs(3, 4)]).tolist()
+    assert _tokens(path) == before + appended + more
+    assert json.loads((tmp_path / "set.manifest.json").read_text()).get("pending") is None
 
 
 def test_interrupted_overwrite_of_a_refused_set_stays_refused(tmp_path, monkeypatch):
@@ -820,15 +838,69 @@ def test_append_refuses_a_kept_shard_edited_in_place(tmp_path):
     )
 
 
+def test_a_single_file_append_refuses_damage_its_copy_would_record_as_valid(tmp_path):
+    """A byte flipped with the file's size and mtime kept (bit rot): the append copied the
+    damaged file and recorded a new sha256 over it, so verify failed before the append and
+    passed after it. The copy is checked against the manifest's sha256; nothing is left."""
+    path = tmp_path / "x.rox"
+    write_rox([np.arange(1, 200, dtype=np.uint16)], path, block_size=64, separator=0)
+    stat = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(RoxFormatError) as e:
+        write_rox([np.arange(5, dtype=np.uint16)], path, block_size=64, separator=0,
+                  if_exists="append")  # fmt: skip
+    assert e.value.problem.startswith("damaged shard: sha256 is ")
+    assert e.value.problem.endswith(", so an append would record the damage as valid")
+    assert e.value.fix == (
+        "restore the shard from a copy, or write the set again (if_exists='overwrite'); "
+        "nothing was appended"
+    )
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files  # no temporary left
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_full_disk_names_the_set_and_says_nothing_changed(tmp_path, monkeypatch, sharded):
+    """A full disk gave a bare "[Errno 28] No space left on device" naming no file; a single
+    file's append also left its partial copy (a temporary) on the full disk."""
+    import errno
+
+    from grain_rox._text import _shard_files
+
+    path = str(tmp_path / "set.rox")
+    msb = 100 if sharded else None
+    write_rox(_docs(1, 4), path, block_size=16, separator=0, max_shard_bytes=msb)
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_shard_files.ShardFile, "_write", full)
+    with pytest.raises(OSError) as e:
+        write_rox(_docs(2, 4), path, block_size=16, separator=0, max_shard_bytes=msb,
+                  if_exists="append")  # fmt: skip
+    assert e.value.errno == errno.ENOSPC
+    assert str(e.value) == (
+        f"[Errno 28] No space left on device while writing {path}: nothing was changed (the "
+        "set is as it was, and this write's temporary files are deleted); free space, or "
+        "write smaller shards (max_shard_bytes=), and run the write again"
+    )
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+
+
 def test_member_overwrite_of_an_edited_member_is_allowed(tmp_path):
     write_rox([np.arange(4, dtype=np.uint16)], tmp_path / "t_0000.rox", block_size=8)
     write_rox([np.arange(4, 8, dtype=np.uint16)], tmp_path / "t_0001.rox", block_size=8)
     with open(tmp_path / "t_0001.rox", "r+b") as f:
         f.write(np.uint16(9).tobytes())
-    write_rox(
-        [np.array([5, 5], np.uint16)], tmp_path / "t_0001.rox", block_size=4, if_exists="overwrite"
-    )
-    assert _tokens(str(tmp_path / "t.rox")) == [0, 1, 2, 3, 5, 5]
+    fives = np.array([5, 5, 5, 5], np.uint16)
+    write_rox([fives], tmp_path / "t_0001.rox", block_size=8, if_exists="overwrite")
+    assert _tokens(str(tmp_path / "t.rox")) == [0, 1, 2, 3, 5, 5, 5, 5]
 
 
 HASHER = r"""

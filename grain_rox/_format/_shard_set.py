@@ -191,7 +191,11 @@ def _mix_error(
 def roll_back_interrupted(manifest_path: str) -> list[str]:
     """Under the set's write lock: if a killed write left the previous set intact beside some
     of its own (never committed) shards, delete those and drop the ``pending`` record, so the
-    next write starts from the previous set. Return the deleted paths."""
+    next write starts from the previous set. Return the deleted paths.
+
+    A write killed after every one of its shards was in place (an append, whose old shards
+    stay) is completed instead: readers already serve that set (:func:`current_manifest`),
+    so rolling it back would take away rows they were served."""
     try:
         m = load_manifest(manifest_path)
         if m is None or m.pending is None:
@@ -201,6 +205,9 @@ def roll_back_interrupted(manifest_path: str) -> list[str]:
         c = _classify(directory, disk, m)
     except RoxFormatError:
         return []  # the write itself decides (an overwrite replaces it; an append refuses)
+    if set(disk) == set(m.pending.shards) and all(c.new.values()):
+        write_manifest(manifest_path, m.pending)  # its publish, completed
+        return []
     extra = [n for n in disk if n not in m.shards]
     if not _old_intact(disk, m, c) or not all(c.new[n] for n in extra):
         return []

@@ -28,10 +28,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -201,12 +202,23 @@ def write_rox(
         disk, previous = _prepare_set(path, mpath, max_shard_bytes, if_exists)
         shards = ShardSetWriter(path, layout.dtype, block_size, max_shard_bytes, if_exists, disk)
         _check_append(shards, previous, mpath, layout, if_exists)
+        _check_block_size(shards, disk, mpath, layout, if_exists)
         try:
             with _progress_bar(progress, path) as bar:
                 written = _encode_and_write(item_iter, layout, shards, bar, describe)
             if not shards.files:
                 return _nothing_written(path, layout, shards, if_exists)
             finished = shards.finish()
+        except OSError as e:
+            shards.discard()
+            if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                raise
+            raise OSError(
+                e.errno,
+                f"{e.strerror} while writing {path}: nothing was changed (the set is as it "
+                "was, and this write's temporary files are deleted); free space, or write "
+                "smaller shards (max_shard_bytes=), and run the write again",
+            ) from e
         except BaseException:
             shards.discard()
             raise
@@ -368,12 +380,43 @@ def _check_append(
     if (if_exists == "append" or shards.member) and previous.dtype:  # a grain_rox manifest
         check_append_compatible(previous, mpath, layout)
     if shards.copy_from is not None:
+        record = previous.shards.get(os.path.basename(shards.copy_from))
+        shards.copy_sha256 = None if record is None else record.sha256
         old = read_header(shards.copy_from)
         if old.dtype != layout.dtype:
             raise ValueError(
                 f"cannot append {layout.dtype} tokens to {shards.copy_from}, which holds "
                 f"{old.dtype}; pass dtype={old.dtype}"
             )
+
+
+def _check_block_size(
+    shards: ShardSetWriter,
+    disk: Mapping[str, Any],
+    mpath: str,
+    layout: TokenLayout,
+    if_exists: IfExists,
+) -> None:
+    """An append (or a member written beside the set) uses the set's block size: roxxel reads
+    every block of a shard, and every shard of a set, as its first block's size, so a mix was
+    read short by roxxel (43,008 of 67,584 tokens) while grain_rox read it whole."""
+    if if_exists != "append" and not shards.member:
+        return
+    have = shards.copy_from
+    if have is None:  # a sharded set: its shards' block size (each its first block's)
+        folder = os.path.dirname(mpath)
+        members = sorted(n for n in disk if shard_number(n) >= 0)
+        have = os.path.join(folder, members[0]) if members else None
+    if have is None:
+        return
+    size = read_header(have).first_block_bytes
+    if size and size != layout.block_size:
+        raise ValueError(
+            f"cannot write block_size={layout.block_size} into the set of {have}, whose blocks "
+            f"are {size} bytes: roxxel reads every block of a set as its first block's size, "
+            f"so a mix is misread; pass block_size={size} (grain-rox convert --block-size "
+            f"{size}), or write to a new path"
+        )
 
 
 def _encode_and_write(

@@ -89,10 +89,14 @@ class ShardFile:
         self.hash.update(data)
         self.f.write(data)
 
-    def copy_from(self, path: str) -> None:
-        """Copy an existing shard's raw region and remember its index (append, copy-on-write)."""
+    def copy_from(self, path: str, sha256: str | None = None) -> None:
+        """Copy an existing shard's raw region and remember its index (append, copy-on-write).
+        With ``sha256`` (the manifest's), the whole old file is hashed as it is read and a
+        mismatch refused: the append records a new sha256 over the copy, so damage that left
+        the file's size and mtime alone (bit rot) would pass every later check."""
         header = read_header(path)
         keep = max(header.first_block_bytes, 4096)
+        old = hashlib.sha256()
         with open(path, "rb", buffering=0) as src:
             left = header.raw_size
             while left:
@@ -102,8 +106,20 @@ class ShardFile:
                         path, "the shard ended early while copying", "re-create it"
                     )
                 self._write(chunk)
+                old.update(chunk)
                 self.copied_tail = (self.copied_tail + chunk[-keep:])[-keep:]
                 left -= len(chunk)
+            if sha256 is not None:
+                while chunk := src.read(_COPY_BYTES):  # its index and footer
+                    old.update(chunk)
+                if old.hexdigest() != sha256:
+                    raise RoxFormatError(
+                        path,
+                        f"damaged shard: sha256 is {old.hexdigest()} but the manifest records "
+                        f"{sha256}, so an append would record the damage as valid",
+                        "restore the shard from a copy, or write the set again "
+                        "(if_exists='overwrite'); nothing was appended",
+                    )
         self.raw_size = header.raw_size
         self.copied_from = header
 
@@ -202,6 +218,7 @@ class ShardSetWriter:
                 "if_exists='overwrite' to replace it"
             )
         self.copy_from: str | None = None  # the file a copy-on-write append starts from
+        self.copy_sha256: str | None = None  # its sha256 in the manifest, checked as copied
         self.next_index = 0
         if max_shard_bytes is None:
             self.capacity: int | None = None  # blocks per shard; None: one file
@@ -231,7 +248,11 @@ class ShardSetWriter:
         if self.capacity is None:
             f = ShardFile(self.single_path, self.dtype)
             if self.copy_from is not None:
-                f.copy_from(self.copy_from)
+                try:
+                    f.copy_from(self.copy_from, self.copy_sha256)
+                except BaseException:  # not yet in self.files: discard() would miss it
+                    f.discard()
+                    raise
         else:
             f = ShardFile(f"{self.base}_{self.next_index:04d}.rox", self.dtype)
             self.next_index += 1
