@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -890,6 +891,21 @@ def test_a_full_disk_names_the_set_and_says_nothing_changed(tmp_path, monkeypatc
         "set is as it was, and this write's temporary files are deleted); free space, or "
         "write smaller shards (max_shard_bytes=), and run the write again"
     )
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+
+
+def test_an_append_without_a_manifest_does_not_delete_the_sets(tmp_path):
+    """manifest=False on an append deleted the set's manifest (checksums, EOS, tokenizer and
+    document counts of every old shard), without a word."""
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 4)
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ValueError, match=re.escape(
+        f"manifest=False would delete {tmp_path / 'set.manifest.json'}, the manifest of the "
+        "set this write adds to"
+    )):  # fmt: skip
+        write_rox(_docs(2, 4), path, block_size=16, separator=0, max_shard_bytes=100,
+                  if_exists="append", manifest=False)  # fmt: skip
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
 
 

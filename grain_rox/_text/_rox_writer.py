@@ -138,7 +138,8 @@ def write_rox(
         of text encoded ahead on a thread (on every core for tiktoken and HF tokenizers).
       if_exists: ``"error"`` (default), ``"append"`` (existing bytes are never modified) or
         ``"overwrite"``.
-      manifest: write ``<base>.manifest.json`` with checksums, counts and tokenizer identity.
+      manifest: write ``<base>.manifest.json`` with checksums, counts and tokenizer identity
+        (``False`` for a new set or an overwrite only: an append keeps the set's manifest).
       progress: show a progress bar (tokens written) on a terminal.
       storage_options: fsspec options (endpoint, credentials) when ``path`` is a URL; None
         uses fsspec's configuration and the environment.
@@ -203,6 +204,12 @@ def write_rox(
         shards = ShardSetWriter(path, layout.dtype, block_size, max_shard_bytes, if_exists, disk)
         _check_append(shards, previous, mpath, layout, if_exists)
         _check_block_size(shards, disk, mpath, layout, if_exists)
+        if not manifest and previous.dtype and (if_exists == "append" or shards.member):
+            raise ValueError(
+                f"manifest=False would delete {mpath}, the manifest of the set this write "
+                "adds to (its shards' checksums, EOS id, tokenizer and document counts); "
+                "append with manifest=True (the default), or write a new set without one"
+            )
         try:
             with _progress_bar(progress, path) as bar:
                 written = _encode_and_write(item_iter, layout, shards, bar, describe)
