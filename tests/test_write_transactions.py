@@ -706,6 +706,36 @@ def test_a_second_writer_of_the_same_set_is_refused_while_the_first_runs(tmp_pat
     ]
 
 
+def test_a_set_between_two_writes_while_its_writer_runs_is_named_a_live_write(
+    tmp_path, monkeypatch
+):
+    """A reader that opened a set while a healthy writer published it was told the write was
+    interrupted, with fixes (run it again, delete shards) that would undo it. While a writer
+    holds the set's lock the reader looks again, and then names a write in progress."""
+    from grain_rox._format import _shard_set
+    from grain_rox._format._atomic import set_write_lock
+
+    path = str(tmp_path / "set.rox")
+    _write(path, 1, 4)
+    _stop_at(monkeypatch, "replace", 3)  # the state of a write between two renames
+    with pytest.raises(_Stop):
+        _write(path, 2, 4, "append")
+    monkeypatch.undo()
+    monkeypatch.setattr(_shard_set, "_LIVE_WRITE_LOOKS", 2)
+    mpath = str(tmp_path / "set.manifest.json")
+    with set_write_lock(mpath, path), pytest.raises(RoxFormatError) as e:
+        open_rox(path)
+    assert e.value.problem.startswith(
+        "a write to this shard set is publishing its shards now (its writer holds the set's "
+        "lock), so the files are between two sets (an append to this shard set (write "
+    )
+    assert e.value.fix == (
+        "open the set again when the write has ended; do not delete or rewrite files meanwhile"
+    )
+    with pytest.raises(RoxFormatError, match="the next write to this set removes the 1"):
+        open_rox(path)  # no writer: the interrupted write, as before
+
+
 def test_rerun_of_an_interrupted_append_removes_its_uncommitted_shards(tmp_path, monkeypatch):
     path = str(tmp_path / "set.rox")
     _write(path, 1, 4)  # set_0000, set_0001

@@ -30,9 +30,10 @@ import dataclasses
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 
-from grain_rox._format._atomic import fsync_dir
+from grain_rox._format._atomic import fsync_dir, set_writer_active
 from grain_rox._format._hash_cache import cached_sha256
 from grain_rox._format._leftovers import matching_temps
 from grain_rox._format._manifest import (
@@ -225,12 +226,42 @@ def roll_back_interrupted(manifest_path: str) -> list[str]:
     return removed
 
 
+# A reader that finds the files between two writes' sets while a writer holds the set's
+# lock looks again this often, this many times (a write publishes in a few renames).
+_LIVE_WRITE_LOOKS = 40
+_LIVE_WRITE_WAIT_S = 0.05
+
+
 def current_manifest(manifest_path: str) -> Manifest | None:
     """Return the manifest that describes the set on disk, or None if there is none.
 
     Raises :class:`RoxFormatError` when the files are not exactly one write's set: a mix of
     an interrupted write and the data it replaces, extra or missing shards, a changed size.
+    Files found so while a write holds the set's lock are a write still publishing, not an
+    interrupted one: they are looked at again until it ends (about 2 s at most), then named
+    as a write in progress, never with an interrupted write's fix (which would undo it).
     """
+    for _ in range(_LIVE_WRITE_LOOKS):
+        try:
+            return _current_manifest(manifest_path)
+        except RoxFormatError:
+            if not set_writer_active(manifest_path):
+                raise
+        time.sleep(_LIVE_WRITE_WAIT_S)
+    try:
+        return _current_manifest(manifest_path)
+    except RoxFormatError as e:
+        if not set_writer_active(manifest_path):
+            raise
+        raise RoxFormatError(
+            manifest_path,
+            "a write to this shard set is publishing its shards now (its writer holds the "
+            f"set's lock), so the files are between two sets ({e.problem})",
+            "open the set again when the write has ended; do not delete or rewrite files meanwhile",
+        ) from None
+
+
+def _current_manifest(manifest_path: str) -> Manifest | None:
     m = load_manifest(manifest_path)
     if m is None:
         return None
@@ -350,7 +381,7 @@ def previous_set(
     directory = os.path.dirname(mpath)
     refused = None
     try:
-        current = current_manifest(mpath)
+        current = _current_manifest(mpath)  # (the caller's own lock: no live write to wait for)
     except RoxFormatError as e:
         if strict:
             raise
