@@ -760,6 +760,21 @@ def test_shard_replaced_at_the_same_size_after_open_is_refused_in_copies_too(tmp
     with pytest.raises(RoxFormatError, match=r"s_0002\.rox: the shard was modified or replaced"):
         fresh.tokens(0, fresh.num_tokens)
     assert open_rox(path).tokens(0, 8).tolist() == [2] * 8
+    # Rewritten with fewer shards: the one deleted is named, where a bare FileNotFoundError
+    # named no fix.
+    fewer = open_rox(path)
+    write_rox(
+        docs(3)[:2], path, max_shard_bytes=100, block_size=16, dtype=np.uint16,
+        if_exists="overwrite",
+    )  # fmt: skip
+    assert not os.path.exists(tmp_path / "s_0002.rox")
+    with pytest.raises(RoxFormatError) as e:
+        fewer.shard_tokens(2)
+    assert str(e.value) == (
+        f"{tmp_path / 's_0002.rox'}: the shard was deleted after the corpus was opened (its set "
+        "was rewritten with fewer shards, or removed). Fix: reopen the corpus (open_rox) / make "
+        "a new pipeline; a checkpoint made on the data as opened cannot continue without it."
+    )
 
 
 def test_a_mapped_shard_rewritten_in_place_is_refused_as_it_is_read(tmp_path, monkeypatch):

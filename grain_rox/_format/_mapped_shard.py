@@ -49,7 +49,17 @@ class MappedShard:
             self.tokens = np.empty((0,), header.dtype)
             self.ends = read_index(header)
             return
-        with open(header.path, "rb") as f:
+        try:
+            f = open(header.path, "rb")
+        except FileNotFoundError:
+            raise RoxFormatError(
+                header.path,
+                "the shard was deleted after the corpus was opened (its set was rewritten with "
+                "fewer shards, or removed)",
+                "reopen the corpus (open_rox) / make a new pipeline; a checkpoint made on the "
+                "data as opened cannot continue without it",
+            ) from None
+        with f:
             now = file_identity(os.fstat(f.fileno()))
             if now != identity:
                 raise RoxFormatError(
