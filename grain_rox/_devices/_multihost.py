@@ -100,6 +100,12 @@ _CALL_SETTINGS = (
 )
 
 
+def _indivisible(error: Exception) -> bool:
+    """Whether ``error`` is JAX's refusal of a sharding that cannot split an array evenly
+    (``IndivisibleError``, a ValueError; its name is private, its message says so)."""
+    return type(error).__name__ == "IndivisibleError" or "evenly divide" in str(error)
+
+
 @functools.lru_cache(maxsize=64)
 def _takes(dtype: np.dtype) -> bool:
     """Whether the placing call takes arrays of ``dtype`` as they are: booleans, integers,
@@ -307,7 +313,7 @@ class MultiHostDataLoadIterator:
         try:
             return self._placed(treedef, arrays)
         except ValueError as e:  # JAX's IndivisibleError names neither the array nor the fix
-            if "evenly divide" not in str(e):
+            if not _indivisible(e):
                 raise
             raise ValueError(self._unsplit(arrays, leaf_names(local), e)) from None
 
@@ -345,8 +351,8 @@ class MultiHostDataLoadIterator:
                 if self._call_fits(treedef, arrays):
                     return self._placing()(jax.tree_util.tree_unflatten(treedef, arrays))
             except (TypeError, ValueError) as e:  # a batch the call cannot take (a pytree
-                if "evenly divide" in str(e):  # node whose metadata is an array):
-                    raise  # device_put's way; no sharding splits it either way
+                if _indivisible(e):  # node whose metadata is an array): device_put's way;
+                    raise  # (but no way splits an array the sharding cannot)
                 self._place_by_call = False
         if jax.process_count() > 1:
             placed = [

@@ -300,7 +300,7 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         _lock=threading.Lock,
         _columns=lambda: None,  # numpy views of the maps: rebuilt in each process
         _formatted_view=lambda: None,
-        _text_rows=lambda: None,  # (Arrow table, index mapping) of the text checks
+        _text_rows=lambda: None,  # (NulEndedRows by column, index mapping): the NUL check
         _cleanup=lambda: None,  # only the process that made a copy deletes it
         _watch_at=lambda: 0.0,  # when the data files are checked next (at the first read)
         _watch_next=lambda: -1,  # which file the next check starts at (-1: all, first)
@@ -516,8 +516,8 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
 
     def _refuse_lost_nuls(self, rows: list[int], records: list[dict[str, Any]]) -> None:
         """Refuse a served text or bytes value that numpy holds without its trailing NULs
-        (``"ab\\x00"`` as ``"ab"``): one vectorised look at the rows' Arrow values, and a walk
-        of the Python values only where one ends in a NUL."""
+        (``"ab\\x00"`` as ``"ab"``): a look at each value's last byte in the Arrow maps, and
+        a walk of the rows' Python values only where one ends in a NUL."""
         if not self._text_columns:
             return
         if self._text_rows is None:  # the columns' maps, read in this process

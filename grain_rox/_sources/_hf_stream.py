@@ -207,6 +207,11 @@ class HFStreamingSource:
             }
         return self._identity
 
+    @property
+    def named_files(self) -> str | list[str]:
+        """The stream's file (or files), as its errors name them."""
+        return self.files[0] if len(self.files) == 1 else self.files
+
     def has_null(self, row: Mapping[str, Any], index: int, epoch: int) -> bool:
         """Whether ``row`` (row ``index`` of this host's stream) holds a missing value (None)
         to skip; with ``nulls="error"`` such a row is an error naming the column and row."""
@@ -215,10 +220,9 @@ class HFStreamingSource:
             if inside is not None:
                 if self.nulls == "skip":
                     return True
-                files = self.files[0] if len(self.files) == 1 else self.files
                 where = f"of this host's stream, shard={self.shard}, epoch {epoch}"
                 raise ValueError(
-                    f"{files}: {null_problem(key, index, inside, where)}. Drop or fill such "
+                    f"{self.named_files}: {null_problem(key, index, inside, where)}. Drop or fill such "
                     "rows in the files, pass nulls='skip' to leave them out (counted), or leave "
                     f"the column out (exclude_keys=[{key!r}])"
                 )
@@ -235,10 +239,9 @@ class HFStreamingSource:
             found = lost_nul(row[key], record[key])
             if found is not None:
                 fields, text = found
-                files = self.files[0] if len(self.files) == 1 else self.files
                 where = f"row {index} of this host's stream, shard={self.shard}, epoch {epoch}"
                 raise ValueError(
-                    f"{files}: {lost_nul_problem(key, fields, where, text)}. "
+                    f"{self.named_files}: {lost_nul_problem(key, fields, where, text)}. "
                     f"{lost_nul_fix(key, fields, text, files=True)}"
                 )
         return record

@@ -118,9 +118,8 @@ class StreamIterator(grain.DatasetIterator):
         except read_errors() as e:
             raise unreadable(self._source.files, self._source.kind, e) from None
         except OverflowError as e:  # Arrow's date or time made a Python one out of its range
-            files = self._source.files
             raise ValueError(
-                f"{files[0] if len(files) == 1 else files}: row {self._pulled} of this host's "
+                f"{self._source.named_files}: row {self._pulled} of this host's "
                 f"stream (shard={self._source.shard}, epoch {self._epoch}) holds a date or "
                 f"time outside Python's range (years 1-9999; {e}), and a stream's rows arrive "
                 "as Python values; read the files with HFEagerSource (numpy's datetimes hold "

@@ -24,6 +24,7 @@ from grain_rox._text._hf_checks import (
     unreadable,
     without_nulls,
 )
+from grain_rox._text._lost_nuls import is_text_type
 from grain_rox._text._tokenizer_base import tokenizer_label
 
 _FORMATS = {".parquet": "parquet", ".pq": "parquet", ".json": "json", ".jsonl": "json",
@@ -581,15 +582,7 @@ def number_dtypes(arrow_type: Any) -> Any:
     if pa.types.is_duration(inner):
         return np.dtype(f"timedelta64[{inner.unit}]")
     lists = pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list
-    texts = (
-        pa.types.is_string,
-        pa.types.is_large_string,
-        pa.types.is_binary,
-        pa.types.is_large_binary,
-        getattr(pa.types, "is_string_view", lambda _: False),
-        getattr(pa.types, "is_binary_view", lambda _: False),
-    )
-    if any(is_list(arrow_type) for is_list in lists) and any(is_text(inner) for is_text in texts):
+    if any(is_list(arrow_type) for is_list in lists) and is_text_type(inner):
         return np.dtype(object)
     if pa.types.is_struct(arrow_type) and {f.name for f in arrow_type} != {"bytes", "path"}:
         fields = {f.name: number_dtypes(f.type) for f in arrow_type}

@@ -69,7 +69,9 @@ def lost_nul(original: Any, served: Any) -> tuple[tuple[str, ...], str | bytes] 
     return None
 
 
-def _is_text(kind: Any) -> bool:
+def is_text_type(kind: Any) -> bool:
+    """Whether Arrow type ``kind`` holds text or bytes (of any layout: offsets, views, a
+    fixed width)."""
     import pyarrow as pa
 
     views = (getattr(pa.types, "is_string_view", None), getattr(pa.types, "is_binary_view", None))
@@ -103,7 +105,7 @@ def may_lose_nuls(kind: Any) -> bool:
         return any(may_lose_nuls(kind.field(i).type) for i in range(kind.num_fields))
     if pa.types.is_fixed_size_list(kind):
         return may_lose_nuls(kind.value_type)
-    return _is_text(kind)
+    return is_text_type(kind)
 
 
 def _leaves(array: Any, per_row: int = 1) -> list[tuple[Any, int]]:
@@ -122,10 +124,10 @@ def _leaves(array: Any, per_row: int = 1) -> list[tuple[Any, int]]:
         return [leaf for i in range(kind.num_fields) for leaf in _leaves(array.field(i), per_row)]
     if pa.types.is_fixed_size_list(kind):
         return _leaves(array.flatten(), per_row * kind.list_size)
-    if not _is_text(kind):
+    if not is_text_type(kind):
         return []
     plain = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
-    if not any(is_plain(kind) for is_plain in plain) and not pa.types.is_large_binary(kind):
+    if not any(is_plain(kind) for is_plain in (*plain, pa.types.is_large_binary)):
         array = array.cast(pa.large_binary())  # views and fixed widths: into offsets and bytes
     return [(array, per_row)]
 
