@@ -194,11 +194,15 @@ def test_an_append_with_another_block_size_is_refused_and_changes_nothing(tmp_pa
     write_rox([np.arange(1, 40, dtype=np.uint16)], single, block_size=16, separator=0)
     write_rox([np.arange(1, 40, dtype=np.uint16)], sharded, block_size=16, max_shard_bytes=64)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    beside = str(tmp_path / "b.rox")  # a single file, and a member written beside it
+    write_rox([np.arange(1, 40, dtype=np.uint16)], beside, block_size=16)
     cases = [
+        (str(tmp_path / "b_0001.rox"), {}, beside),
         (single, {}, single),
         (sharded, {"max_shard_bytes": 64}, str(tmp_path / "c_0000.rox")),
         (str(tmp_path / "c_0001.rox"), {}, str(tmp_path / "c_0000.rox")),  # one member
     ]
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     for path, kwargs, named in cases:
         with pytest.raises(ValueError) as e:
             write_rox([np.arange(3, dtype=np.uint16)], path, block_size=8, separator=0 if

@@ -734,6 +734,20 @@ def test_a_set_between_two_writes_while_its_writer_runs_is_named_a_live_write(
     )
     with pytest.raises(RoxFormatError, match="the next write to this set removes the 1"):
         open_rox(path)  # no writer: the interrupted write, as before
+    # A problem of the set's own while a writer holds the lock but publishes nothing (still
+    # encoding): said at once, as it is (it waited 2 s, then blamed the writer).
+    other = str(tmp_path / "other.rox")
+    _write(other, 1, 4)
+    (tmp_path / "other_0042.rox").write_bytes((tmp_path / "other_0000.rox").read_bytes())
+    monkeypatch.setattr(_shard_set, "_LIVE_WRITE_LOOKS", 40)
+    with (
+        set_write_lock(str(tmp_path / "other.manifest.json"), other),
+        pytest.raises(RoxFormatError) as e,
+    ):
+        open_rox(other)
+    assert e.value.problem.startswith(
+        "1 file(s) named like shards of this set are not in its manifest"
+    )
 
 
 def test_rerun_of_an_interrupted_append_removes_its_uncommitted_shards(tmp_path, monkeypatch):

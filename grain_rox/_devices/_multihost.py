@@ -323,6 +323,8 @@ class MultiHostDataLoadIterator:
         sizes = dict(self.sharding.mesh.shape)
         for name, a in zip(names, arrays, strict=True):
             for axis, (dim, part) in enumerate(zip(a.shape, tuple(spec), strict=False)):
+                if axis == 0 and jax.process_count() > 1:  # this process's rows of the batch
+                    dim = self._feed.global_rows(dim)
                 parts = part if isinstance(part, tuple) else (part,)
                 ways = int(np.prod([sizes[p] for p in parts if p is not None]))
                 if dim % ways == 0:

@@ -124,6 +124,23 @@ def _classify(directory: str, disk: dict[str, os.stat_result], m: Manifest) -> _
     return out
 
 
+def _surely_new(directory: str, disk: dict[str, os.stat_result], m: Manifest) -> bool:
+    """Whether every file the interrupted write changed or added is its new version by
+    content (sha256): size and mtime alone cannot tell a shard never replaced from its
+    replacement on a filesystem with coarse timestamps, and completing the write on a wrong
+    guess would record another write's facts for the old bytes."""
+    assert m.pending is not None
+    for name, st in disk.items():
+        new_rec = m.pending.shards[name]
+        if m.shards.get(name) == new_rec:
+            continue  # kept as it was (an append's old shards)
+        if new_rec.sha256 is None:
+            return False
+        if cached_sha256(os.path.join(directory, name), st) != new_rec.sha256:
+            return False
+    return True
+
+
 def _listing(names: list[str], limit: int = 8) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
@@ -207,8 +224,9 @@ def roll_back_interrupted(manifest_path: str) -> list[str]:
     except RoxFormatError:
         return []  # the write itself decides (an overwrite replaces it; an append refuses)
     if set(disk) == set(m.pending.shards) and all(c.new.values()):
-        write_manifest(manifest_path, m.pending)  # its publish, completed
-        return []
+        if _surely_new(directory, disk, m):
+            write_manifest(manifest_path, m.pending)  # its publish, completed
+        return []  # (a file as like the old record as the new: left to the write itself)
     extra = [n for n in disk if n not in m.shards]
     if not _old_intact(disk, m, c) or not all(c.new[n] for n in extra):
         return []
@@ -242,16 +260,18 @@ def current_manifest(manifest_path: str) -> Manifest | None:
     as a write in progress, never with an interrupted write's fix (which would undo it).
     """
     for _ in range(_LIVE_WRITE_LOOKS):
+        stamp = _stamp(manifest_path)
         try:
             return _current_manifest(manifest_path)
         except RoxFormatError:
-            if not set_writer_active(manifest_path):
+            if not _publishing(manifest_path, stamp):
                 raise
         time.sleep(_LIVE_WRITE_WAIT_S)
+    stamp = _stamp(manifest_path)
     try:
         return _current_manifest(manifest_path)
     except RoxFormatError as e:
-        if not set_writer_active(manifest_path):
+        if not _publishing(manifest_path, stamp):
             raise
         raise RoxFormatError(
             manifest_path,
@@ -259,6 +279,32 @@ def current_manifest(manifest_path: str) -> Manifest | None:
             f"set's lock), so the files are between two sets ({e.problem})",
             "open the set again when the write has ended; do not delete or rewrite files meanwhile",
         ) from None
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _publishing(manifest_path: str, stamp: tuple[int, int] | None) -> bool:
+    """Whether a write is publishing the set now: a writer holds its lock, and its manifest
+    holds a pending write or changed during the look (``stamp``: before it). Other problems
+    (a stray file while a writer is still encoding) are the set's own, said at once."""
+    try:
+        if not set_writer_active(manifest_path):
+            return False
+    except OSError:  # no advisory locks on this filesystem (ENOLCK): no writer to wait for
+        return False
+    if _stamp(manifest_path) != stamp:
+        return True
+    try:
+        m = load_manifest(manifest_path)
+    except RoxFormatError:
+        return False
+    return m is not None and m.pending is not None
 
 
 def _current_manifest(manifest_path: str) -> Manifest | None:

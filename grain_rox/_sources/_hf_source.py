@@ -522,10 +522,12 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
             return
         if self._text_rows is None:  # the columns' maps, read in this process
             table = self.dataset.data.table
-            self._text_rows = (
-                {c: NulEndedRows(table.column(c)) for c in self._text_columns},
-                _remap(self.dataset),
-            )
+            with self._lock:
+                if self._text_rows is None:
+                    self._text_rows = (
+                        {c: NulEndedRows(table.column(c)) for c in self._text_columns},
+                        _remap(self.dataset),
+                    )
         columns, remap = self._text_rows
         at = remap[rows] if remap is not None else rows
         suspects = [c for c in self._text_columns if columns[c].any(at)]

@@ -122,8 +122,10 @@ def _leaves(array: Any, per_row: int = 1) -> list[tuple[Any, int]]:
         kind = array.type
     if pa.types.is_struct(kind):
         return [leaf for i in range(kind.num_fields) for leaf in _leaves(array.field(i), per_row)]
-    if pa.types.is_fixed_size_list(kind):
-        return _leaves(array.flatten(), per_row * kind.list_size)
+    if pa.types.is_fixed_size_list(kind):  # its values, a null row's slots kept (flatten
+        size = kind.list_size  # drops them, and the rows after it would be misread)
+        values = array.values.slice(array.offset * size, len(array) * size)
+        return _leaves(values, per_row * size)
     if not is_text_type(kind):
         return []
     plain = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)

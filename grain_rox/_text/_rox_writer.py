@@ -409,14 +409,15 @@ def _check_block_size(
     read short by roxxel (43,008 of 67,584 tokens) while grain_rox read it whole."""
     if if_exists != "append" and not shards.member:
         return
-    have = shards.copy_from
-    if have is None:  # a sharded set: its shards' block size (each its first block's)
-        folder = os.path.dirname(mpath)
-        members = sorted(n for n in disk if shard_number(n) >= 0)
-        have = os.path.join(folder, members[0]) if members else None
-    if have is None:
-        return
-    size = read_header(have).first_block_bytes
+    folder = os.path.dirname(mpath)
+    candidates = [shards.copy_from] if shards.copy_from else []
+    replaced = os.path.basename(shards.single_path) if if_exists == "overwrite" else None
+    candidates += [os.path.join(folder, n) for n in sorted(disk) if n != replaced]
+    have, size = None, 0
+    for have in candidates:  # the first shard with blocks: its first block's size
+        size = read_header(have).first_block_bytes
+        if size:
+            break
     if size and size != layout.block_size:
         raise ValueError(
             f"cannot write block_size={layout.block_size} into the set of {have}, whose blocks "
