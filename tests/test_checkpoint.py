@@ -109,6 +109,35 @@ def test_restore_into_other_data_is_refused_naming_the_change(corpus, make_rox, 
     manager.close()
 
 
+def test_a_damaged_or_missing_data_state_says_the_checkpoint_is_damaged(corpus, tmp_path):
+    """A truncated state file gave a bare JSONDecodeError naming no file, and a deleted one
+    blamed a change of process count that never happened."""
+    it = MultiHostDataLoadIterator(make_pipe(corpus))
+    next(it)
+    manager = ocp.CheckpointManager(str(tmp_path / "ckpt"))
+    manager.save(1, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
+    manager.wait_until_finished()
+    it.close()
+    state = tmp_path / "ckpt" / "1" / "data" / "data_state.json"
+    state.write_text(state.read_text()[:40])
+    again = MultiHostDataLoadIterator(make_pipe(corpus))
+    with pytest.raises(ValueError) as e:
+        manager.restore(1, args=ocp.args.Composite(data=RoxCheckpointRestore(again)))
+    assert str(e.value).startswith(f"{state}: the data state is not JSON (")
+    assert str(e.value).endswith(
+        "): the checkpoint is damaged (a truncated or edited file); restore an earlier step"
+    )
+    state.unlink()
+    with pytest.raises(FileNotFoundError) as e:
+        manager.restore(1, args=ocp.args.Composite(data=RoxCheckpointRestore(again)))
+    assert str(e.value).endswith(
+        "no data state file is there (data_state.json or process_<i>-of-<n>.json): the "
+        "checkpoint is damaged or was saved without its data state; restore an earlier step"
+    )
+    again.close()
+    manager.close()
+
+
 def test_grain_own_checkpoint_handler_works_on_our_iterator(corpus, tmp_path):
     pipe = make_pipe(corpus)
     it = MultiHostDataLoadIterator(pipe)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import grain
@@ -126,14 +127,29 @@ def read_state(directory: epath.Path, item: Any) -> None:
             _set_state(item, elastic)
             return
         found = sorted(p.name for p in directory.iterdir())
+        others = [n for n in found if re.fullmatch(r"process_\d+-of-\d+\.json", n)]
+        why = (
+            "these per-process states are not one position every process shares (as a "
+            "TokenPipeline's or a .batches() dataset's are, saved whole), so they restore "
+            "only on the number of processes that saved them"
+            if others
+            else f"no data state file is there ({GLOBAL_STATE_FILE} or "
+            "process_<i>-of-<n>.json): the checkpoint is damaged or was saved without its "
+            "data state; restore an earlier step"
+        )
         raise FileNotFoundError(
             f"no data state for process {jax.process_index()} of {jax.process_count()} in "
-            f"{directory} (it holds {found}); these per-process states are not one "
-            "position every process shares (as a TokenPipeline's or a .batches() "
-            "dataset's are, saved whole), so they restore only on the number of processes "
-            "that saved them"
+            f"{directory} (it holds {found}); {why}"
         )
-    _set_state(item, path.read_text())
+    text = path.read_text()
+    try:
+        json.loads(text)
+    except ValueError as e:
+        raise ValueError(
+            f"{path}: the data state is not JSON ({e}): the checkpoint is damaged (a "
+            "truncated or edited file); restore an earlier step"
+        ) from None
+    _set_state(item, text)
 
 
 class RoxCheckpointHandler(ocp.CheckpointHandler):
