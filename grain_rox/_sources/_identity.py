@@ -44,13 +44,22 @@ ADDED_FIELDS = frozenset({"sources"})
 FORM_FIELDS = frozenset({"layout"})
 
 
+# Fields an identity holds only when not their default: shown with it where missing (a
+# pipeline read without Grain workers names no worker_count; "saved None" said nothing)
+DEFAULT_FIELDS: Mapping[str, Any] = {"worker_count": 0}
+
+
 def identity_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """Each field of ``now`` whose saved value differs, as ``"key: saved a -> now b"``."""
     keys = [k for k in [*now, *(k for k in saved if k not in now)] if k not in FORM_FIELDS]
+
+    def value(of: Mapping[str, Any], k: str) -> Any:
+        return of.get(k, DEFAULT_FIELDS.get(k))
+
     return [
-        f"{k}: saved {saved.get(k)!r} -> now {now.get(k)!r}"
+        f"{k}: saved {value(saved, k)!r} -> now {value(now, k)!r}"
         for k in keys
-        if saved.get(k) != now.get(k) and not (k in ADDED_FIELDS and k not in saved)
+        if value(saved, k) != value(now, k) and not (k in ADDED_FIELDS and k not in saved)
     ]
 
 
@@ -72,6 +81,12 @@ def check_identity(saved: Any, now: Mapping[str, Any], *, what: str) -> None:
     changes = identity_changes(saved, now)
     if changes:
         hint = f" ({DATA_HINT})" if any(c.startswith("data: ") for c in changes) else ""
+        if any(c.startswith("worker_count: ") for c in changes):
+            hint += (
+                " (Grain's state of worker processes restores only with as many workers; "
+                "the batches do not depend on them: continue on another worker count from "
+                "the saved step with iter_dataset(first_step=step, worker_count=...))"
+            )
         raise ValueError(
             f"cannot restore this {what} state: its data or config changed "
             f"({'; '.join(changes)}). Restore with the same data and config, or start a new "
@@ -109,8 +124,9 @@ def split_state(
             )
         else:
             fix = (
-                "a state saved by grain_rox before identities were recorded cannot be "
-                "restored: start a new run"
+                "another iterator's state (e.g. a grain.DataLoader's, or a plain Grain "
+                "dataset's), or one saved by grain_rox before identities were recorded, "
+                "cannot be restored here: restore it into the iterator that saved it"
             )
         raise ValueError(
             f"not a {what} state: {shown}. Expected the dict get_state() returned, with keys "
