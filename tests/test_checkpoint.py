@@ -90,13 +90,19 @@ def test_model_and_data_restore_in_a_fresh_process_bit_exactly(corpus, tmp_path)
             np.testing.assert_array_equal(restored[f"{key}_{i}"], np.asarray(value))
 
 
-def test_restore_into_other_data_is_refused_naming_the_change(corpus, make_rox, tmp_path):
+def saved_after_one_batch(corpus: str, tmp_path) -> ocp.CheckpointManager:
+    """A checkpoint manager holding step 1: an iterator's data state after one batch."""
     it = MultiHostDataLoadIterator(make_pipe(corpus))
     next(it)
     manager = ocp.CheckpointManager(str(tmp_path / "ckpt"))
     manager.save(1, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
     manager.wait_until_finished()
     it.close()
+    return manager
+
+
+def test_restore_into_other_data_is_refused_naming_the_change(corpus, make_rox, tmp_path):
+    manager = saved_after_one_batch(corpus, tmp_path)
     other = make_rox("other", [np.arange(200_000, dtype=np.uint16)], separator=0)
     wrong_data = MultiHostDataLoadIterator(make_pipe(other))
     with pytest.raises(
@@ -112,12 +118,7 @@ def test_restore_into_other_data_is_refused_naming_the_change(corpus, make_rox, 
 def test_a_damaged_or_missing_data_state_says_the_checkpoint_is_damaged(corpus, tmp_path):
     """A truncated state file gave a bare JSONDecodeError naming no file, and a deleted one
     blamed a change of process count that never happened."""
-    it = MultiHostDataLoadIterator(make_pipe(corpus))
-    next(it)
-    manager = ocp.CheckpointManager(str(tmp_path / "ckpt"))
-    manager.save(1, args=ocp.args.Composite(data=RoxCheckpointSave(it)))
-    manager.wait_until_finished()
-    it.close()
+    manager = saved_after_one_batch(corpus, tmp_path)
     state = tmp_path / "ckpt" / "1" / "data" / "data_state.json"
     state.write_text(state.read_text()[:40])
     again = MultiHostDataLoadIterator(make_pipe(corpus))
