@@ -124,9 +124,9 @@ def split_state(
             )
         else:
             fix = (
-                "another iterator's state (e.g. a grain.DataLoader's, or a plain Grain "
-                "dataset's), or one saved by grain_rox before identities were recorded, "
-                "cannot be restored here: restore it into the iterator that saved it"
+                "another iterator's state (a grain.DataLoader's, a plain Grain dataset's) "
+                "restores only into the iterator that saved it; one saved by grain_rox before "
+                "identities were recorded cannot be restored: start a new run"
             )
         raise ValueError(
             f"not a {what} state: {shown}. Expected the dict get_state() returned, with keys "
