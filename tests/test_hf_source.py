@@ -785,10 +785,14 @@ def test_nul_endings_are_found_through_an_index_mapping_and_64_bit_offsets(tmp_p
     ],
     ids=["string_view", "binary_view", "dictionary", "fixed_size_binary", "struct"],
 )
-def test_nul_endings_are_found_in_every_text_type_arrow_stores(column):
+def test_nul_endings_are_found_in_every_text_type_arrow_stores(column, tmp_path):
     """View columns crashed every read (Arrow has no take for them); dictionary, fixed-width
     and struct text are read through their own layouts: each refuses row 1 and serves the
     others."""
+    try:  # older datasets cannot hold (or copy) some of these types at all
+        datasets.Dataset(pa.table({"c": column})).save_to_disk(str(tmp_path / "probe"))
+    except (pa.ArrowException, ValueError, NotImplementedError) as e:
+        pytest.skip(f"datasets {datasets.__version__} cannot hold {column.type}: {e}")
     source = HFEagerSource(datasets.Dataset(pa.table({"c": column})))
     assert [_plain(source[i]["c"]) for i in (0, 2)] == [column[0].as_py(), column[2].as_py()]
     with pytest.raises(ValueError, match=r"holds (text|bytes) ending in a NUL .* in row 1 "):

@@ -102,8 +102,14 @@ _CALL_SETTINGS = (
 
 def _indivisible(error: Exception) -> bool:
     """Whether ``error`` is JAX's refusal of a sharding that cannot split an array evenly
-    (``IndivisibleError``, a ValueError; its name is private, its message says so)."""
-    return type(error).__name__ == "IndivisibleError" or "evenly divide" in str(error)
+    (``IndivisibleError``, a ValueError; its name is private, its message says so; JAX
+    before 0.7 raised a plain ValueError: "... should be divisible by 4, but it is ...")."""
+    text = str(error)
+    return (
+        type(error).__name__ == "IndivisibleError"
+        or "evenly divide" in text
+        or "should be divisible by" in text
+    )
 
 
 @functools.lru_cache(maxsize=64)
