@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -306,6 +307,25 @@ def test_one_member_written_beside_a_set_joins_it_as_the_local_writer_does(tmp_p
         str(tmp_path / "local" / "x.manifest.json")
     )
     assert main(["verify", str(tmp_path / "beam")]) == 0
+
+
+def test_a_member_of_another_block_size_is_refused_as_the_local_writer_refuses_it(tmp_path):
+    """Beam's commit of one member beside a set did not check the block size: a set of 4096-
+    byte blocks took a member of 8192, which roxxel misreads (its failure W6)."""
+    write_rox(["a" * 3000] * 4, tmp_path / "x.rox", tokenizer="bytes", max_shard_bytes=8 << 10)
+    before = shard_files(tmp_path)
+    failing = pytest.raises(Exception, match=re.escape(
+        "cannot write block_size=8192 into the set of "
+        f"{tmp_path / 'x_0000.rox'}, whose blocks are 4096 bytes"
+    ))  # fmt: skip
+    with failing, beam.Pipeline() as p:
+        keyed = [((0, 0), "new member doc")]
+        _ = (
+            p
+            | beam.Create(keyed)
+            | WriteRox(str(tmp_path / "x_0009.rox"), tokenizer="bytes", block_size=8192)
+        )
+    assert shard_files(tmp_path) == before
 
 
 def test_convert_options_mistyped_for_beam_are_refused_not_dropped(tmp_path, capsys):

@@ -62,7 +62,11 @@ from grain_rox._text._shard_files import (
     is_set_member,
 )
 from grain_rox._text._tokenizers import get_tokenizer
-from grain_rox._text._write_manifest import build_manifest, check_append_compatible
+from grain_rox._text._write_manifest import (
+    build_manifest,
+    check_append_compatible,
+    check_block_size,
+)
 
 
 class WrittenShard(NamedTuple):
@@ -220,6 +224,9 @@ def commit_shards(
             )
             if member and previous.dtype:  # a grain_rox manifest: the same dtype, EOS, ...
                 check_append_compatible(previous, mpath, layout)
+            if member:  # ... and the same block size (roxxel misreads a mix)
+                replaced = os.path.basename(path) if if_exists == "overwrite" else None
+                check_block_size(os.path.dirname(mpath), disk, layout.block_size, replaced=replaced)
         else:
             previous, disk = resumed, scan_set(mpath)
         finished = [FinishedShard(w.file_size, w.raw_size, w.sha256, w.mtime_ns) for w in shards]

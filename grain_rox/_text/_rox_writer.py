@@ -54,7 +54,11 @@ from grain_rox._text._item_encoding import Item, ItemEncoder, TokenLayout, plan_
 from grain_rox._text._shard_files import IfExists, ShardSetWriter, is_set_member
 from grain_rox._text._tokenize_ahead import tokenize_in_order
 from grain_rox._text._tokenizers import Tokenizer, get_tokenizer
-from grain_rox._text._write_manifest import build_manifest, check_append_compatible
+from grain_rox._text._write_manifest import (
+    build_manifest,
+    check_append_compatible,
+    check_block_size,
+)
 
 logger = logging.getLogger("grain_rox")
 
@@ -404,27 +408,14 @@ def _check_block_size(
     layout: TokenLayout,
     if_exists: IfExists,
 ) -> None:
-    """An append (or a member written beside the set) uses the set's block size: roxxel reads
-    every block of a shard, and every shard of a set, as its first block's size, so a mix was
-    read short by roxxel (43,008 of 67,584 tokens) while grain_rox read it whole."""
+    """An append (or a member written beside the set) uses the set's block size (see
+    :func:`check_block_size`)."""
     if if_exists != "append" and not shards.member:
         return
-    folder = os.path.dirname(mpath)
-    candidates = [shards.copy_from] if shards.copy_from else []
     replaced = os.path.basename(shards.single_path) if if_exists == "overwrite" else None
-    candidates += [os.path.join(folder, n) for n in sorted(disk) if n != replaced]
-    have, size = None, 0
-    for have in candidates:  # the first shard with blocks: its first block's size
-        size = read_header(have).first_block_bytes
-        if size:
-            break
-    if size and size != layout.block_size:
-        raise ValueError(
-            f"cannot write block_size={layout.block_size} into the set of {have}, whose blocks "
-            f"are {size} bytes: roxxel reads every block of a set as its first block's size, "
-            f"so a mix is misread; pass block_size={size} (grain-rox convert --block-size "
-            f"{size}), or write to a new path"
-        )
+    check_block_size(
+        os.path.dirname(mpath), disk, layout.block_size, first=shards.copy_from, replaced=replaced
+    )
 
 
 def _encode_and_write(

@@ -4,12 +4,13 @@ new set's record (its kept shards plus this write's, with their checksums and co
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from grain_rox._format._manifest import Manifest, ShardRecord, new_write_id, pad_run
+from grain_rox._format._rox_format import read_header
 from grain_rox._format._shard_set import shard_number
 from grain_rox._text._item_encoding import TokenLayout
 from grain_rox._text._shard_files import FinishedShard, ShardFile
@@ -61,6 +62,35 @@ def check_append_compatible(old: Manifest, mpath: str, layout: TokenLayout) -> N
             f"cannot append to the shard set described by {mpath}: "
             + "; ".join(problems)
             + ". Write to a new path (and mix the two sets) or use the same settings"
+        )
+
+
+def check_block_size(
+    folder: str,
+    disk: Iterable[str],
+    block_size: int,
+    *,
+    first: str | None = None,
+    replaced: str | None = None,
+) -> None:
+    """Refuse to add blocks of ``block_size`` bytes to the set whose shards ``disk`` names in
+    ``folder`` (``first``: the file an append copies; ``replaced``: the one a member write
+    replaces) where its blocks are another size: roxxel reads every block of a set as its
+    first block's size, so a mix was read short by roxxel (43,008 of 67,584 tokens) while
+    grain_rox read it whole."""
+    candidates = [first] if first else []
+    candidates += [os.path.join(folder, n) for n in sorted(disk) if n != replaced]
+    have, size = None, 0
+    for have in candidates:  # the first shard with blocks: its first block's size
+        size = read_header(have).first_block_bytes
+        if size:
+            break
+    if size and size != block_size:
+        raise ValueError(
+            f"cannot write block_size={block_size} into the set of {have}, whose blocks are "
+            f"{size} bytes: roxxel reads every block of a set as its first block's size, so a "
+            f"mix is misread; pass block_size={size} (grain-rox convert --block-size {size}), "
+            "or write to a new path"
         )
 
 
