@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import glob
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -465,14 +465,9 @@ def refuse_untyped_lists(
     (streamed) arrays that a packer, a tokenizer or a model then refuses with an error about
     object or float data. ``typing``: how to give the column its type, where a dataset's
     ``cast_column`` does not apply (a stream's files)."""
-    for field in schema:
-        if field.name not in columns:
-            continue
-        found = _untyped_list(field.type)
-        if found is None:
-            continue
-        fields, arrow_type = found
-        key = field.name
+    found = _first_inside(schema, columns, _untyped_list)
+    if found is not None:
+        key, fields, arrow_type = found
         what = f" a field {'.'.join((key, *fields))!r} of" if fields else ""
         if typing is None and fields:  # cast the whole column, that field typed in it
             at = "".join(f"[{name!r}]" for name in fields)
@@ -493,22 +488,12 @@ def refuse_untyped_lists(
         )
 
 
-def _nanosecond_time(arrow_type: Any) -> tuple[str, ...] | None:
-    """The struct fields down to the first ``time64[ns]`` in ``arrow_type`` (at any list
-    depth; ``()``: the column itself), or None."""
+def _nanosecond_time(arrow_type: Any) -> bool:
+    """Whether ``arrow_type`` is ``time64[ns]`` (or lists of it)."""
     import pyarrow as pa
 
-    if isinstance(arrow_type, pa.ExtensionType):
-        arrow_type = arrow_type.storage_type
     inner = _innermost(arrow_type)
-    if pa.types.is_time64(inner) and inner.unit == "ns":
-        return ()
-    if pa.types.is_struct(inner):
-        for field in inner:
-            found = _nanosecond_time(field.type)
-            if found is not None:
-                return (field.name, *found)
-    return None
+    return bool(pa.types.is_time64(inner) and inner.unit == "ns")
 
 
 def refuse_nanosecond_times(schema: Any, columns: Sequence[str], where: str) -> None:
@@ -523,34 +508,53 @@ def refuse_nanosecond_times(schema: Any, columns: Sequence[str], where: str) -> 
     ...
     ValueError: HFEagerSource: column 't' holds times of day in nanoseconds (time64[ns]), which neither source serves exactly (a stream's rows hold Python times, to the microsecond); cast it to int64 nanoseconds or to time64[us] first (dataset.cast_column / the files' schema), or leave the column out (exclude_keys=['t'])
     """
-    for field in schema:
-        if field.name not in columns:
-            continue
-        found = _nanosecond_time(field.type)
-        if found is None:
-            continue
-        what = f" (in its field {'.'.join(found)})" if found else ""
+    found = _first_inside(schema, columns, _nanosecond_time)
+    if found is not None:
+        key, fields, _ = found
+        what = f" (in its field {'.'.join(fields)})" if fields else ""
         raise ValueError(
-            f"{where}: column {field.name!r}{what} holds times of day in nanoseconds "
+            f"{where}: column {key!r}{what} holds times of day in nanoseconds "
             "(time64[ns]), which neither source serves exactly (a stream's rows hold Python "
             "times, to the microsecond); cast it to int64 nanoseconds or to time64[us] first "
             "(dataset.cast_column / the files' schema), or leave the column out "
-            f"(exclude_keys=[{field.name!r}])"
+            f"(exclude_keys=[{key!r}])"
         )
 
 
-def _untyped_list(arrow_type: Any) -> tuple[tuple[str, ...], Any] | None:
-    """``(struct fields down to it, type)`` of the first ``list<null>`` in ``arrow_type`` (no
-    fields: the column itself), or None (a plain null column is every value missing, which
-    the readers name as such)."""
+def _untyped_list(arrow_type: Any) -> bool:
+    """Whether ``arrow_type`` is a ``list<null>`` (at any list depth; a plain null column is
+    every value missing, which the readers name as such)."""
     import pyarrow as pa
 
+    return bool(pa.types.is_null(_innermost(arrow_type)) and not pa.types.is_null(arrow_type))
+
+
+def _first_inside(
+    schema: Any, columns: Sequence[str], matches: Callable[[Any], bool]
+) -> tuple[str, tuple[str, ...], Any] | None:
+    """``(column, struct fields down to it, type)`` of the first type in a kept column that
+    ``matches`` (the column's own, or a struct field's at any list depth), or None."""
+    for field in schema:
+        if field.name in columns:
+            found = _inside(field.type, matches)
+            if found is not None:
+                return (field.name, *found)
+    return None
+
+
+def _inside(arrow_type: Any, matches: Callable[[Any], bool]) -> tuple[tuple[str, ...], Any] | None:
+    """``(struct fields down to it, type)`` of the first type in ``arrow_type`` (unwrapped of
+    ``datasets``' extension types) that ``matches``, or None."""
+    import pyarrow as pa
+
+    if isinstance(arrow_type, pa.ExtensionType):
+        arrow_type = arrow_type.storage_type
+    if matches(arrow_type):
+        return (), arrow_type
     inner = _innermost(arrow_type)
-    if pa.types.is_null(inner):
-        return None if pa.types.is_null(arrow_type) else ((), arrow_type)
     if pa.types.is_struct(inner):
         for field in inner:
-            found = _untyped_list(field.type)
+            found = _inside(field.type, matches)
             if found is not None:
                 return (field.name, *found[0]), found[1]
     return None
