@@ -259,26 +259,23 @@ def current_manifest(manifest_path: str) -> Manifest | None:
     interrupted one: they are looked at again until it ends (about 2 s at most), then named
     as a write in progress, never with an interrupted write's fix (which would undo it).
     """
-    for _ in range(_LIVE_WRITE_LOOKS):
+    for look in range(_LIVE_WRITE_LOOKS + 1):
         stamp = _stamp(manifest_path)
         try:
             return _current_manifest(manifest_path)
-        except RoxFormatError:
+        except RoxFormatError as e:
             if not _publishing(manifest_path, stamp):
                 raise
+            if look == _LIVE_WRITE_LOOKS:
+                raise RoxFormatError(
+                    manifest_path,
+                    "a write to this shard set is publishing its shards now (its writer holds "
+                    f"the set's lock), so the files are between two sets ({e.problem})",
+                    "open the set again when the write has ended; do not delete or rewrite "
+                    "files meanwhile",
+                ) from None
         time.sleep(_LIVE_WRITE_WAIT_S)
-    stamp = _stamp(manifest_path)
-    try:
-        return _current_manifest(manifest_path)
-    except RoxFormatError as e:
-        if not _publishing(manifest_path, stamp):
-            raise
-        raise RoxFormatError(
-            manifest_path,
-            "a write to this shard set is publishing its shards now (its writer holds the "
-            f"set's lock), so the files are between two sets ({e.problem})",
-            "open the set again when the write has ended; do not delete or rewrite files meanwhile",
-        ) from None
+    raise AssertionError("unreachable: the last look returns or raises")
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
