@@ -8,6 +8,7 @@ them, over a ``grain.DataLoader`` and over a ``TokenPipeline``.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import grain
@@ -796,3 +797,59 @@ def test_a_refusal_over_other_data_says_what_the_fingerprint_covers_and_the_data
     assert str(info.value).endswith(
         f"or start a new run. The data now: {tmp_path / 'b.rox'}; {covers}"
     )
+
+
+def test_a_pipeline_data_loader_names_what_changed_and_how_to_go_on(make_rox):
+    """Grain's own refusals said only "does not match" (and "you may need to implement a
+    custom __repr__"), a KeyError for another iterator's state and an AttributeError for a
+    dict; each now names the change, the saving iterator or the worker counts, and the fix."""
+    path = make_rox("dl_named", [np.arange(1, 400, dtype=np.uint16)] * 30, separator=0)
+    other = make_rox("dl_named_b", [np.arange(2, 400, dtype=np.uint16)] * 30, separator=0)
+
+    def pipe(data=path, **kw):
+        return TokenPipeline(data, **{"seq_len": 16, "global_batch_size": 4, "seed": 5} | kw)
+
+    it = iter(pipe().data_loader())
+    next(it), next(it)
+    state = it.get_state()
+    expected = next(it)["inputs"]
+    with pytest.raises(ValueError) as info:
+        iter(pipe(seq_len=8).data_loader()).set_state(state)
+    assert re.fullmatch(
+        r"cannot restore this TokenPipeline\.data_loader\(\) state: its data or config changed "
+        r"\(config: saved \w{16} -> now \w{16}\)\. The config digest covers the phases .*; this "
+        r"pipeline's config is \{'phases': \[\{'steps': None, 'batch_size': 4, 'seq_len': 8, .*\}\. "
+        r"Restore with the same data and config, or start a new run",
+        str(info.value),
+    ), info.value
+    with pytest.raises(ValueError, match=r"changed \(data: saved \w+ -> now \w+; config: .*a "
+                       r"data fingerprint covers the content"):  # fmt: skip
+        iter(pipe(other).data_loader()).set_state(state)
+    with pytest.raises(ValueError, match=r"\(seed: saved 5 -> now 6; config: "):
+        iter(pipe(seed=6).data_loader()).set_state(state)
+    with pytest.raises(
+        ValueError,
+        match=r"it was saved with worker_count=0, and this loader has worker_count=2; .*pass "
+        r"data_loader\(worker_count=0\), or continue from step 2 with "
+        r"data_loader\(first_step=2, worker_count=2\)$",
+    ):
+        iter(pipe().data_loader(worker_count=2)).set_state(state)
+    # that advice holds: the batch at step 2
+    assert np.array_equal(next(iter(pipe().data_loader(first_step=2)))["inputs"], expected)
+    # another iterator's state, as it is or as JSON (Grain: AttributeError, KeyError)
+    ds = iter(pipe().iter_dataset(first_step=1))
+    next(ds)
+    for given in (ds.get_state(), json.dumps(ds.get_state()).encode()):
+        with pytest.raises(
+            ValueError,
+            match=r"state: it was saved by pipe\.iter_dataset\(\) or pipe\.map_dataset\(\) .*, or "
+            r"continue from step 2 with data_loader\(first_step=2\)$",
+        ):
+            iter(pipe().data_loader()).set_state(given)
+    for junk, shown in ((b"{", "it is not JSON"), ({"a": 1}, r"not a grain\.DataLoader's state")):
+        with pytest.raises(ValueError, match=shown):
+            iter(pipe().data_loader()).set_state(junk)
+    again = iter(pipe().data_loader())
+    again.set_state(state)
+    assert np.array_equal(next(again)["inputs"], expected)
+    assert isinstance(pipe().data_loader(), grain.DataLoader)

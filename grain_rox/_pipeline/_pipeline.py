@@ -29,6 +29,7 @@ from grain_rox._order._bin_packing import PACKINGS
 from grain_rox._order._curriculum import Phase, Schedule
 from grain_rox._order._permutation import int_arg, seed_arg
 from grain_rox._pipeline._batch_source import GlobalBatchSource, RowSpec
+from grain_rox._pipeline._data_loader import PipelineDataLoader
 from grain_rox._pipeline._plan import (
     HOLES,
     PipelinePlan,
@@ -463,7 +464,7 @@ class TokenPipeline:
                 "be made over none; stop there (first_step == pipe.num_batches means done), or "
                 "use iter_dataset(first_step=...), which is empty there"
             )
-        return grain.DataLoader(
+        return PipelineDataLoader(
             data_source=source,
             sampler=grain.samplers.IndexSampler(
                 num_records=len(source),
