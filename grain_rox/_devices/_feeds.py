@@ -40,7 +40,7 @@ from grain_rox._pipeline._batch_source import GlobalBatchSource
 from grain_rox._pipeline._pipeline import TokenPipeline
 from grain_rox._sources._batch_dataset import dataset_source
 from grain_rox._sources._batches import BatchSource
-from grain_rox._sources._identity import DATA_HINT, FORM_FIELDS
+from grain_rox._sources._identity import ADDED_FIELDS, DATA_HINT, FORM_FIELDS
 from grain_rox._sources._tokens_layout import TOKENS
 
 _log = logging.getLogger("grain_rox")
@@ -207,7 +207,11 @@ class PipelineFeed:
         apart = ("phases", "holes")
         skipped = {*apart, *FORM_FIELDS}
         changed = {
-            k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v and k not in skipped
+            k: (saved.get(k), v)
+            for k, v in now.items()
+            if saved.get(k) != v
+            and k not in skipped
+            and not (k in ADDED_FIELDS and k not in saved)  # saved before it was recorded
         }
         changed.update(
             {k: (v, None) for k, v in saved.items() if k not in now and k not in skipped}

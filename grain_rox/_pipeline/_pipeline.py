@@ -378,6 +378,9 @@ class TokenPipeline:
         names = list(plan.corpora)
         return {
             "data": {n: c.fingerprint for n, c in plan.corpora.items()},
+            # the sources' order (dicts compare without it): the mixture breaks its ties by
+            # it, so another order of the same sources serves other rows at every step
+            **({"sources": names} if len(names) > 1 else {}),
             "phases": self.schedule.describe(),
             "seed": int(self.seed),
             "num_epochs": self.num_epochs,
