@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from _corpora import unsealed
 
-from grain_rox import open_rox, write_rox
+from grain_rox import RoxDocumentSource, open_rox, write_rox
 from grain_rox._text._tokenize_ahead import tokenize_in_order
 from grain_rox._text._tokenizers import ByteTokenizer
 from grain_rox.cli import main
@@ -988,4 +988,32 @@ def test_convert_eos_token_chooses_a_tokenizer_jsons_eos(tmp_path, capsys):
     assert main(beam) == 2
     assert "--eos-token is not sent to Beam workers; put a tokenizer_config.json" in (
         capsys.readouterr().err
+    )
+
+
+def test_a_rox_shard_among_the_inputs_is_never_read_as_text(tmp_path, capsys, caplog):
+    """A shard of byte tokens (no manifest: as roxxel writes one) has text-like bytes, an index
+    and a footer that pass as UTF-8: it was tokenized as one more document, silently."""
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text("real doc\n")
+    write_rox(["0123456789abcdef" * 768], str(src / "old.rox"), block_size=4096, manifest=False)
+    (src / "renamed.bin").write_bytes((src / "old.rox").read_bytes())  # by content, not name
+    out = str(tmp_path / "out" / "x.rox")
+    assert main(["convert", str(src), "-o", out, "--no-progress"]) == 0
+    shown = capsys.readouterr()
+    docs = RoxDocumentSource(out, seq_len=64)
+    assert len(docs) == 1 and bytes(docs[0]["inputs"].astype(np.uint8)) == b"real doc\n"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"skipped {src / name}: it is a .rox shard: token ids ending in a ROXXEL02 footer, "
+        "not text; pass --on-binary error to stop"
+        for name in ("old.rox", "renamed.bin")
+    ]
+    assert "skipped 2 files (2 rox shard)" in shown.out
+    again = str(tmp_path / "again" / "x.rox")
+    assert main(["convert", str(src), "-o", again, "--no-progress", "--on-binary", "error"]) == 2
+    assert capsys.readouterr().err == (
+        f"grain-rox convert: error: {src / 'old.rox'} is a .rox shard: token ids ending in a "
+        "ROXXEL02 footer, not text; leave it out of the inputs (name the text files, or a glob "
+        "of them)\n"
     )

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from grain_rox._format._manifest import MANIFEST_SUFFIX, member_pattern
+from grain_rox._format._rox_format import FOOTER, SIGNATURE
 from grain_rox._text._document_readers import (
     ReadStats,
     hf_documents,
@@ -416,6 +417,15 @@ def _file_documents(
         stats.files_read += 1
         yield from parquet_documents(path, text_column, stats)
         return
+    if _ends_in_rox_footer(path):  # its index and footer are often valid UTF-8 text
+        shard = "a .rox shard: token ids ending in a ROXXEL02 footer"
+        if on_binary == "error":
+            raise ValueError(
+                f"{path} is {shard}, not text; leave it out of the inputs (name the text "
+                "files, or a glob of them)"
+            )
+        stats.skip(path, "rox shard", f"it is {shard}, not text; pass --on-binary error to stop")
+        return
     chunks = byte_chunks(path, on_bytes=on_bytes)
     head = next(chunks, b"")
     encoding = bom_encoding(head)
@@ -447,6 +457,18 @@ def _file_documents(
     else:
         data = head + b"".join(chunks)
         yield without_bom(decode(data, path, encoding_errors))
+
+
+def _ends_in_rox_footer(path: str) -> bool:
+    """Whether the (uncompressed) file ``path`` ends as a ``.rox`` shard: a 32-byte footer
+    whose last 8 bytes are the ROXXEL02 signature."""
+    if compression_of(path.lower()):
+        return False
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) < FOOTER.size:
+            return False
+        f.seek(-len(SIGNATURE), os.SEEK_END)
+        return f.read() == SIGNATURE
 
 
 def read_documents(
