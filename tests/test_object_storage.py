@@ -796,3 +796,27 @@ def test_a_writer_process_killed_mid_upload_leaves_nothing_that_opens(gcs_server
         open_rox(spec, storage_options=gcs_server.storage_options)
     upload(spec, gcs_server, docs=DOCS[::-1], if_exists="overwrite")
     assert open_rox(spec, storage_options=gcs_server.storage_options, verify=True).num_documents
+
+
+def test_a_set_that_lost_a_shard_is_refused_in_a_bucket_as_on_disk(tmp_path):
+    """A hole in a manifest-less set's shard numbers is a lost shard, in a bucket too."""
+    import fsspec
+
+    root = f"memory://lost-{os.getpid()}-{tmp_path.name}"
+    write_rox(
+        [np.arange(1000, dtype=np.uint16)],
+        f"{tmp_path}/t/s.rox",
+        block_size=64,
+        max_shard_bytes=400,
+        manifest=False,
+    )  # fmt: skip (a bucket's write has one)
+    (tmp_path / "t" / "s_0002.rox").unlink()
+    memory = fsspec.filesystem("memory")
+    for shard in (tmp_path / "t").iterdir():
+        memory.pipe_file(f"{root}/t/{shard.name}".split("://", 1)[1], shard.read_bytes())
+    for base in (str(tmp_path), root):
+        for spec in (f"{base}/t/s.rox", f"{base}/t/", f"{base}/t"):
+            shown = re.escape(f"{spec}: the shard set ") + r"\S+/t/s\.rox has no s_0002\.rox: "
+            with pytest.raises(FileNotFoundError, match=shown):
+                open_rox(spec)
+        assert len(open_rox(f"{base}/t/s_*.rox").paths) == len(os.listdir(tmp_path / "t"))

@@ -850,3 +850,32 @@ def test_a_record_with_null_padding_has_none_at_its_end(written):
     data["shards"]["train.rox"]["num_padding_tokens"] = None
     Path(manifest_path).write_text(json.dumps(unsealed(data)))
     assert open_rox(path).trailing_padding() == [(0, data["pad_id"])]
+
+
+def test_a_set_without_a_manifest_that_lost_a_shard_is_refused(tmp_path):
+    """A set's shards are numbered from _0000 without gaps; a hole in a set named, or in a
+    directory's set holding _0000, is a lost shard, read on without it (silently) before."""
+    write_rox([np.arange(1000, dtype=np.uint16)], str(tmp_path / "t.rox"), block_size=64,
+              max_shard_bytes=400, manifest=False)  # fmt: skip
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names[:2] == ["t_0000.rox", "t_0001.rox"] and len(names) > 4
+    (tmp_path / "t_0001.rox").unlink()
+    (tmp_path / "t_0003.rox").unlink()
+    for spec in (tmp_path / "t.rox", tmp_path / "t", tmp_path):
+        with pytest.raises(FileNotFoundError) as info:
+            open_rox(str(spec))
+        assert str(info.value) == (
+            f"{spec}: the shard set {tmp_path / 't'}.rox has no t_0001.rox, t_0003.rox: a "
+            "writer numbers a set's shards from _0000 without gaps, so 2 shards are missing "
+            "(deleted, or a copy that did not finish). Restore them; to read the shards that "
+            f"are there anyway, pass them as a list or a glob such as '{tmp_path / 't'}_*.rox'"
+        )
+    with open_rox(str(tmp_path / "t_*.rox")) as corpus:  # what the user names
+        assert len(corpus.paths) == len(names) - 2
+    # not a writer's set: numbered files without a _0000, in a directory
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("logs_2024.rox", "logs_2026.rox"):
+        (other / name).write_bytes((tmp_path / "t_0000.rox").read_bytes())
+    with open_rox(str(other)) as corpus:
+        assert [os.path.basename(p) for p in corpus.paths] == ["logs_2024.rox", "logs_2026.rox"]

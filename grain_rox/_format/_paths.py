@@ -15,6 +15,10 @@ the global block order of a corpus follows it:
   in roxxel's lexicographic order. Any looser match (``man_v2_0000.rox``, or ``docs_0000.rox``
   for ``doc.rox``) is an error that lists the candidates and how to name them.
 
+A set name or directory whose numbered shards (of a set without a manifest) have a hole is
+refused, where roxxel reads on without the lost shard (:func:`refuse_lost_shards`); a glob or
+a list reads what it names.
+
 ``roxxel_names=True`` resolves a set name the way roxxel does instead: ``sorted(glob(prefix_*
 .rox))``, else ``sorted(glob(prefix*.rox))``, which also matches unrelated sets such as
 ``train_extra_0000.rox`` next to ``train_0000.rox``. The bit-exact roxxel stream uses it.
@@ -29,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from grain_rox._format._leftovers import killed_write_note
+from grain_rox._format._lost_shards import refuse_lost_shards
 from grain_rox._format._object_store import is_url
 from grain_rox._format._remote_set import resolve_url
 
@@ -51,6 +56,7 @@ def _resolve_set_name(s: str, prefix: str) -> list[str]:
     if found:
         if os.path.exists(prefix + ".manifest.json"):  # a set grain_rox wrote: by number
             return sorted(found, key=_shard_number)
+        refuse_lost_shards(found, s, from_zero=True)
         return sorted(found)  # roxxel's order for roxxel's sets
     loose = sorted(glob.glob(escaped + "*.rox"))
     if loose:
@@ -70,6 +76,7 @@ def _resolve_entry(s: str, roxxel_names: bool) -> tuple[list[str], str]:
     """Resolve one entry; returns (files, what was searched when nothing matched)."""
     if os.path.isdir(s):
         found = sorted(glob.glob(os.path.join(s, "*.rox")))
+        refuse_lost_shards(found, s, from_zero=False)
         return found, f"the directory {s!r} (no *.rox in it{killed_write_note(s, True)})"
     if os.path.exists(s):
         return [s], ""

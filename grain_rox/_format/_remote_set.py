@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from grain_rox._format._lost_shards import refuse_lost_shards
 from grain_rox._format._manifest import Manifest, ShardRecord, member_pattern
 from grain_rox._format._object_store import ObjectStore, store_for
 from grain_rox._format._remote_shard import ObjectRef, read_pinned
@@ -97,6 +98,10 @@ def _resolve_url(store: ObjectStore, entry: str, roxxel_names: bool) -> tuple[li
         return found, f"the glob {entry!r} (no .rox object matches)"
     if entry.endswith("/") or store.isdir(entry):
         found = _prefix_shards(store, entry.rstrip("/"))
+        manifests = {u for u in store.listdir(entry.rstrip("/")) if u.endswith(".manifest.json")}
+        refuse_lost_shards(
+            found, entry, from_zero=False, has_manifest=lambda p: p + ".manifest.json" in manifests
+        )
         return found, f"the prefix {entry!r} (no *.rox object under it)"
     if store.exists(entry):
         return [entry], ""
@@ -114,6 +119,7 @@ def _resolve_url(store: ObjectStore, entry: str, roxxel_names: bool) -> tuple[li
     if any(u == prefix + ".manifest.json" for u in listing):
         found.sort(key=_number)
     else:
+        refuse_lost_shards(found, entry, from_zero=True, has_manifest=lambda p: False)
         found.sort()
     return found, f"{entry!r} (no object, no {base}_NNNN.rox objects beside it)"
 
