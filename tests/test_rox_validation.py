@@ -879,3 +879,26 @@ def test_a_set_without_a_manifest_that_lost_a_shard_is_refused(tmp_path):
         (other / name).write_bytes((tmp_path / "t_0000.rox").read_bytes())
     with open_rox(str(other)) as corpus:
         assert [os.path.basename(p) for p in corpus.paths] == ["logs_2024.rox", "logs_2026.rox"]
+
+
+@pytest.mark.parametrize("damaged", [0, 2])
+def test_verify_blames_only_the_shard_whose_footer_dtype_was_damaged(tmp_path, damaged):
+    """The set's first shard was the dtype reference before the manifest was consulted: its
+    damaged footer reported every sound shard as another dtype ("open sets of different
+    dtypes as separate corpora"), and a later damaged one got that advice too."""
+    write_rox([np.arange(3000, dtype=np.uint16)], str(tmp_path / "x.rox"), block_size=256,
+              max_shard_bytes=1200)  # fmt: skip
+    shards = sorted(str(p) for p in tmp_path.glob("x_*.rox"))
+    assert len(shards) >= 4
+    path = shards[damaged]
+    kept = os.stat(path)
+    data = bytearray(Path(path).read_bytes())
+    data[-16:-8] = b"int16\0\0\0"
+    Path(path).write_bytes(bytes(data))
+    os.utime(path, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    reports = verify_rox(str(tmp_path / "x.rox"))
+    assert [r.path for r in reports if not r.ok] == [path]
+    assert reports[damaged].problem.startswith(
+        f"the manifest {tmp_path / 'x.manifest.json'} says dtype uint16 but the shard's footer "
+        "says int16"
+    )

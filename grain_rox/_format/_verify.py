@@ -86,7 +86,8 @@ def verify_rox(
     """Check each shard's footer, size, whole index and (with a manifest) sha256 checksum.
 
     Unlike :func:`open_rox`, which stops at the first damaged shard, this returns one report
-    per shard, a shard whose dtype differs from its set's first shard's among them, plus one
+    per shard, a shard whose dtype differs from its set's first sound shard's among them (a
+    set with a manifest: from the manifest's), plus one
     ``kind="leftover"`` report (ok, with a ``note``) per hidden temporary file that a killed
     writer left beside the sets (the next write to the set removes them). Shards of different
     sets may hold different dtypes (:func:`shard_sets` groups the reports).
@@ -144,13 +145,15 @@ def verify_rox(
             else:
                 header = read_header(path)
                 check_index(header, read_index(header))
-            check_same_dtype(firsts.setdefault(name, header), header)
             checksum = "none"
             mpath = manifest_path_for(path)
             manifest = (
                 remote_manifest(ref.store, mpath) if ref is not None else current_manifest(mpath)
             )
             record = manifest.check_shard(header, mpath) if manifest else None
+            # against the set's first sound shard (after the manifest's own check: a damaged
+            # first shard made every sound one look like another dtype)
+            check_same_dtype(firsts.get(name, header), header)
             note = None
             if record is not None and checksums and record.sha256 is not None:
                 if ref is not None:
@@ -164,6 +167,7 @@ def verify_rox(
                     "its checksum can tell whether its tokens changed; reading it hashes it "
                     "and refuses a mismatch. Fix: run grain-rox verify without --no-checksums"
                 )
+            firsts.setdefault(name, header)
             reports.append(
                 ShardReport(
                     path,
