@@ -389,10 +389,19 @@ def test_verify_tells_two_shard_sets_of_different_dtypes_apart(tmp_path, capsys)
         f"{d}/code",
         "uint32",
     )
+    # (named by the set's manifest first: the shard is none of the set's)
+    assert reports["code_0003.rox"]["problem"].startswith(
+        f"1 file(s) named like shards of this set are not in its manifest {d}/code.manifest.json "
+        "(code_0003.rox)"
+    )
+    assert reports["train.rox"]["problem"] is None
+    # without a manifest, by the set's first shard
+    os.remove(data / "code.manifest.json")
+    assert main(["verify", str(data), "--json"]) == 1
+    reports = {os.path.basename(r["path"]): r for r in json.loads(capsys.readouterr().out)}
     assert reports["code_0003.rox"]["problem"].startswith(
         f"its dtype is uint32 but {d}/code_0000.rox (the corpus's first shard) is uint16"
     )
-    assert reports["train.rox"]["problem"] is None
 
 
 def run_in_a_terminal(*args: str, cwd: object = None) -> tuple[str, str]:
@@ -1017,3 +1026,27 @@ def test_a_rox_shard_among_the_inputs_is_never_read_as_text(tmp_path, capsys, ca
         "ROXXEL02 footer, not text; leave it out of the inputs (name the text files, or a glob "
         "of them)\n"
     )
+
+
+def test_inspect_of_sets_with_different_tokenizers_shows_each(tmp_path, capsys):
+    """Sets that disagree gave no shared EOS id or tokenizer, and inspect printed that as
+    "eos id None" and "tokenizer none (written as token ids)", although both recorded one."""
+    a, b, c = (str(tmp_path / f"{n}.rox") for n in "abc")
+    write_rox(["hello"], a, tokenizer="bytes")
+    write_rox([np.array([5, 6], np.uint16)], b, separator=0)
+    write_rox([np.array([5, 6], np.uint16)], c, separator=0, manifest=False)
+    assert main(["inspect", a, b, c]) == 0
+    text = capsys.readouterr().out
+    assert (
+        "eos id      differs by set (below)\n"
+        "tokenizer   differs by set:\n"
+        f"  {tmp_path / 'a.manifest.json'}: tokenizer 'bytes', EOS id 256\n"
+        f"  {tmp_path / 'b.manifest.json'}: no tokenizer recorded, EOS id 0\n"
+        f"  1 shard(s) without a manifest (first: {c}): no tokenizer recorded, EOS id None\n"
+    ) in text
+    assert main(["inspect", a, b, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["eos_id"], info["tokenizer"]) == (None, None)
+    assert [(s["tokenizer"] or {}).get("name") for s in info["sets"]] == ["bytes", None]
+    assert main(["inspect", b]) == 0  # one set: as before
+    assert "eos id      0\ntokenizer   none (written as token ids)\n" in capsys.readouterr().out
