@@ -40,6 +40,7 @@ from grain_rox._cli._progress import byte_bar, count_bar
 from grain_rox._cli._stdout import Summary, silence_stdout
 from grain_rox._cli._verify_report import verify_lines
 from grain_rox._cli._wording import cli_wording, tokenizer_line
+from grain_rox._format._rox_corpus import tokenizer_words
 from grain_rox._format._rox_format import RoxFormatError
 from grain_rox._format._verify import shard_sizes, verify_rox
 from grain_rox._text._builtin_corpus import BUILTIN_CORPORA, builtin_documents
@@ -572,9 +573,18 @@ def _inspect(args: argparse.Namespace) -> int:
     print(
         f"documents   {'unknown' if info['documents'] is None else format(info['documents'], ',')}"
     )
-    print(f"eos id      {info['eos_id']}")
-    untokenized = "none (written as token ids)" if info["manifests"] else "unknown (no manifest)"
-    print(f"tokenizer   {tok['name'] if tok else untokenized}")
+    sets = info["sets"]
+    if len({json.dumps([s["tokenizer"], s["eos_id"]], sort_keys=True) for s in sets}) > 1:
+        print("eos id      differs by set (below)")  # (a corpus of these sets has none)
+        print("tokenizer   differs by set:")
+        for s in sets:
+            print(f"  {s['set']}: {tokenizer_words(s['tokenizer'])}, EOS id {s['eos_id']}")
+    else:
+        print(f"eos id      {info['eos_id']}")
+        untokenized = (
+            "none (written as token ids)" if info["manifests"] else "unknown (no manifest)"
+        )
+        print(f"tokenizer   {tok['name'] if tok else untokenized}")
     print(f"manifest    {', '.join(info['manifests']) or 'none'}")
     print(f"fingerprint {info['fingerprint']}")
     for tmp in info["leftover_temporaries"]:

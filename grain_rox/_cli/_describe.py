@@ -30,6 +30,11 @@ def describe(paths: Any) -> dict[str, Any]:
             "eos_id": corpus.eos_id,
             "pad_id": corpus.pad_id,
             "tokenizer": corpus.tokenizer,
+            # each set's own (eos_id and tokenizer above are None where the sets disagree)
+            "sets": [
+                {"set": what, "tokenizer": tok, "eos_id": eos}
+                for what, tok, eos in corpus.set_facts()
+            ],
             "uniform_blocks": corpus.uniform_blocks,
             "manifests": list(corpus.manifest_paths),
             "fingerprint": corpus.fingerprint,
