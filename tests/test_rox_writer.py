@@ -6,6 +6,7 @@ import glob
 import json
 import logging
 import os
+import re
 import struct
 
 import numpy as np
@@ -467,3 +468,38 @@ def test_separators_inside_items_count_where_their_documents_start(tmp_path):
                            minlength=len(per_shard))  # fmt: skip
     assert [r["num_documents"] for r in records.values()] == expected.tolist()
     assert sum(expected) == 6
+
+
+def test_an_append_with_another_tokenizer_names_both_by_name_and_checksum(tmp_path):
+    """Two tokenizer.json files in folders of one name were refused as "tokenizer hf:tok !=
+    hf:tok"; a pad id that follows the tokenizer was told to be passed (the CLI has no flag)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    def tokenizer_json(where, vocab):
+        lib = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        lib.pre_tokenizer = pre_tokenizers.Whitespace()
+        lib.add_special_tokens(["</s>"])
+        (tmp_path / where / "tok").mkdir(parents=True)
+        lib.save(str(tmp_path / where / "tok" / "tokenizer.json"))
+        return str(tmp_path / where / "tok")
+
+    one = tokenizer_json("v1", {"[UNK]": 0, "</s>": 1, "hello": 2})
+    two = tokenizer_json("v2", {"[UNK]": 0, "</s>": 1, "hello": 3})
+    path = str(tmp_path / "t.rox")
+    write_rox(["hello"], path, tokenizer=one)
+    with pytest.raises(ValueError) as info:
+        write_rox(["hello"], path, tokenizer=two, if_exists="append")
+    assert re.search(
+        r": tokenizer 'hf:tok' sha256 (\w{12}) != tokenizer 'hf:tok' sha256 (?!\1)\w{12}\. Write ",
+        str(info.value),
+    ), info.value
+    bytes_set = str(tmp_path / "b.rox")
+    write_rox(["hello"], bytes_set, tokenizer="bytes")
+    with pytest.raises(ValueError) as info:
+        write_rox(["hello"], bytes_set, tokenizer=one, if_exists="append")
+    assert re.search(
+        r": dtype uint16 != uint8; eos/separator 256 != 1; pad_id 256 != 1; tokenizer 'bytes' != "
+        r"tokenizer 'hf:tok' "
+        r"sha256 \w{12}\. Write to a new path",
+        str(info.value),
+    ), str(info.value)

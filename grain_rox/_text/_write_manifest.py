@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from grain_rox._format._manifest import Manifest, ShardRecord, new_write_id, pad_run
+from grain_rox._format._rox_corpus import tokenizer_words
 from grain_rox._format._rox_format import read_header
 from grain_rox._format._shard_set import shard_number
 from grain_rox._text._item_encoding import TokenLayout
@@ -49,14 +50,20 @@ def check_append_compatible(old: Manifest, mpath: str, layout: TokenLayout) -> N
         problems.append(f"dtype {old.dtype} != {dtype}")
     if not _same_token(old.eos_id, sep, dtype):
         problems.append(f"eos/separator {old.eos_id} != {sep}")
+    new_tok = tok.identity() if tok is not None else None
+    same_tokenizer = old.tokenizer == new_tok
     # the set's padding is found by its one pad id: other padding would be read as text
     if old.pad_id is not None and not _same_token(old.pad_id, layout.pad, dtype):
-        problems.append(f"pad_id {old.pad_id} != {layout.pad} (pass pad_id={old.pad_id})")
-    new_tok = tok.identity() if tok is not None else None
-    if old.tokenizer != new_tok:
-        old_name = (old.tokenizer or {}).get("name")
-        new_name = (new_tok or {}).get("name")
-        problems.append(f"tokenizer {old_name} != {new_name}")
+        fix = f" (pass pad_id={old.pad_id})" if same_tokenizer else ""  # (else: its tokenizer's)
+        problems.append(f"pad_id {old.pad_id} != {layout.pad}{fix}")
+    if not same_tokenizer:
+        was, now = tokenizer_words(old.tokenizer), tokenizer_words(new_tok)
+        if was == now:  # the same name and checksum: the fields that differ
+            a, b = old.tokenizer or {}, new_tok or {}
+            keys = sorted(k for k in {*a, *b} if a.get(k) != b.get(k))
+            was += f" ({', '.join(f'{k} {a.get(k)!r}' for k in keys)})"
+            now += f" ({', '.join(f'{k} {b.get(k)!r}' for k in keys)})"
+        problems.append(f"{was} != {now}")
     if problems:
         raise ValueError(
             f"cannot append to the shard set described by {mpath}: "
