@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import json
 import logging
+import re
 import sqlite3
 import time
 from fractions import Fraction
@@ -826,3 +827,23 @@ def test_each_source_continues_its_epoch_across_phases_of_other_shapes_and_weigh
                  if int(x[0]) - OFFSETS[name] in row_of]  # fmt: skip
         assert len(again) >= 20, f"{name}: its second epoch does not serve its pairs again"
         assert again != sorted(again), f"{name}: its second epoch repeats the first's order"
+
+
+def test_mixing_arguments_of_the_wrong_shape_are_named(make_rox):
+    """A weight too large for a float was a bare OverflowError; a phase that is no pair was
+    "too many values to unpack"; one dataset's weights= beside phases= were dropped."""
+    a, b = grain.MapDataset.range(10), grain.MapDataset.range(100, 110)
+    huge = {"a": 10**400, "b": 1}
+    with pytest.raises(ValueError, match=r"^mix_datasets phase 0 weight of 'a' is an integer of "
+                       r"401 digits, too large for a float; pass weights on a smaller scale"):  # fmt: skip
+        mix_datasets({"a": a, "b": b}, huge, seed=0, length=4)
+    for phase in ((5, {"a": 1}, 3), 5):
+        with pytest.raises(ValueError, match=re.escape(
+            f"mix_datasets: phases[0] is {phase!r}, not a pair (num_samples, weights)"
+        )):  # fmt: skip
+            mix_datasets({"a": a, "b": b}, phases=[phase, (None, {"b": 1})], seed=0, length=4)
+    with pytest.raises(ValueError, match=r"give weights= or phases=.*, not both"):
+        mix_datasets({"a": a}, {"a": 1}, phases=[(None, {"a": 1})], seed=0, length=4)
+    path = make_rox("huge_weights", [np.arange(1, 200, dtype=np.uint16)], separator=0)
+    with pytest.raises(ValueError, match=r"^phase 0 weight of 'a' is an integer of 401 digits"):
+        TokenPipeline({"a": path, "b": path}, seq_len=8, global_batch_size=2, weights=huge)

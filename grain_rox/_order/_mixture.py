@@ -509,6 +509,14 @@ def resolve_weights(
             raise TypeError(
                 f"{where} weight of {name!r} is {w!r} ({type(w).__name__}); pass a number"
             )
+        try:
+            float(w)
+        except OverflowError:  # (math.isfinite raised it, naming no weight)
+            raise ValueError(
+                f"{where} weight of {name!r} is an integer of {len(str(abs(int(w))))} digits, "
+                "too large for a float; pass weights "
+                "on a smaller scale (only their ratios count)"
+            ) from None
         if not (math.isfinite(w) and w >= 0):
             raise ValueError(
                 f"{where} weight of {name!r} is {w!r}; pass a finite weight >= 0 (0 leaves the "

@@ -363,12 +363,22 @@ def mix_datasets(
     seed = seed_arg(seed, where="mix_datasets")
     if length is not None:
         length = int_arg(length, "length", where="mix_datasets")
-    if (weights is None) == (phases is None) and len(names) > 1:
+    if weights is not None and phases is not None:  # (one dataset's weights were dropped)
+        raise ValueError(
+            "mix_datasets: give weights= or phases=[(num_samples, weights), ...], not both"
+        )
+    if weights is None and phases is None and len(names) > 1:
         raise ValueError("mix_datasets: give weights= or phases=[(num_samples, weights), ...]")
     if phases is None:
         phases = [(None, weights)]  # type: ignore[list-item]
     if not phases:
         raise ValueError("phases= is empty; give at least one (num_samples, weights)")
+    for p, phase in enumerate(phases):
+        if not isinstance(phase, (tuple, list)) or len(phase) != 2:
+            raise ValueError(
+                f"mix_datasets: phases[{p}] is {phase!r:.100}, not a pair (num_samples, "
+                "weights); pass phases=[(num_samples, {name: weight, ...}), ..., (None, {...})]"
+            )
     shares = [
         resolve_weights(names, w, f"mix_datasets phase {p}") for p, (_, w) in enumerate(phases)
     ]
