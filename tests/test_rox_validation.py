@@ -22,7 +22,7 @@ from _corpora import unsealed
 from _threads import run_released_together
 from shard_bytes import make_shard
 
-from grain_rox import RoxCorpus, RoxFormatError, open_rox, write_rox
+from grain_rox import RoxCorpus, RoxDocumentSource, RoxFormatError, open_rox, write_rox
 from grain_rox._format._verify import verify_rox
 
 FOOTER = struct.Struct("<qq8s8s")
@@ -901,4 +901,31 @@ def test_verify_blames_only_the_shard_whose_footer_dtype_was_damaged(tmp_path, d
     assert reports[damaged].problem.startswith(
         f"the manifest {tmp_path / 'x.manifest.json'} says dtype uint16 but the shard's footer "
         "says int16"
+    )
+
+
+def test_a_dangling_symlink_among_the_shards_is_named_as_one(tmp_path):
+    """A link to nothing gave a bare ``FileNotFoundError`` (a directory), or, by name or glob,
+    "neither b.rox nor b_NNNN.rox exist, but 1 file(s) start with that name (b.rox)"."""
+    write_rox([np.arange(100, dtype=np.uint16)], str(tmp_path / "a.rox"), block_size=16,
+              manifest=False)  # fmt: skip
+    os.symlink("gone.rox", tmp_path / "b.rox")
+    for spec in (tmp_path, tmp_path / "*.rox", tmp_path / "b.rox"):
+        with pytest.raises(FileNotFoundError) as info:
+            open_rox(str(spec))
+        assert str(info.value) == (
+            f"no .rox shard found for '{tmp_path / 'b.rox'}' (a symbolic link to 'gone.rox', "
+            "which does not exist: restore its target, or delete the link)"
+        )
+
+
+def test_a_set_whose_manifest_records_no_eos_says_so(tmp_path):
+    """It said "(the shards have no manifest)" beside the manifest."""
+    path = str(tmp_path / "m.rox")
+    write_rox([np.arange(10, dtype=np.uint16)], path, block_size=8)
+    with pytest.raises(ValueError) as info:
+        RoxDocumentSource(path, seq_len=4)
+    assert str(info.value) == (
+        f"{path}: no EOS id to split documents at ({tmp_path / 'm.manifest.json'} records no "
+        "EOS id: it was written without one); pass eos_id="
     )

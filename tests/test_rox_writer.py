@@ -503,3 +503,31 @@ def test_an_append_with_another_tokenizer_names_both_by_name_and_checksum(tmp_pa
         r"sha256 \w{12}\. Write to a new path",
         str(info.value),
     ), str(info.value)
+
+
+def test_writer_errors_name_the_item_kind_and_the_dtype_that_fits(tmp_path):
+    """Text without a tokenizer into uint16 was called bytes; an int64 overflow suggested uint32;
+    dtype='bfloat16' worked only once something had imported ml_dtypes."""
+    with pytest.raises(TypeError, match=r"^item 0 is text \(str\) but the shard dtype is uint16 "
+                       r"and no tokenizer= is given; pass tokenizer="):  # fmt: skip
+        write_rox(["hi"], str(tmp_path / "s.rox"), dtype="uint16")
+    with pytest.raises(ValueError, match=re.escape(
+        "item 0 holds values in [9223372036854775809, 9223372036854775809] that do not fit "
+        "int64 [-9223372036854775808, 9223372036854775807]; pass dtype='uint64', or check"
+    )):  # fmt: skip
+        write_rox([np.array([2**63 + 1], np.uint64)], str(tmp_path / "c.rox"), dtype="int64")
+    with pytest.raises(ValueError, match=r"that do not fit uint16 \[0, 65535\]; pass "
+                       r"dtype='int32', or check"):  # fmt: skip
+        write_rox([np.array([-1, 70000])], str(tmp_path / "d.rox"), dtype="uint16")
+    import subprocess
+    import sys
+
+    code = (  # a fresh interpreter: nothing has imported ml_dtypes
+        "import sys, numpy as np; from grain_rox import write_rox, open_rox; "
+        "assert 'ml_dtypes' not in sys.modules; "
+        f"write_rox([np.array([1.5, 2.25], np.float32)], {str(tmp_path / 'b.rox')!r}, "
+        "dtype='bfloat16', block_size=4); "
+        f"print(open_rox({str(tmp_path / 'b.rox')!r}).tokens(0, 2).astype(np.float32).tolist())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.stdout == "[1.5, 2.25]\n", done.stderr

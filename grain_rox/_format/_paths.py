@@ -74,8 +74,13 @@ def _resolve_set_name(s: str, prefix: str) -> list[str]:
 
 def _resolve_entry(s: str, roxxel_names: bool) -> tuple[list[str], str]:
     """Resolve one entry; returns (files, what was searched when nothing matched)."""
+    if os.path.islink(s) and not os.path.exists(s):  # (else taken for a set name)
+        return [], _dangling(s)
     if os.path.isdir(s):
         found = sorted(glob.glob(os.path.join(s, "*.rox")))
+        dangling = [p for p in found if os.path.islink(p) and not os.path.exists(p)]
+        if dangling:
+            raise FileNotFoundError(f"no .rox shard found for {_dangling(dangling[0])}")
         refuse_lost_shards(found, s, from_zero=False)
         return found, f"the directory {s!r} (no *.rox in it{killed_write_note(s, True)})"
     if os.path.exists(s):
@@ -101,6 +106,13 @@ def _resolve_entry(s: str, roxxel_names: bool) -> tuple[list[str], str]:
     return (
         [],
         f"{s!r} (not a file or directory; {prefix + '_*.rox'!r} and {prefix + '*.rox'!r} matched nothing)",
+    )
+
+
+def _dangling(link: str) -> str:
+    return (
+        f"{link!r} (a symbolic link to {os.readlink(link)!r}, which does not exist: restore "
+        "its target, or delete the link)"
     )
 
 

@@ -244,7 +244,10 @@ class RoxCorpus:
         )
 
     def why_no_eos(self) -> str:
-        """Why :attr:`eos_id` is None, for messages: the sets disagree, or no manifest."""
+        """Why :attr:`eos_id` is None, for messages: the sets disagree, no manifest, or a
+        manifest that records none (a set written as token ids without a separator)."""
+        if self.manifest_paths and not self.eos_disagreement():
+            return f"{', '.join(self.manifest_paths)} records no EOS id: it was written without one"
         return self.eos_disagreement() or "the shards have no manifest"
 
     def _shared_fact(self, name: str) -> Any:

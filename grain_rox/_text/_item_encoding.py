@@ -95,13 +95,23 @@ def plan_layout(
     return TokenLayout(target, block_size, sep, pad, tok), items
 
 
+def token_dtype(dtype: Any) -> np.dtype:
+    """``np.dtype(dtype)``, with the name ``"bfloat16"`` too (numpy knows it only once
+    ``ml_dtypes`` is imported, which the reader does for it)."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        import ml_dtypes  # shipped with jax
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
 def resolve_dtype(
     items: Iterator[Any], dtype: Any, tokenizer: Tokenizer | None
 ) -> tuple[np.dtype, Iterator[Any]]:
     """The token dtype: ``dtype``, else the smallest that holds the tokenizer's vocabulary, else
     that of the first item (uint8 for text and bytes)."""
     if dtype is not None:
-        return np.dtype(dtype), items
+        return token_dtype(dtype), items
     if tokenizer is not None:
         return smallest_token_dtype(tokenizer.vocab_size), items
     first = next(items, None)
@@ -126,9 +136,20 @@ def check_dtype_range(values: np.ndarray, dtype: np.dtype, where: str) -> None:
     info = np.iinfo(dtype)
     lo, hi = values.min(), values.max()
     if lo < info.min or hi > info.max:
+        wider = next(
+            (
+                t
+                for t in ("uint16", "uint32", "int32", "uint64", "int64")
+                if np.dtype(t).itemsize >= dtype.itemsize
+                and np.iinfo(t).min <= lo
+                and hi <= np.iinfo(t).max
+            ),
+            None,
+        )
+        fix = f"pass dtype={wider!r}" if wider else "no integer dtype holds them"
         raise ValueError(
             f"{where} holds values in [{lo}, {hi}] that do not fit {dtype} [{info.min}, "
-            f"{info.max}]; pass dtype= a wider type (e.g. uint32) or check the token ids"
+            f"{info.max}]; {fix}, or check the token ids"
         )
 
 
@@ -209,6 +230,12 @@ class ItemEncoder:
                 if not self.ids_fit:
                     check_dtype_range(ids, self.dtype, where)
                 return ids.astype(self.dtype, copy=False)
+            if self.dtype != np.uint8:
+                raise TypeError(
+                    f"{where} is text (str) but the shard dtype is {self.dtype} and no "
+                    "tokenizer= is given; pass tokenizer= (e.g. 'bytes' or 'cl100k_base'), or "
+                    "token arrays"
+                )
             item = item.encode("utf-8")
         if isinstance(item, (bytes, bytearray, memoryview)):
             if self.dtype != np.uint8:
