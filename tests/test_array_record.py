@@ -5,6 +5,7 @@ pickle and read-only protocols: every source, in test_conformance.py.)"""
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import pickle
 
@@ -625,3 +626,19 @@ def test_values_a_writer_or_packer_refuses_name_the_file_and_record(tmp_path, ca
         capsys.readouterr().err
     )
     assert not os.path.exists(tmp_path / "c.rox") and not os.path.exists(tmp_path / "o.rox")
+
+
+def test_an_exports_checksum_tells_document_boundaries_apart(tmp_path):
+    """The sha256 an export reports (and checks its read-back against) hashed the records'
+    bytes end to end: [1, 2], [3] and [1], [2, 3] had one checksum."""
+    results = []
+    for name, docs in (("a", [[1, 2], [3]]), ("b", [[1], [2, 3]])):
+        path = str(tmp_path / f"{name}.rox")
+        write_rox([np.array(d, np.uint16) for d in docs], path, separator=0)
+        results.append(export_array_record(path, str(tmp_path / f"{name}.array_record")))
+    assert [r.num_documents for r in results] == [2, 2]
+    assert results[0].sha256 != results[1].sha256
+    expected = hashlib.sha256()
+    for record in (np.array([1, 2], np.uint16).tobytes(), np.array([3], np.uint16).tobytes()):
+        expected.update(len(record).to_bytes(8, "little") + record)
+    assert results[0].sha256 == expected.hexdigest()

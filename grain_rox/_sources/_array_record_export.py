@@ -8,8 +8,9 @@ the manifest records it (:mod:`grain_rox._format._served`), never guessed from t
 document that starts or ends with the pad id keeps it, and an empty document (an empty item)
 is an empty record. Shards without a manifest (as roxxel writes them) record no padding: see
 :func:`rox_documents` for what is exported of them. The file is written under a temporary
-name, read back in full and compared (record count and sha256 of all record bytes) before it
-is renamed into place: a writer killed half-way leaves no file that looks valid.
+name, read back in full and compared (record count and the sha256 of the records, each
+length-prefixed, so that their boundaries count) before it is renamed into place: a writer
+killed half-way leaves no file that looks valid.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class ExportResult:
     num_documents: int  # records written (one per document; see rox_documents)
     num_tokens: int  # tokens in them (EOS left out)
     dtype: str  # the records' dtype (the corpus's): pass it to ArrayRecordSource(dtype=)
-    sha256: str  # of all record bytes in order, as read back before the rename
+    sha256: str  # of the records in order, each after its length (8 bytes, little-endian)
 
 
 def rox_documents(
@@ -124,7 +125,7 @@ def export_array_record(
 
     Returns:
       An :class:`ExportResult`: the path written, its document and token counts, the
-      records' dtype and the sha256 of all record bytes.
+      records' dtype and the sha256 of the records (each after its length).
 
     >>> import tempfile, os, numpy as np
     >>> from grain_rox import write_rox, ArrayRecordSource
@@ -183,7 +184,7 @@ def export_array_record(
             # the bytes of the dtype the result names (a document joined from pieces is native)
             record = np.ascontiguousarray(doc, dtype=corpus.dtype).tobytes()
             writer.write(record)
-            digest.update(record)
+            add_record(digest, record)
             count += 1
             tokens += int(doc.size)
         writer.close()
@@ -201,6 +202,18 @@ def export_array_record(
     return ExportResult(output, count, tokens, str(corpus.dtype), digest.hexdigest())
 
 
+def add_record(digest: Any, record: bytes) -> None:
+    """Hash ``record`` after its length: records [ab][c] and [a][bc] hash apart.
+
+    >>> a, b = hashlib.sha256(), hashlib.sha256()
+    >>> add_record(a, b"ab"); add_record(a, b"c"); add_record(b, b"a"); add_record(b, b"bc")
+    >>> a.hexdigest() == b.hexdigest()
+    False
+    """
+    digest.update(len(record).to_bytes(8, "little"))
+    digest.update(record)
+
+
 def _check_written(path: str, count: int, sha256: str) -> None:
     """Read ``path`` back in full; its records must hash to what was written."""
     found = count_records(path)
@@ -208,6 +221,6 @@ def _check_written(path: str, count: int, sha256: str) -> None:
         raise OSError(f"{path}: wrote {count} records but {found} read back")
     digest = hashlib.sha256()
     for _, record in read_in_order(path, count, 4096):
-        digest.update(record)
+        add_record(digest, record)
     if digest.hexdigest() != sha256:
         raise OSError(f"{path}: the records read back differ from those written")
