@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from grain_rox import open_rox
+from grain_rox import open_rox, read_documents
 from grain_rox._text._convert import ReadStats, read_files
 from grain_rox.cli import main
 
@@ -1095,3 +1095,17 @@ def test_a_saved_dataset_whose_strings_are_not_utf8_names_the_row_as_parquet_doe
         "valid UTF-8 text (e.g. decode the source with errors='replace' before writing it)\n"
     )
     assert not (tmp_path / "b.rox").exists()
+
+
+def test_jsonl_with_lone_cr_line_endings_names_them(tmp_path):
+    """Old Mac line endings made one line of all records: "Extra data", nothing more."""
+    path = tmp_path / "cr.jsonl"
+    path.write_bytes(b'{"text": "a"}\r{"text": "b"}\r')
+    with pytest.raises(ValueError) as info:
+        list(read_documents(str(path)))
+    assert str(info.value) == (
+        f"{path}:1 is not valid JSON: Extra data: line 1 column 15 (char 14); its records end in "
+        "a lone CR (old Mac line endings): convert them to LF (e.g. tr '\\r' '\\n')"
+    )
+    path.write_bytes(b'{"text": "a"}\r\n{"text": "b"}\r\n')  # CRLF: read as before
+    assert list(read_documents(str(path))) == ["a", "b"]

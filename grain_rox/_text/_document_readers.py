@@ -305,7 +305,13 @@ def jsonl_documents(
                     "inputs (e.g. a glob such as DIR/**/*.jsonl) or pass --format text to read "
                     "it as one text document"
                 ) from None
-            raise ValueError(f"{where} is not valid JSON: {e}") from None
+            cr = (
+                "; its records end in a lone CR (old Mac line endings): convert them to LF "
+                "(e.g. tr '\\r' '\\n')"
+                if "\r" in line.rstrip("\r")
+                else ""
+            )
+            raise ValueError(f"{where} is not valid JSON: {e}{cr}") from None
         except (ValueError, RecursionError) as e:  # Python's limits: long ints, deep nesting
             raise ValueError(f"{where} cannot be read as JSON here: {_too_much(e)}") from None
         records_seen += 1
