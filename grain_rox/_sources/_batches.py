@@ -188,12 +188,14 @@ def shuffled_batches(
     restores on any number of processes. Grain's transformations of the dataset keep it:
     ``.map``, ``.map_with_index`` and ``.filter`` (the identity does not cover your
     functions), and slicing, ``.shuffle``, ``.batch``, ``.repeat``, ``.seed`` and
-    ``.random_map``, whose arguments join it (``"ops"``), so a state restores only onto the
-    same slice, seeds and batching; iterator datasets (after ``.to_iter_dataset(...)``) pass
-    the state through. Grain's functions that join datasets (``grain.MapDataset.mix``,
-    ``concatenate``, ``grain.experimental.ZipMapDataset``, ``WindowShuffleMapDataset``) make
-    plain Grain datasets, whose states name no data: mix with :func:`~grain_rox.mix_datasets`,
-    whose state names every input.
+    ``.random_map``, and ``.apply([...])`` (a ``FlatMapTransform`` by its class), whose
+    arguments join it (``"ops"``), so a state restores only onto the same slice, seeds and
+    batching; iterator datasets (after ``.to_iter_dataset(...)``) pass the state through.
+    Grain's functions that join datasets (``grain.MapDataset.mix``, ``concatenate``,
+    ``grain.experimental.ZipMapDataset``, ``WindowShuffleMapDataset``) make plain Grain
+    datasets, whose states name no data: mix with :func:`~grain_rox.mix_datasets`, whose state
+    names every input. ``grain.experimental.ElasticIterator`` keeps a state of its own
+    (``{"global_next_index": ...}``), which names no data either.
 
     Args:
         source: A source with ``len`` and a vectorised ``get_batch(rows)`` (grain_rox's

@@ -241,6 +241,17 @@ class IdentifiedIterDataset(grain.IterDataset):
         made = self._parent.batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
         return self._keep(made, _batch_op(batch_size, drop_remainder, batch_fn))
 
+    def apply(self, transformations: Any) -> grain.IterDataset:
+        # Grain's apply makes a FlatMap's node itself, beneath no method of ours: kept here
+        ds: Any = self
+        for t in transformations if isinstance(transformations, Sequence) else [transformations]:
+            if isinstance(t, grain.experimental.FlatMapTransform):
+                made = grain.IterDataset.apply(ds._parent, t)
+                ds = ds._keep(made, f"flat_map({_name_of(t)})", same_position=False)
+            else:
+                ds = grain.IterDataset.apply(ds, t)  # (through this class's own methods)
+        return ds
+
     def __str__(self) -> str:
         return f"IdentifiedIterDataset({self.what})"
 
@@ -327,6 +338,16 @@ class IdentifiedMapDataset(grain.MapDataset):
     ) -> IdentifiedMapDataset:
         made = self._parent.repeat(num_epochs, reseed_each_epoch=reseed_each_epoch)
         return self._keep(made, f"repeat({num_epochs}, reseed_each_epoch={reseed_each_epoch})")
+
+    def apply(self, transformations: Any) -> grain.MapDataset:
+        # Grain's apply makes a FlatMap's node itself, beneath no method of ours: kept here
+        ds: Any = self
+        for t in transformations if isinstance(transformations, Sequence) else [transformations]:
+            if isinstance(t, grain.experimental.FlatMapTransform):
+                ds = ds._keep(grain.MapDataset.apply(ds._parent, t), f"flat_map({_name_of(t)})")
+            else:
+                ds = grain.MapDataset.apply(ds, t)  # (through this class's own methods)
+        return ds
 
     def to_iter_dataset(
         self, read_options: grain.ReadOptions | None = None, *, allow_nones: bool = False
