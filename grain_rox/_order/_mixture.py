@@ -514,8 +514,7 @@ def resolve_weights(
         except OverflowError:  # (math.isfinite raised it, naming no weight)
             raise ValueError(
                 f"{where} weight of {name!r} is an integer of {len(str(abs(int(w))))} digits, "
-                "too large for a float; pass weights "
-                "on a smaller scale (only their ratios count)"
+                "too large for a float; pass weights on a smaller scale (only their ratios count)"
             ) from None
         if not (math.isfinite(w) and w >= 0):
             raise ValueError(

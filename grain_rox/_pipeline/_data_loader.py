@@ -69,8 +69,8 @@ class PipelineDataLoader(grain.DataLoader):
             raise ValueError(_not_a_loader_state(state))
         source = self._data_source
         now = repr(source)
-        changes = _source_changes(state["data_source"], now)
         if state["data_source"] != now:
+            changes = _source_changes(state["data_source"], now)
             hint = f" ({DATA_HINT})" if any(c.startswith("data: ") for c in changes) else ""
             config = {k: v for k, v in source.pipeline.describe().items() if k != "data"}
             raise ValueError(
