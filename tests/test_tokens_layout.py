@@ -191,7 +191,8 @@ def test_the_layout_is_as_small_as_the_data_allows(corpora):
     packed = _pipeline(corpora, **CASES["packed rows, first fit, uint32"]).tokens_layout()
     assert (packed.join_mask, packed.content_column, packed.bits) == (True, True, 32)
     wide = _pipeline(corpora, **CASES["int64 tokens, packed"]).tokens_layout()
-    assert (wide.dtype, wide.bits, wide.mask_columns(63)) == (np.dtype("int64"), 32, 2)
+    # (31 bits a 64-bit column: JAX places it as int32 without x64, and a 32nd was refused)
+    assert (wide.dtype, wide.bits, wide.mask_columns(63)) == (np.dtype("int64"), 31, 3)
     assert packed.width(40) == 41 + 2 + 1 and packed.seq_len(44) == 40
     mixed = _pipeline(corpora, **CASES["two EOS ids (EOS column)"]).tokens_layout()
     assert (mixed.eos_id, mixed.eos_column) == (None, True)
@@ -343,6 +344,63 @@ def test_a_state_restores_under_another_layout_with_the_same_batches(corpora):
                 again.set_state(inner)
                 got = features(restored, next(again))
                 assert all(np.array_equal(got[k], following[k]) for k in following)
-            refusal = "segmentation: saved True" if made == "iter_dataset" else "DataSource in"
+            refusal = (
+                "segmentation: saved True"
+                if made == "iter_dataset"
+                else r"changed \(config: saved \w+ -> now \w+\)\. .*'segmentation': False"
+            )
             with pytest.raises(ValueError, match=refusal):
                 iter(getattr(unmasked, made)()).set_state(inner)
+
+
+def _two_devices() -> jax.sharding.NamedSharding:
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+
+
+def test_int64_tokens_of_packed_rows_reach_the_devices_as_on_the_host(corpora):
+    """A join at a mask column's 32nd bit made an int64 value of 2**31 or more, which JAX
+    places as int32 without x64: the features on the devices (the accelerator default) and
+    layout='tokens' were refused as a wrap, where the host features served the batches."""
+    weights = {"signed": 0.5, "unsigned": 0.5}
+    pipe = TokenPipeline({n: corpora[n] for n in weights}, phases=[Phase(None, 8, 63, weights)],
+                         packing="best_fit", chunk_tokens=300, seed=1,
+                         allow_mixed_tokenizers=True)  # fmt: skip
+    host = pipe.batch_source()
+    unpack = jax.jit(pipe.unpack)
+    for kwargs, unpacked in (({"features_on_device": True}, False), ({}, True)):
+        form = pipe.with_layout("tokens") if unpacked else pipe
+        with MultiHostDataLoadIterator(form, data_sharding=_two_devices(), **kwargs) as it:
+            for step in range(40):
+                got = next(it)
+                got = unpack(got) if unpacked else got
+                for key, value in host[step].items():
+                    np.testing.assert_array_equal(np.asarray(got[key]), value, err_msg=key)
+
+
+def test_int64_from_uint32_ids_past_2_31_is_refused_on_the_devices_too(tmp_path):
+    """dtype=int64 without x64 is placed as int32: the host refused ids from 2**31 on, but
+    features derived on the devices (the accelerator default) and unpack in a jit wrapped them,
+    silently."""
+    path = str(tmp_path / "huge.rox")
+    rng = np.random.default_rng(0)
+    write_rox([rng.integers(2**31, 2**32 - 1, 200, dtype=np.uint32)] * 4, path, separator=0)
+    pipe = TokenPipeline(path, seq_len=16, global_batch_size=8, seed=0, dtype=np.int64)
+    wraps = r"holds int64 values up to \d+, which JAX places as int32 \(jax_enable_x64 is off\)"
+    for kwargs in ({"features_on_device": True}, {"features_on_device": False}):
+        with (
+            MultiHostDataLoadIterator(pipe, data_sharding=_two_devices(), **kwargs) as it,
+            pytest.raises(ValueError, match=wraps),
+        ):
+            next(it)
+    tokens = pipe.with_layout("tokens")
+    with MultiHostDataLoadIterator(tokens, data_sharding=_two_devices()) as it:
+        batch = next(it)
+    with pytest.raises(ValueError, match=r"^unpack: dtype=int64 needs jax_enable_x64, which is "
+                       r"off, so JAX makes int32 of these uint32 tokens"):  # fmt: skip
+        jax.jit(tokens.unpack)(batch)
+    exact = TokenPipeline(path, seq_len=16, global_batch_size=8, seed=0, dtype=np.uint32)
+    with MultiHostDataLoadIterator(exact, data_sharding=_two_devices(),
+                                   features_on_device=True) as it:  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(next(it)["inputs"]),
+                                      exact.batch_source()[0]["inputs"])  # fmt: skip

@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from grain_rox._devices._iterator_state import check_step
+from grain_rox._devices._narrowing import x64_enabled
 from grain_rox._devices._placement import (
     data_shards,
     process_rows,
@@ -131,14 +132,20 @@ class PipelineFeed:
         self.derive: Any = None
         tokens = pipeline.plan.tokens
         rows_only = all(axis is None for axis in tuple(sharding.spec)[1:])  # not along seq_len
-        possible = pipeline.layout == "maxtext" and tokens is not None and rows_only
+        # 64-bit features without jax_enable_x64 are placed as 32-bit: the host checks that no
+        # value wraps (a uint32 id >= 2**31 as int64); derived on the devices, one wrapped
+        fits = pipeline.dtype.itemsize < 8 or x64_enabled()
+        possible = pipeline.layout == "maxtext" and tokens is not None and rows_only and fits
         if features_on_device and not possible:
             _log.warning(
                 "MultiHostDataLoadIterator(features_on_device=True) computes the features on the "
                 "host: it needs the 'maxtext' layout (this pipeline's is %r), integer tokens, "
-                "and a data sharding that does not split the sequence axis (this one: %s)",
+                "a data sharding that does not split the sequence axis (this one: %s), and an "
+                "output dtype JAX places as it is (this one: %s%s)",
                 pipeline.layout,
                 sharding.spec,
+                pipeline.dtype,
+                "" if fits else ", 64-bit with jax_enable_x64 off",
             )
         if features_on_device is None:
             features_on_device = any(d.platform != "cpu" for d in sharding.mesh.devices.flat)

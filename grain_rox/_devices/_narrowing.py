@@ -25,6 +25,12 @@ import numpy as np
 
 
 @functools.lru_cache(maxsize=64)
+def x64_enabled() -> bool:
+    """Whether JAX places 64-bit values as they are (``jax_enable_x64``)."""
+    config: Any = jax.config
+    return bool(config.jax_enable_x64)
+
+
 def _placed_as(dtype: np.dtype, x64: bool) -> np.dtype | None:
     """The narrower dtype JAX places ``dtype`` as (integers, floats, complex), or None when it
     keeps its width."""
@@ -55,8 +61,7 @@ def refuse_narrowing(
     ``names`` (each leaf's name; by index without) may be functions, asked only to word a
     message: on a hot path a batch that fits costs no words. The cost: a min and a max of each
     64-bit integer leaf, with ``jax_enable_x64`` off; nothing otherwise."""
-    config: Any = jax.config
-    x64 = bool(config.jax_enable_x64)
+    x64 = x64_enabled()
     for i, a in enumerate(arrays):
         placed = _placed_as(a.dtype, x64)
         if placed is None or a.size == 0:

@@ -80,9 +80,10 @@ class TokensLayout:
     @functools.cached_property
     def bits(self) -> int:
         """Join-mask positions a column holds: every bit of the dtype but a sign bit, and 32
-        at most (a column is unpacked as a ``uint32``; 64-bit columns hold 32 positions)."""
+        at most (a column is unpacked as a ``uint32``); 64-bit columns hold 31, below 2**31,
+        which JAX places as int32 without x64 (a 32nd bit was refused there as a wrap)."""
         info = np.iinfo(self.dtype)
-        return min(32, info.bits - (1 if info.min < 0 else 0))
+        return min(32 if info.bits < 64 else 31, info.bits - (1 if info.min < 0 else 0))
 
     def mask_columns(self, seq_len: int) -> int:
         """Columns of the join mask of a ``seq_len`` window (0 without ``join_mask``)."""
@@ -172,6 +173,8 @@ class TokensLayout:
         (or a tracer inside ``jax.jit``) in, ``jax.Array`` out. ``inputs``/``targets`` are
         ``out_dtype``; the segment features int32."""
         xp: Any = np if isinstance(tokens, np.ndarray) else _jnp()
+        if xp is not np:
+            _refuse_wrapping(np.dtype(tokens.dtype), np.dtype(out_dtype))
         seq_len = self.seq_len(tokens.shape[1])
         window = tokens[:, : seq_len + 1].astype(out_dtype)
         out = {INPUTS: window[:, :-1], TARGETS: window[:, 1:]}
@@ -215,6 +218,23 @@ class TokensLayout:
         out[TARGETS_SEGMENTATION] = target_segmentation
         out[TARGETS_POSITION] = position
         return out
+
+
+def _refuse_wrapping(stored: np.dtype, out: np.dtype) -> None:
+    """Refuse to make 64-bit tokens on the devices from unsigned 32-bit (or wider) ones while
+    ``jax_enable_x64`` is off: JAX makes them int32, and ids from 2**31 on would wrap (the
+    host refuses such values where it places them; inside a jit nobody would see them)."""
+    import jax
+
+    config: Any = jax.config
+    wide = out.itemsize == 8 and stored.kind == "u" and stored.itemsize >= 4
+    if wide and not config.jax_enable_x64:
+        raise ValueError(
+            f"unpack: dtype={out} needs jax_enable_x64, which is off, so JAX makes int32 "
+            f"of these {stored} tokens, and ids from 2**31 on would wrap; pass "
+            "TokenPipeline(dtype=np.uint32) (or np.int32, for ids below 2**31), or turn "
+            "x64 on: jax.config.update('jax_enable_x64', True)"
+        )
 
 
 def _jnp() -> Any:
