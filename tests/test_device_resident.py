@@ -262,9 +262,9 @@ def test_rows_that_fit_nowhere_give_the_sizes_and_the_fixes(root):
     source = npy_dict(root)  # 45 rows x (12 + 4 + 8) bytes = 1,080 bytes; 6 rows a device
     ds = shuffled_batches(source, BATCH, seed=0)
     message = (
-        "placement='device': the rows do not fit on the devices: 45 rows x 24 bytes = 0.0 MiB, "
-        "i.e. 0.0 MiB per device replicated, or 0.0 MiB per device sharded over the 8 devices "
-        "of the mesh's 'data' axis, but the budget is 0.0 MiB per device "
+        "placement='device': the rows do not fit on the devices: 45 rows x 24 bytes = 1,080 "
+        "bytes, i.e. 1,080 bytes per device replicated, or 144 bytes per device sharded over "
+        "the 8 devices of the mesh's 'data' axis, but the budget is 143 bytes per device "
         "(device_memory_budget=143). Use placement='host'"
     )
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -381,3 +381,32 @@ def test_rows_of_another_dtype_than_row_0s_are_refused(monkeypatch):
     message = "the rows of rows 8..15 of Rows() is float32, not int32 (row 0's"
     with pytest.raises(ValueError, match=re.escape(message)):  # was: 8, 9, ... as int32
         MultiHostDataLoadIterator(ds, placement="device")
+
+
+@pytest.mark.parametrize("layout", ["replicated", "sharded"])
+def test_bfloat16_rows_are_held_on_the_devices_bit_for_bit(layout):
+    """ml_dtypes' floats are numpy kind "V": placement='device' refused them as not numeric
+    (the host path placed them); the bit-level gather holds them exactly, -0.0 included."""
+    import ml_dtypes
+
+    class Rows:  # (np.save keeps no bfloat16: it loads as |V2)
+        values = np.random.default_rng(0).standard_normal((48, 3)).astype(ml_dtypes.bfloat16)
+        values[0, 0] = -0.0
+
+        def __len__(self) -> int:
+            return 48
+
+        def __repr__(self) -> str:
+            return "Rows(bfloat16, 48)"
+
+        def get_batch(self, rows):
+            return {"a": self.values[np.asarray(rows)]}
+
+    source = Rows()
+    ds = shuffled_batches(source, BATCH, seed=3, num_epochs=2)
+    with MultiHostDataLoadIterator(ds) as host:
+        expected = take(host)
+    with device(ds, source, layout) as it:
+        got = take(it)
+    assert got[0]["a"].dtype == ml_dtypes.bfloat16
+    assert_same(got, expected)

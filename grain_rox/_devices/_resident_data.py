@@ -46,7 +46,12 @@ _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
 def mib(n: float) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    """A size in MiB, or in bytes below 0.1 MiB (where one decimal of MiB shows 0.0).
+
+    >>> mib(3 * 2**20), mib(1080)
+    ('3.0 MiB', '1,080 bytes')
+    """
+    return f"{n / 2**20:,.1f} MiB" if n >= 0.1 * 2**20 else f"{int(n):,} bytes"
 
 
 def default_budget(devices: list[Any]) -> int:
@@ -104,7 +109,9 @@ def _leaves(tree: Any, where: str) -> tuple[list[np.ndarray], Any, list[str]]:
     arrays = []
     for name, (_, leaf) in zip(names, flat, strict=True):
         array = np.asarray(leaf)
-        if array.dtype.kind not in "biuf" or array.ndim == 0:
+        # ml_dtypes' floats (bfloat16, float8_*) are numpy kind "V": held as their bits too
+        numeric = array.dtype.kind in "biuf" or jnp.issubdtype(array.dtype, jnp.floating)
+        if not numeric or array.ndim == 0:
             raise ValueError(
                 f"placement='device' holds fixed-shape numeric rows, but {where}'s {name} is "
                 f"{array.dtype} {array.shape}: tokenize text (HFEagerSource(tokenize=[...])), "
