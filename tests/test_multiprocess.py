@@ -486,8 +486,8 @@ def test_a_grain_input_whose_last_batches_differ_between_processes_is_refused_wh
     abort, or a hang). The last batches' sizes are compared when the iterator is made."""
     _refused_in_both_processes(
         tmp_path, 40, _last_batches_of_different_sizes,
-        says="the Grain input's last batch has different numbers of rows in the processes "
-        "(process 0: 8, process 1: 4)",
+        says="the Grain input's last batch makes global batches of different numbers of rows "
+        "in the processes (process 0: 16, process 1: 8)",
         fix="drop_remainder=True",
     )  # fmt: skip
 
@@ -701,3 +701,62 @@ def test_a_mixture_curriculum_restores_1_to_2_to_4_processes_across_its_phase_ch
                     where = f"{tag}: process {meta['process_index']}/{n}, step {first + i}, {key}"
                     assert np.array_equal(proc["global"][key][i], want[key]), where
                     assert np.array_equal(proc["local"][key][i], want[key][lo:hi]), where
+
+
+def _rows_of_a_six_device_mesh(path: str):
+    """(For the test below: built in each process.) Each process gives its devices' rows of
+    every 18-row batch on a mesh over the first 6 devices: with 2 processes of 4 devices,
+    process 0 holds 4 of the 6 pieces (rows [0, 12)), process 1 holds 2 (rows [12, 18))."""
+    import grain
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = jax.devices()[:6]
+    mesh = Mesh(np.asarray(devices), ("data",))
+    mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+    lo, hi = mine[0] * 3, (mine[-1] + 1) * 3
+    rows = np.load(path)
+    batches = [rows[k * 18 + lo : k * 18 + hi] for k in range(len(rows) // 18)]
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    return MultiHostDataLoadIterator(grain.MapDataset.source(batches), data_sharding=sharding)
+
+
+@pytest.mark.slow
+def test_a_grain_input_on_a_mesh_of_unequal_process_shares_gives_the_one_process_batches(
+    tmp_path,
+):
+    """A global batch was taken for the local rows times processes // pieces held (4 // 6 = 1
+    for the process holding 4 of 6 pieces): a MapDataset's correct input was refused as
+    "last batches differ", an IterDataset's placed as a (12, 4) global array in one process
+    and (18, 4) in the other, then aborted in the next collective."""
+    import functools
+
+    np.save(tmp_path / "rows.npy", np.arange(18 * 4 * 4, dtype=np.int32).reshape(18 * 4, 4))
+    make = functools.partial(_rows_of_a_six_device_mesh, str(tmp_path / "rows.npy"))
+    with make() as it:
+        assert np.asarray(next(it)).shape == (18, 4)
+    testing.check_processes_equal(make, read=3)
+
+
+def _pipelines_of_another_seed_per_process(path: str):
+    """(For the test below: built in each process.) A TokenPipeline whose seed is 3 plus the
+    process index: each process would read its rows of its own run's batches."""
+    import jax
+
+    pipe = TokenPipeline(path, seq_len=16, global_batch_size=8, seed=3 + jax.process_index())
+    return MultiHostDataLoadIterator(pipe)
+
+
+@pytest.mark.slow
+def test_processes_that_read_different_pipelines_are_refused_when_made(tmp_path, corpus):
+    """Each process reads its own rows, so processes built with another seed (or config, or
+    copy of the data) joined rows of different runs into one global batch, silently."""
+    import functools
+
+    with pytest.raises(AssertionError) as failed:
+        make = functools.partial(_pipelines_of_another_seed_per_process, corpus)
+        testing.check_processes_equal(make, read=1)
+    message = str(failed.value)
+    says = "ValueError: the processes read different TokenPipelines (by pipeline: process 0 | "
+    assert message.count(says + "process 1; each group its own data, config or seed)") == 2, message
+    assert '"seed": 3' in message and '"seed": 4' in message

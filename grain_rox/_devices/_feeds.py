@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import logging
 import sys
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from grain_rox._devices._agree import digest_ints, gather_ints
 from grain_rox._devices._iterator_state import check_step
 from grain_rox._devices._narrowing import x64_enabled
 from grain_rox._devices._placement import (
@@ -162,6 +164,7 @@ class PipelineFeed:
                 out_shardings=sharding,
             )
         self.identity = pipeline.describe()
+        refuse_other_pipelines(self.identity, sharding)
 
     @functools.cached_property
     def length(self) -> int | None:
@@ -318,6 +321,36 @@ def _by_process(values: list[int]) -> str:
     return shown + (f" and {len(values) - 8} more" if len(values) > 8 else "")
 
 
+def _every_process(sharding: NamedSharding) -> bool:
+    """Whether the mesh holds devices of every process (else the others make no iterator,
+    and a collective would wait for them)."""
+    processes = {d.process_index for d in sharding.mesh.devices.flat}
+    return processes == set(range(jax.process_count()))
+
+
+def refuse_other_pipelines(identity: dict[str, Any], sharding: NamedSharding) -> None:
+    """Refuse an iterator whose processes read different pipelines (another seed, config or
+    copy of the data in one process): each reads its own rows of its own batches, and the
+    global batch would join rows of several runs, silently. One small collective."""
+    if jax.process_count() == 1 or not _every_process(sharding):
+        return
+    got = gather_ints(digest_ints(identity))
+    if len({tuple(r) for r in got.tolist()}) > 1:
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for p, r in enumerate(got.tolist()):
+            groups.setdefault(tuple(r), []).append(p)
+        shown = " | ".join(
+            f"process{'es' if len(ps) > 1 else ''} {', '.join(map(str, ps[:8]))}"
+            for ps in groups.values()
+        )
+        raise ValueError(
+            f"the processes read different TokenPipelines (by pipeline: {shown}; each group "
+            "its own data, config or seed): the global batch would join rows of different "
+            "runs. Build the same TokenPipeline, over the same data, in every process. This "
+            f"process's: {json.dumps(identity, default=str)[:400]}"
+        )
+
+
 def refuse_uneven_lengths(
     length: int | None, last_rows: int | None, sharding: NamedSharding, *, refused: bool = False
 ) -> None:
@@ -330,16 +363,12 @@ def refuse_uneven_lengths(
     is made, in every process of the mesh (a mesh over only some processes is not checked:
     the others make no iterator). It also carries whether this process ``refused`` its input
     already (it raises its own error after): the others stop too, instead of waiting for it."""
-    processes = {d.process_index for d in sharding.mesh.devices.flat}
-    if processes != set(range(jax.process_count())):
+    if not _every_process(sharding):
         return
-    from jax.experimental import multihost_utils
-
     # a length as two int32 halves (JAX's default integers), -1 for unknown
     n = -1 if length is None else length
     rows = -1 if last_rows is None else min(last_rows, 2**31 - 1)
-    mine = np.array([n >> 31, n & (2**31 - 1), rows, int(refused)], dtype=np.int32)
-    got = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 4).astype(np.int64)
+    got = gather_ints([n >> 31, n & (2**31 - 1), rows, int(refused)]).astype(np.int64)
     others = np.flatnonzero(got[:, 3]).tolist()
     if refused:
         return
@@ -364,8 +393,9 @@ def refuse_uneven_lengths(
     last = got[:, 2].tolist()
     if min(last) >= 0 and len(set(last)) > 1:
         raise ValueError(
-            f"the Grain input's last batch has different numbers of rows in the processes "
-            f"({_by_process(last)}): each would make a global batch of another shape, which their "
+            f"the Grain input's last batch makes global batches of different numbers of rows "
+            f"in the processes ({_by_process(last)}): each would make a global batch of another "
+            "shape, which their "
             "training steps cannot share (a collective mismatch). Drop the partial batch "
             "(drop_remainder=True in grain.transforms.Batch / .batch()), or split the rows "
             "evenly over the processes"
@@ -399,12 +429,15 @@ class GrainFeed:
         except ValueError as e:
             problem = e
         lo, hi = process_rows(sharding, self.shards)
-        # global rows / this process's rows: the processes' count where each holds its own
-        # rows, fewer where processes hold the same rows (a mesh axis across them that does
-        # not split the batch: every process then gives the same, whole rows)
-        self.global_per_local = self.shards // (hi - lo)
+        # the pieces of a global batch this process's devices hold, of self.shards: all of
+        # them where processes hold the same rows (a mesh axis across them that does not
+        # split the batch), and as many as its devices on the data axis otherwise (3 devices
+        # of a 4-device axis, say: not a fraction 1 / processes of it)
+        self.held = hi - lo
         if jax.process_count() > 1:
             last = None if problem else self._last_rows()
+            if last is not None and last % self.held == 0:  # compared as global rows
+                last = last * self.shards // self.held
             refuse_uneven_lengths(self.length, last, sharding, refused=problem is not None)
         if problem is not None:
             raise problem
@@ -460,7 +493,7 @@ class GrainFeed:
     def global_rows(self, local_rows: int) -> int:
         if self.global_batch is not None:
             return self.global_batch
-        return local_rows * self.global_per_local
+        return local_rows * self.shards // self.held
 
     def check_rows(self, arrays: list[np.ndarray]) -> None:
         """A Grain input's batch must split evenly over the data axis: say which batch does
@@ -468,6 +501,14 @@ class GrainFeed:
         if not arrays:
             return
         local = {a.shape[0] if a.ndim else 0 for a in arrays}
+        uneven = self.held < self.shards and max(local) % self.held  # (else: as global rows)
+        if self.global_batch is None and len(local) == 1 and uneven:
+            raise ValueError(
+                f"this process's batch has {max(local)} rows, which its devices cannot split "
+                f"evenly: they hold {self.held} of the {self.shards} pieces a global batch is "
+                f"cut into on the mesh's {self.axes} axis, so give it a multiple of "
+                f"{self.held} rows (its devices' share of the global batch)"
+            )
         rows = self.global_rows(max(local))
         if self.first_rows is None:
             self.first_rows = rows
