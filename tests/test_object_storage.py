@@ -820,3 +820,31 @@ def test_a_set_that_lost_a_shard_is_refused_in_a_bucket_as_on_disk(tmp_path):
             with pytest.raises(FileNotFoundError, match=shown):
                 open_rox(spec)
         assert len(open_rox(f"{base}/t/s_*.rox").paths) == len(os.listdir(tmp_path / "t"))
+
+
+def test_a_shard_replaced_under_an_open_corpus_is_refused_on_a_store_without_versions(
+    tmp_path, caplog
+):
+    """GCS and S3 reads ask for the version opened; other stores (memory://, az://, ...) read
+    the current object, so one replaced at the same size after its first read was mixed into
+    the corpus, silently. Each read now looks the objects up again."""
+    import fsspec
+
+    url = f"memory://unpinned-{os.getpid()}-{tmp_path.name}/d/t.rox"
+    docs = [np.arange(1, 2000, dtype=np.uint16) + i for i in range(100)]  # 400 kB
+    # 256 kB shards: reads of 64 kB blocks (the first read caches one)
+    write_rox(docs, url, block_size=1024, max_shard_bytes=1 << 18, separator=0)
+    write_rox([np.full_like(d, 7) for d in docs], str(tmp_path / "t.rox"), block_size=1024,
+              max_shard_bytes=1 << 18, separator=0)  # fmt: skip
+    corpus = open_rox(url)
+    first = corpus.paths[0]
+    assert np.asarray(corpus.tokens(0, 10)).tolist() == list(range(1, 11))
+    memory = fsspec.filesystem("memory")
+    replacement = (tmp_path / os.path.basename(first)).read_bytes()
+    assert len(replacement) == memory.size(first)
+    memory.pipe_file(first.split("://", 1)[1], replacement)
+    with pytest.raises(RoxFormatError, match=re.escape(
+        f"{first}: the object was rewritten or removed after the corpus was opened"
+    )):  # fmt: skip
+        corpus.tokens(0, corpus.num_tokens)
+    assert "this store (memory://) reports no content hashes for its objects" in caplog.text

@@ -360,7 +360,9 @@ class ObjectStore:
         ``pins`` names the version of each object to read (its :class:`ObjectInfo` when it was
         opened): on GCS each request asks for that generation, on S3 it carries ``If-Match``
         with that ETag, so a read never returns bytes of a later write; an object rewritten or
-        removed since raises :class:`ObjectChangedError`. Other stores read the current object.
+        removed since raises :class:`ObjectChangedError`. Other stores read the current object,
+        then each pinned object is looked up again: one that changed raises the same error
+        (one lookup an object a call; such stores have no version to ask a read for).
         """
         if not spans:
             return []
@@ -376,6 +378,8 @@ class ObjectStore:
             if pinned
             else (lambda: self.fs.cat_ranges(urls, starts, ends, on_error="raise")),
         )
+        if pins is not None and not pinned:
+            self._check_unchanged(sorted(set(urls)), pins)
         total = 0
         for (url, a, b), data in zip(spans, found, strict=True):
             if isinstance(data, BaseException):
@@ -388,6 +392,21 @@ class ObjectStore:
             total += len(data)
         count(requests=len(spans), bytes_read=total)
         return list(found)
+
+    def _check_unchanged(self, urls: Sequence[str], pins: Mapping[str, ObjectInfo | None]) -> None:
+        """Raise :class:`ObjectChangedError` for an object of ``urls`` whose size or version
+        is no longer its pin's (or which is gone): what a store without versioned reads
+        returned for it may be another write's bytes."""
+        for url in urls:
+            pin = pins.get(url)
+            if pin is None:
+                continue
+            try:
+                now = self.info(url)
+            except FileNotFoundError as e:
+                raise ObjectChangedError(url, pin.version) from e
+            if (now.size, now.version) != (pin.size, pin.version):
+                raise ObjectChangedError(url, pin.version)
 
     def _read_pinned(
         self, spans: Sequence[tuple[str, int, int]], pins: Mapping[str, ObjectInfo | None]

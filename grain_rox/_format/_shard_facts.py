@@ -141,7 +141,15 @@ def _check_object_tag(ref: ObjectRef, record: ShardRecord, manifest_path: str) -
     """Raise if a shard object's content hash is not the one its manifest recorded when the
     set was published (the object was replaced since, or by a concurrent writer)."""
     now = ref.info.content_tag
-    if not record.object_tag:  # copied in by another tool
+    if not record.object_tag and not now:  # a store that hashes nothing (memory://, ...)
+        log_once(
+            logging.WARNING,
+            f"{manifest_path}: this store ({ref.store.protocol}://) reports no content hashes "
+            "for its objects, so none is recorded or compared: a shard replaced before the "
+            "corpus is opened is served until grain-rox verify checks every shard against the "
+            "manifest's sha256 (one replaced while it is read is refused by its version)",
+        )
+    elif not record.object_tag:  # copied in by another tool
         log_once(
             logging.WARNING,
             f"{manifest_path} records no content hashes for its objects (a set copied into "
