@@ -848,3 +848,37 @@ def test_a_shard_replaced_under_an_open_corpus_is_refused_on_a_store_without_ver
     )):  # fmt: skip
         corpus.tokens(0, corpus.num_tokens)
     assert "this store (memory://) reports no content hashes for its objects" in caplog.text
+
+
+def test_a_retried_upload_whose_store_reports_no_md5_is_told_apart_by_its_bytes(
+    tmp_path, monkeypatch
+):
+    """An upload that took effect but lost its answer is retried and finds its name taken;
+    where the store reports no md5 (an S3 multipart ETag, memory://), it was always called
+    "another writer", and the set stayed pending. The object is read back and compared."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    real = type(memory).put_file
+    lost: set[str] = set()
+    other: dict[str, bytes] = {}
+
+    def answer_lost(self, lpath, rpath, *args, **kwargs):
+        if str(rpath).endswith(".rox") and rpath not in lost:
+            lost.add(rpath)
+            if other:  # another writer's bytes take the name first
+                self.pipe_file(rpath, other["bytes"])
+            else:
+                real(self, lpath, rpath, *args, **kwargs)
+            raise ConnectionError("the answer was lost after the upload took effect")
+        return real(self, lpath, rpath, *args, **kwargs)
+
+    monkeypatch.setattr(type(memory), "put_file", answer_lost)
+    monkeypatch.setenv("GRAIN_ROX_OBJECT_RETRY_DELAY", "0.01")
+    root = f"memory://lost-answer-{os.getpid()}-{tmp_path.name}"
+    docs = [np.arange(1, 3000, dtype=np.uint16)] * 3
+    write_rox(docs, f"{root}/a/t.rox", separator=0)
+    assert open_rox(f"{root}/a/t.rox").tokens(0, 3).tolist() == [1, 2, 3]
+    other["bytes"] = b"x" * 100
+    with pytest.raises(FileExistsError, match=r"another writer uploaded the shard first"):
+        write_rox(docs, f"{root}/b/t.rox", separator=0)

@@ -177,9 +177,27 @@ def _upload(store: ObjectStore, path: str, url: str, md5: str) -> None:
         store.call("uploading the shard", url, partial(store.fs.put_file, path, url, mode="create"))
     except FileExistsError as e:
         there = store.info(url)
-        if not there.md5 or there.md5 != md5:
+        if there.md5 and there.md5 != md5:
+            raise _another_writer(url, "uploaded the shard") from e
+        if not there.md5 and not _same_bytes(store, url, there.size, path):
+            # (an S3 multipart ETag holds no md5: the object is read back and compared)
             raise _another_writer(url, "uploaded the shard") from e
         _log.info("%s: already uploaded by an earlier attempt of this request", url)
+
+
+def _same_bytes(store: ObjectStore, url: str, size: int, path: str) -> bool:
+    """Whether object ``url`` (``size`` bytes) holds the bytes of file ``path``, compared by
+    sha256 (read back in ranges: a retried upload whose store reports no md5)."""
+    if size != os.path.getsize(path):
+        return False
+    theirs, ours = hashlib.sha256(), hashlib.sha256()
+    step = 8 << 20
+    with open(path, "rb") as f:
+        for lo in range(0, size, step):
+            hi = min(size, lo + step)
+            theirs.update(store.read_many([(url, lo, hi)])[0])
+            ours.update(f.read(hi - lo))
+    return theirs.digest() == ours.digest()
 
 
 def _another_writer(url: str, did: str) -> FileExistsError:
