@@ -882,3 +882,31 @@ def test_a_retried_upload_whose_store_reports_no_md5_is_told_apart_by_its_bytes(
     other["bytes"] = b"x" * 100
     with pytest.raises(FileExistsError, match=r"another writer uploaded the shard first"):
         write_rox(docs, f"{root}/b/t.rox", separator=0)
+
+
+def test_a_write_over_an_unfinished_one_says_it_is_unfinished(tmp_path, monkeypatch):
+    """After a write failed mid-upload, the next write (if_exists='error') said only that the
+    set "already exists", not that it is an unfinished write."""
+    import grain_rox._format._object_upload as upload
+
+    real, calls = upload._upload, []
+
+    def fails_second(store, path, url, md5):
+        calls.append(url)
+        if len(calls) == 2:
+            raise OSError("the writer died mid-upload")
+        real(store, path, url, md5)
+
+    url = f"memory://unfinished-{os.getpid()}-{tmp_path.name}/d/t.rox"
+    docs = [np.arange(1, 3000, dtype=np.uint16)] * 4
+    monkeypatch.setattr(upload, "_upload", fails_second)
+    with pytest.raises(OSError, match="the writer died mid-upload"):
+        write_rox(docs, url, separator=0, block_size=1024, max_shard_bytes=8192)
+    monkeypatch.setattr(upload, "_upload", real)
+    with pytest.raises(FileExistsError, match=re.escape(
+        f"{url}: the shard set is an unfinished write (its manifest is pending: a write was "
+        "killed, or runs) (1 shard object(s), and its manifest). Fix: pass if_exists='overwrite'"
+    )):  # fmt: skip
+        write_rox(docs, url, separator=0, block_size=1024, max_shard_bytes=8192)
+    write_rox(docs, url, separator=0, block_size=1024, max_shard_bytes=8192, if_exists="overwrite")
+    assert open_rox(url).tokens(0, 2).tolist() == [1, 2]

@@ -53,6 +53,17 @@ def _set_objects(store: ObjectStore, parent: str, manifest_name: str) -> tuple[l
     return sorted(n for n in names if members.fullmatch(n)), manifest_name in names
 
 
+def _pending(store: ObjectStore, manifest_url: str) -> bool:
+    """Whether the set's manifest marks a write that has not finished (False: unreadable)."""
+    try:
+        return (
+            Manifest.from_json(store.read_all(manifest_url).decode(), manifest_url).pending
+            is not None
+        )
+    except (OSError, ValueError):
+        return False
+
+
 def _existing_set(
     store: ObjectStore, target: str, manifest_name: str, if_exists: str
 ) -> tuple[list[str], bool]:
@@ -72,8 +83,11 @@ def _existing_set(
             "or write this member under another set name and read both with a list of URLs"
         )
     if (existing or has_manifest) and if_exists != "overwrite":
+        what = "already exists in the bucket"
+        if has_manifest and _pending(store, f"{target.rsplit('/', 1)[0]}/{manifest_name}"):
+            what = "is an unfinished write (its manifest is pending: a write was killed, or runs)"
         raise FileExistsError(
-            f"{target}: the shard set already exists in the bucket ({len(existing)} shard "
+            f"{target}: the shard set {what} ({len(existing)} shard "
             f"object(s){', and its manifest' if has_manifest else ''}). Fix: pass "
             "if_exists='overwrite' (grain-rox convert --if-exists overwrite) to replace it, or "
             "write another name; appending to a set in a bucket is not supported"
