@@ -760,3 +760,33 @@ def test_processes_that_read_different_pipelines_are_refused_when_made(tmp_path,
     says = "ValueError: the processes read different TokenPipelines (by pipeline: process 0 | "
     assert message.count(says + "process 1; each group its own data, config or seed)") == 2, message
     assert '"seed": 3' in message and '"seed": 4' in message
+
+
+def _rows_by_device_position(path: str, batch: int):
+    """(For the test below: built in each process.) Each process gives its devices' rows of
+    every ``batch``-row batch on the default mesh, found from its devices' positions on it."""
+    import grain
+    import jax
+
+    devices = jax.devices()
+    per_device = batch // len(devices)
+    mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+    lo, hi = mine[0] * per_device, (mine[-1] + 1) * per_device
+    rows = np.load(path)
+    batches = [rows[k * batch + lo : k * batch + hi] for k in range(len(rows) // batch)]
+    return MultiHostDataLoadIterator(grain.MapDataset.source(batches))
+
+
+@pytest.mark.slow
+def test_processes_holding_unequal_numbers_of_devices(tmp_path, corpus):
+    """With 3 devices in one process and 1 in the other, the checks the processes make
+    together failed inside JAX (process_allgather: "cannot reshape array of size 4 into shape
+    (2,3)"), for a Grain input and a pipeline alike."""
+    import functools
+
+    np.save(tmp_path / "rows.npy", np.arange(16 * 4 * 4, dtype=np.int32).reshape(16 * 4, 4))
+    grain_rows = functools.partial(_rows_by_device_position, str(tmp_path / "rows.npy"), 16)
+    # (the expected batches come from this process's 8 devices: 16 rows split by 8, then 4)
+    testing.check_processes_equal(grain_rows, read=3, devices=(3, 1))
+    pipe = TokenPipeline(corpus, seq_len=16, global_batch_size=8, seed=1)
+    testing.check_processes_equal(lambda: MultiHostDataLoadIterator(pipe), read=3, devices=(3, 1))
