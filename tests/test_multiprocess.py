@@ -492,17 +492,20 @@ def test_a_grain_input_whose_last_batches_differ_between_processes_is_refused_wh
     )  # fmt: skip
 
 
-def _refused_in_both_processes(tmp_path, rows: int, make, *, says: str, fix: str) -> None:
+def _refused_in_both_processes(
+    tmp_path, rows: int, make, *, says: str, fix: str, count: int = 2
+) -> None:
     """Two processes make ``make(path)``'s iterator over a file of ``rows`` rows: each refuses
-    with a ValueError saying ``says`` and naming ``fix``."""
+    with a ValueError, ``count`` of them saying ``says`` and naming ``fix`` (the others that a
+    process refused it)."""
     import functools
 
     np.save(tmp_path / "rows.npy", np.arange(rows * 4, dtype=np.int32).reshape(rows, 4))
     with pytest.raises(AssertionError) as failed:
         testing.check_processes_equal(functools.partial(make, str(tmp_path / "rows.npy")), read=1)
     message = str(failed.value)
-    assert message.count(f"ValueError: {says}") == 2, message
-    assert fix in message
+    assert message.count(f"ValueError: {says}") == count, message
+    assert message.count("ValueError: ") == 2 and fix in message, message
 
 
 def _batches_on_meshes(path: str):
@@ -790,3 +793,35 @@ def test_processes_holding_unequal_numbers_of_devices(tmp_path, corpus):
     testing.check_processes_equal(grain_rows, read=3, devices=(3, 1))
     pipe = TokenPipeline(corpus, seq_len=16, global_batch_size=8, seed=1)
     testing.check_processes_equal(lambda: MultiHostDataLoadIterator(pipe), read=3, devices=(3, 1))
+
+
+def _a_last_batch_that_a_process_cannot_split(path: str):
+    """(For the test below: built in each process.) On a mesh over the first 6 devices,
+    process 0 holds 4 pieces and process 1 holds 2: batches of 12 and 6 rows, then a last one
+    of 6 rows (process 0's 4 devices cannot split it) and 2. One process reads 18-row batches."""
+    import grain
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    rows = list(np.load(path))
+    sharding = NamedSharding(Mesh(np.asarray(jax.devices()[:6]), ("data",)), PartitionSpec("data"))
+    if jax.process_count() == 1:
+        batches = [np.stack(rows[i : i + 18]) for i in (0, 18)]
+    elif jax.process_index() == 0:
+        batches = [np.stack(rows[a:b]) for a, b in ((0, 12), (18, 30), (36, 42))]
+    else:
+        batches = [np.stack(rows[a:b]) for a, b in ((12, 18), (30, 36), (42, 44))]
+    return MultiHostDataLoadIterator(grain.MapDataset.source(batches), data_sharding=sharding)
+
+
+@pytest.mark.slow
+def test_a_last_batch_a_process_cannot_split_is_refused_by_every_process_when_made(tmp_path):
+    """Its rows were compared as if global (6 local rows against 2 * 6 / 2 = 6): the iterator
+    was made, and at the last batch one process raised while the other waited for ever."""
+    _refused_in_both_processes(
+        tmp_path, 44, _a_last_batch_that_a_process_cannot_split,
+        says="this process's last batch has 6 rows, which its devices cannot split evenly: "
+        "they hold 4 of the 6 pieces",
+        fix="the last batch of process 0 cannot be split evenly by its devices",
+        count=1,
+    )  # fmt: skip

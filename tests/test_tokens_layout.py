@@ -404,3 +404,26 @@ def test_int64_from_uint32_ids_past_2_31_is_refused_on_the_devices_too(tmp_path)
                                    features_on_device=True) as it:  # fmt: skip
         np.testing.assert_array_equal(np.asarray(next(it)["inputs"]),
                                       exact.batch_source()[0]["inputs"])  # fmt: skip
+
+
+def test_int64_from_narrow_tokens_is_still_derived_on_the_devices(corpora, caplog):
+    """Only tokens that may exceed int32 (unsigned 32-bit) need the host's check: uint16 tokens
+    as int64 are exact as JAX's int32, and were sent as six host arrays instead of one."""
+    from grain_rox._devices._narrowing import refuse_narrowing
+
+    pipe = TokenPipeline(corpora["a"], seq_len=16, global_batch_size=8, seed=0, dtype=np.int64)
+    with MultiHostDataLoadIterator(pipe, data_sharding=_two_devices(),
+                                   features_on_device=True) as it:  # fmt: skip
+        got = next(it)
+    assert "computes the features on the host" not in caplog.text
+    for key, value in pipe.batch_source()[0].items():
+        np.testing.assert_array_equal(np.asarray(got[key]), value, err_msg=key)
+    # jax_enable_x64 is asked each time (a cached answer let int64 values wrap after a toggle)
+    big = [np.array([2**40], np.int64)]
+    jax.config.update("jax_enable_x64", True)
+    try:
+        refuse_narrowing(big, where="a batch")  # placed as it is
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    with pytest.raises(ValueError, match=r"which JAX places as int32 \(jax_enable_x64 is off\)"):
+        refuse_narrowing(big, where="a batch")

@@ -136,7 +136,11 @@ class PipelineFeed:
         rows_only = all(axis is None for axis in tuple(sharding.spec)[1:])  # not along seq_len
         # 64-bit features without jax_enable_x64 are placed as 32-bit: the host checks that no
         # value wraps (a uint32 id >= 2**31 as int64); derived on the devices, one wrapped
-        fits = pipeline.dtype.itemsize < 8 or x64_enabled()
+        fits = (
+            pipeline.dtype.itemsize < 8
+            or x64_enabled()
+            or (tokens is not None and np.iinfo(tokens.dtype).max <= np.iinfo(np.int32).max)
+        )
         possible = pipeline.layout == "maxtext" and tokens is not None and rows_only and fits
         if features_on_device and not possible:
             _log.warning(
@@ -352,7 +356,12 @@ def refuse_other_pipelines(identity: dict[str, Any], sharding: NamedSharding) ->
 
 
 def refuse_uneven_lengths(
-    length: int | None, last_rows: int | None, sharding: NamedSharding, *, refused: bool = False
+    length: int | None,
+    last_rows: int | None,
+    sharding: NamedSharding,
+    *,
+    refused: bool = False,
+    unsplit: str | None = None,
 ) -> None:
     """Refuse Grain inputs that give the processes different numbers of batches, or last
     batches of different sizes (each process's ``length`` and rows in its last batch; None:
@@ -362,13 +371,16 @@ def refuse_uneven_lengths(
     mismatch: an error from deep in XLA, or a hang). One small collective when the iterator
     is made, in every process of the mesh (a mesh over only some processes is not checked:
     the others make no iterator). It also carries whether this process ``refused`` its input
-    already (it raises its own error after): the others stop too, instead of waiting for it."""
+    already (it raises its own error after): the others stop too, instead of waiting for it;
+    and ``unsplit``, why this process's devices cannot split its last batch (raised once the
+    lengths agree, as the others then say)."""
     if not _every_process(sharding):
         return
     # a length as two int32 halves (JAX's default integers), -1 for unknown
     n = -1 if length is None else length
     rows = -1 if last_rows is None else min(last_rows, 2**31 - 1)
-    got = gather_ints([n >> 31, n & (2**31 - 1), rows, int(refused)]).astype(np.int64)
+    flags = [int(refused), int(unsplit is not None)]
+    got = gather_ints([n >> 31, n & (2**31 - 1), rows, *flags]).astype(np.int64)
     others = np.flatnonzero(got[:, 3]).tolist()
     if refused:
         return
@@ -389,6 +401,16 @@ def refuse_uneven_lengths(
             "process the same number of batches: split the rows evenly (e.g. a grain_rox "
             "source's .batches(..., shard=(jax.process_index(), jax.process_count()))), drop "
             "each process's extra rows or partial batch, or read a TokenPipeline"
+        )
+    cannot = np.flatnonzero(got[:, 4]).tolist()
+    if unsplit is not None:
+        raise ValueError(unsplit)
+    if cannot:
+        raise ValueError(
+            f"the last batch of process{'es' if len(cannot) > 1 else ''} "
+            f"{', '.join(map(str, cannot))} cannot be split evenly by its devices (each says "
+            "why in its own error); this process stops too rather than wait for them. Drop "
+            "the partial batch (drop_remainder=True in grain.transforms.Batch / .batch())"
         )
     last = got[:, 2].tolist()
     if min(last) >= 0 and len(set(last)) > 1:
@@ -436,9 +458,21 @@ class GrainFeed:
         self.held = hi - lo
         if jax.process_count() > 1:
             last = None if problem else self._last_rows()
-            if last is not None and last % self.held == 0:  # compared as global rows
+            unsplit = None
+            if last is not None and last % self.held:  # (said once the lengths agree)
+                unsplit = (
+                    f"this process's last batch has {last} rows, which its devices cannot "
+                    f"split evenly: they hold {self.held} of the {self.shards} pieces a global "
+                    f"batch is cut into on the mesh's {self.axes} axis. Drop the partial batch "
+                    "(drop_remainder=True in grain.transforms.Batch / .batch()), or give each "
+                    "process a multiple of its devices' share"
+                )
+                last = None
+            elif last is not None:  # compared as global rows
                 last = last * self.shards // self.held
-            refuse_uneven_lengths(self.length, last, sharding, refused=problem is not None)
+            refuse_uneven_lengths(
+                self.length, last, sharding, refused=problem is not None, unsplit=unsplit
+            )
         if problem is not None:
             raise problem
 

@@ -24,13 +24,14 @@ import jax
 import numpy as np
 
 
-@functools.lru_cache(maxsize=64)
 def x64_enabled() -> bool:
-    """Whether JAX places 64-bit values as they are (``jax_enable_x64``)."""
+    """Whether JAX places 64-bit values as they are (``jax_enable_x64``, asked each time: a
+    program may turn it on or off)."""
     config: Any = jax.config
     return bool(config.jax_enable_x64)
 
 
+@functools.lru_cache(maxsize=64)
 def _placed_as(dtype: np.dtype, x64: bool) -> np.dtype | None:
     """The narrower dtype JAX places ``dtype`` as (integers, floats, complex), or None when it
     keeps its width."""
