@@ -24,6 +24,8 @@ def refuse_lost_shards(
     shard lost (deleted, or a copy that did not finish), and reading on would serve the set
     without its tokens, silently. ``from_zero``: the set was named, so a hole at its start
     counts too (else, as for a directory's files, only sets holding a ``_0000`` are sets).
+    Names with more holes than files (``t_0000.rox`` beside ``t_20240517.rox``) are taken for
+    another numbering, not a set that lost most of its shards.
     ``has_manifest(prefix)``: whether the set ``prefix`` has a manifest (default: a local
     ``prefix.manifest.json``), which names its shards itself.
 
@@ -42,16 +44,18 @@ def refuse_lost_shards(
         sealed = (has_manifest or _local_manifest)(prefix)
         if (not from_zero and 0 not in got) or sealed:
             continue  # not a writer's set, or one whose manifest names every shard
-        lost = sorted(set(range(max(got) + 1)) - got)
-        if lost:
+        missing = max(got) + 1 - len(got)
+        # more holes than shards: names numbered otherwise (a date, a time), not a writer's
+        if 0 < missing <= len(got):
+            lost = [n for n in range(max(got)) if n not in got][:5]
             name = os.path.basename(prefix)
-            shown = ", ".join(f"{name}_{n:04d}.rox" for n in lost[:5])
-            more = f" and {len(lost) - 5} more" if len(lost) > 5 else ""
-            count = "1 shard is" if len(lost) == 1 else f"{len(lost)} shards are"
+            shown = ", ".join(f"{name}_{n:04d}.rox" for n in lost)
+            more = f" and {missing - 5} more" if missing > 5 else ""
+            count = "1 shard is" if missing == 1 else f"{missing} shards are"
             raise FileNotFoundError(
                 f"{named}: the shard set {prefix}.rox has no {shown}{more}: a writer numbers a "
                 f"set's shards from _0000 without gaps, so {count} missing (deleted, or a copy "
-                f"that did not finish). Restore {'it' if len(lost) == 1 else 'them'}; to read "
+                f"that did not finish). Restore {'it' if missing == 1 else 'them'}; to read "
                 f"the shards that are there anyway, pass them as a list or a glob such as "
                 f"{glob.escape(prefix) + '_*.rox'!r}"
             )
