@@ -531,3 +531,14 @@ def test_writer_errors_name_the_item_kind_and_the_dtype_that_fits(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stdout == "[1.5, 2.25]\n", done.stderr
+
+
+def test_integer_ids_that_a_float_dtype_would_round_are_refused(tmp_path):
+    """70001 as bfloat16 was stored as 70144, another id, silently."""
+    path = str(tmp_path / "f.rox")
+    with pytest.raises(ValueError, match=r"^item 0 holds integers that bfloat16 cannot store "
+                       r"exactly \(70001 would be stored as 70144\); pass an integer dtype"):  # fmt: skip
+        write_rox([[1, 70001]], path, dtype="bfloat16")
+    write_rox([[1, 256]], path, dtype="bfloat16")  # exact: written
+    write_rox([[1, 70001]], path, dtype="float32", if_exists="overwrite")
+    assert open_rox(path).tokens(0, 2).tolist() == [1.0, 70001.0]

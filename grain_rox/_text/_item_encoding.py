@@ -262,10 +262,26 @@ class ItemEncoder:
             with np.errstate(over="ignore"):
                 stored = arr.astype(self.dtype)
             check_float_overflow(arr, stored, where)
+            if arr.dtype.kind in "ui" and stored.dtype.kind not in "ui" and arr.size:
+                _refuse_rounded_integers(arr, stored, where)
             return stored
         raise TypeError(
             f"{where} is a {type(item).__name__}; items must be str, bytes, numpy arrays or "
             "lists of ints"
+        )
+
+
+def _refuse_rounded_integers(values: np.ndarray, stored: np.ndarray, where: Any) -> None:
+    """Refuse integers (token ids) that a float dtype stores rounded (70001 as bfloat16 is
+    70144): another id, silently."""
+    back = stored.astype(np.float64)
+    wrong = np.flatnonzero(back != values.astype(np.float64))
+    if wrong.size:
+        i = int(wrong[0])
+        raise ValueError(
+            f"{where} holds integers that {stored.dtype} cannot store exactly ({values[i]} "
+            f"would be stored as {back[i]:.0f}); pass an integer dtype (e.g. uint32) or a "
+            "wider float one"
         )
 
 
