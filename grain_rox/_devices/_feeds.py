@@ -417,10 +417,9 @@ def refuse_uneven_lengths(
         raise ValueError(
             f"the Grain input's last batch makes global batches of different numbers of rows "
             f"in the processes ({_by_process(last)}): each would make a global batch of another "
-            "shape, which their "
-            "training steps cannot share (a collective mismatch). Drop the partial batch "
-            "(drop_remainder=True in grain.transforms.Batch / .batch()), or split the rows "
-            "evenly over the processes"
+            "shape, which their training steps cannot share (a collective mismatch). Drop the "
+            "partial batch (drop_remainder=True in grain.transforms.Batch / .batch()), or "
+            "split the rows evenly over the processes"
         )
 
 
