@@ -8,6 +8,7 @@ through; objects rewritten after a checkpoint refuse its restore.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -615,8 +616,10 @@ def test_retries_stop_at_the_deadline_and_each_is_logged(monkeypatch, caplog):
         caplog.at_level(logging.WARNING, logger="grain_rox"),
         pytest.raises(
             OSError,
-            match=r"^s3://b/x\.rox: reading failed \d+ times in 1 s "
-            r"\(TimeoutError: read timeout\)\. .*GRAIN_ROX_OBJECT_DEADLINE",
+            # (the last attempt, cut at the deadline, may be the one that got no answer)
+            match=r"^s3://b/x\.rox: reading (failed \d+ times in 1 s \(TimeoutError: read "
+            r"timeout\)|got no answer in 1 s \(\d+ times\): the endpoint takes connections but "
+            r"does not answer)\. .*GRAIN_ROX_OBJECT_DEADLINE",
         ),  # fmt: skip
     ):
         ObjectStore("s3").call("reading", "s3://b/x.rox", silent_endpoint)
@@ -910,3 +913,38 @@ def test_a_write_over_an_unfinished_one_says_it_is_unfinished(tmp_path, monkeypa
         write_rox(docs, url, separator=0, block_size=1024, max_shard_bytes=8192)
     write_rox(docs, url, separator=0, block_size=1024, max_shard_bytes=8192, if_exists="overwrite")
     assert open_rox(url).tokens(0, 2).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("protocol", ["gs", "s3"])
+def test_an_endpoint_that_never_answers_fails_within_the_deadline(protocol, monkeypatch):
+    """A GCS client waited for ever on an endpoint that takes connections and never answers
+    (an S3 one ~400 s an attempt, then said to wait longer)."""
+    import socket
+    import threading
+    import time
+
+    pytest.importorskip("gcsfs" if protocol == "gs" else "s3fs")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held = []
+
+    def take_connections() -> None:  # and never answer them
+        with contextlib.suppress(OSError):  # (closed at the end)
+            while True:
+                held.append(listener.accept())
+
+    threading.Thread(target=take_connections, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    options = (
+        {"endpoint_url": endpoint, "token": "anon", "project": "t"}
+        if protocol == "gs"
+        else {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": endpoint}}
+    )
+    monkeypatch.setenv("GRAIN_ROX_OBJECT_DEADLINE", "2")
+    start = time.monotonic()
+    with pytest.raises(OSError, match=rf"^{protocol}://never/d/t\.rox: .* got no answer in 2 s "
+                       r"\(once\): the endpoint takes connections but does not answer"):  # fmt: skip
+        open_rox(f"{protocol}://never/d/t.rox", storage_options=options)
+    assert time.monotonic() - start < 30
+    listener.close()

@@ -107,6 +107,33 @@ def _denied(e: BaseException) -> bool:
     return getattr(e, "code", None) in (401, 403) or getattr(e, "status", None) in (401, 403)
 
 
+class NoAnswerError(TimeoutError):
+    """A request that the store did not answer before the deadline."""
+
+
+def _answered_within(fn: Callable[[], _T], seconds: float) -> _T:
+    """``fn()``, or :class:`NoAnswerError` when it has not returned after ``seconds``; it runs
+    in a daemon thread, left to its client's own timeouts when given up."""
+    answer: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            answer.append((True, fn()))
+        except BaseException as e:  # handed to the caller
+            answer.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="grain_rox object request", daemon=True).start()
+    if not done.wait(seconds):
+        raise NoAnswerError(f"no answer in {seconds:.0f} s")
+    ok, value = answer[0]
+    if not ok:
+        raise value
+    return value
+
+
 def _permanent(e: BaseException) -> bool:
     if isinstance(e, _PERMANENT) or _precondition_failed(e):  # (a denial is raised before)
         return True
@@ -269,19 +296,23 @@ class ObjectStore:
         """The full URL of a path the filesystem returned (it strips the scheme)."""
         return path if "://" in path else f"{self.protocol}://{path}"
 
-    def call(self, what: str, url: str, fn: Callable[[], _T]) -> _T:
+    def call(self, what: str, url: str, fn: Callable[[], _T], *, bounded: bool = True) -> _T:
         """Run one request, retrying transient errors with exponential backoff and jitter.
 
         ``GRAIN_ROX_OBJECT_ATTEMPTS`` (default 6) bounds the attempts,
         ``GRAIN_ROX_OBJECT_RETRY_DELAY`` (default 0.25 s) is the first wait, doubled each time,
         and no attempt starts ``GRAIN_ROX_OBJECT_DEADLINE`` (default 120) seconds after the
-        first; each retry is logged (a warning).
+        first; each retry is logged (a warning). A ``bounded`` request (a lookup, a listing, a
+        read: all but uploads, whose time grows with their size) is also given up when that
+        deadline passes with no answer: an endpoint that takes connections and never answers
+        held a GCS client for ever.
         """
         attempts, delay, deadline = _retry_settings()
         start = time.monotonic()
         for attempt in range(1, attempts + 1):
             try:
-                result = fn()
+                left = deadline - (time.monotonic() - start)
+                result = _answered_within(fn, left) if bounded and left > 0 else fn()
                 count(calls=1)
                 return result
             except Exception as e:
@@ -298,6 +329,14 @@ class ObjectStore:
                 spent = time.monotonic() - start
                 if attempt == attempts or spent + wait >= deadline:
                     times = "once" if attempt == 1 else f"{attempt} times"
+                    if isinstance(e, NoAnswerError):
+                        raise OSError(
+                            f"{url}: {what} got no answer in {spent:.0f} s ({times}): the "
+                            "endpoint takes connections but does not answer. Fix: check the "
+                            "endpoint and that the object store runs there (storage_options, "
+                            "or fsspec's FSSPEC_* environment); GRAIN_ROX_OBJECT_DEADLINE sets "
+                            "how long to wait"
+                        ) from e
                     raise OSError(
                         f"{url}: {what} failed {times} in {spent:.0f} s ({type(e).__name__}: "
                         f"{e}). Fix: check that the object store is reachable and the "

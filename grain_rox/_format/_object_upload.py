@@ -188,7 +188,8 @@ def _upload(store: ObjectStore, path: str, url: str, md5: str) -> None:
     """Upload ``path`` to ``url`` create-only. If the name is taken by these very bytes, an
     earlier attempt whose answer was lost (a retried request) had already put them: done."""
     try:
-        store.call("uploading the shard", url, partial(store.fs.put_file, path, url, mode="create"))
+        upload = partial(store.fs.put_file, path, url, mode="create")
+        store.call("uploading the shard", url, upload, bounded=False)  # (takes its size's time)
     except FileExistsError as e:
         there = store.info(url)
         if there.md5 and there.md5 != md5:
