@@ -727,8 +727,9 @@ def test_opening_a_set_of_many_shards_costs_a_few_round_trips_not_one_per_shard(
     assert len(corpus.paths) >= 20
     # Resolving the set name (an existence check and a listing), one listing for every
     # shard's size and version, one concurrent batch of footer reads, the manifest and the
-    # listing it is checked against, one batch of fingerprint samples.
-    assert stats.calls <= 8, stats
+    # listing it is checked against, one batch of fingerprint samples; and the set name
+    # resolved again after the facts (a write that finished in between is seen).
+    assert stats.calls <= 11, stats
     assert stats.requests >= 2 * len(corpus.paths)  # footers and samples, sent concurrently
 
 

@@ -1127,3 +1127,34 @@ def _run_driver(driver: str, spec: dict) -> Any:
         check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_an_open_that_races_a_growing_overwrite_reads_the_whole_new_set(tmp_path, monkeypatch):
+    """The files were listed, then an overwrite that adds shards finished, then their facts
+    were read: consistent with the new manifest, so a prefix of the new set was served (32 of
+    80 tokens), neither old nor new, silently. The files are listed again after the facts."""
+    import grain_rox._format._rox_corpus as rox_corpus
+
+    path = str(tmp_path / "set.rox")
+    old = [np.arange(1, 13, dtype=np.uint16)] * 2
+    new = [np.arange(100, 116, dtype=np.uint16)] * 5
+    write_rox(old, path, separator=0, block_size=32, max_shard_bytes=100)
+    real, raced = rox_corpus.load_shard_facts, []
+
+    def overwritten_meanwhile(*args, **kwargs):
+        if not raced:
+            raced.append(True)
+            write_rox(new, path, separator=0, block_size=32, max_shard_bytes=100,
+                      if_exists="overwrite")  # fmt: skip
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rox_corpus, "load_shard_facts", overwritten_meanwhile)
+    for spec in (path, str(tmp_path), str(tmp_path / "set_*.rox")):
+        raced.clear()
+        write_rox(old, path, separator=0, block_size=32, max_shard_bytes=100,
+                  if_exists="overwrite")  # fmt: skip
+        with open_rox(spec) as corpus:
+            served = corpus.tokens(0, corpus.num_tokens)
+        expected = np.concatenate([np.append(d, 0) for d in new])
+        assert raced and np.array_equal(served[: expected.size], expected), spec
+        assert corpus.num_documents == 5

@@ -661,6 +661,9 @@ def open_unchanged(paths: PathSpec | RoxCorpus) -> RoxCorpus:
     return corpus
 
 
+_OPEN_TRIES = 3  # listings an open may find changed by a write before it is refused
+
+
 def open_rox(
     paths: PathSpec | RoxCorpus,
     *,
@@ -712,13 +715,30 @@ def open_rox(
     """
     if isinstance(paths, RoxCorpus):
         return paths
-    resolved = resolve_shard_paths(
-        paths, roxxel_names=roxxel_names, storage_options=storage_options
-    )
-    # Read at call time, so a test can lower the limit to exercise the lazy walk.
-    facts = load_shard_facts(
-        resolved, index_check_limit=FULL_INDEX_CHECK_LIMIT, storage_options=storage_options
-    )
+    resolved: list[str] = []
+    for _ in range(_OPEN_TRIES):
+        resolved = resolve_shard_paths(
+            paths, roxxel_names=roxxel_names, storage_options=storage_options
+        )
+        # Read at call time, so a test can lower the limit to exercise the lazy walk.
+        facts = load_shard_facts(
+            resolved, index_check_limit=FULL_INDEX_CHECK_LIMIT, storage_options=storage_options
+        )
+        # A write that finished between the listing and the facts leaves them consistent
+        # with its manifest, and the listing a part of the new set: listed again, the same
+        # files, or it is opened again
+        again = resolve_shard_paths(
+            paths, roxxel_names=roxxel_names, storage_options=storage_options
+        )
+        if again == resolved:
+            break
+    else:
+        raise RoxFormatError(
+            resolved[0],
+            f"the shards that {paths!r:.200} names changed while they were opened, "
+            f"{_OPEN_TRIES} times in a row (a writer keeps publishing the set)",
+            "wait for the writes to finish, then open the set again",
+        )
     corpus = RoxCorpus(*facts)
     if verify:
         corpus.verify(checksums=True)
