@@ -1430,3 +1430,45 @@ def test_a_fixed_size_list_of_strings_streams_as_the_eager_source_serves_it(tmp_
     for i, want in enumerate([["a", "bc"], ["d", "e"]]):
         for rec in (eager[i], streamed[i]):
             assert rec["w"].dtype == object and rec["w"].tolist() == want, rec["w"]
+
+
+def test_contiguous_shards_of_one_saved_dataset_are_told_apart(tmp_path):
+    """HF writes 1,000-row Arrow batches: ds.shard(4, 0) and ds.shard(4, 1) (contiguous by
+    default), or train_test_split(shuffle=False)'s two halves, had the same chunk layout and
+    files, hence one fingerprint: a state of one restored onto the other, serving other rows."""
+    import datasets
+    import grain
+
+    datasets.Dataset.from_dict({"x": np.arange(4000)}).save_to_disk(str(tmp_path / "ds"))
+    ds = datasets.load_from_disk(str(tmp_path / "ds"))
+    first, second = (HFEagerSource(ds.shard(4, i)) for i in (0, 1))
+    halves = ds.train_test_split(test_size=0.5, shuffle=False)
+    assert repr(first) != repr(second)
+    assert repr(HFEagerSource(halves["train"])) != repr(HFEagerSource(halves["test"]))
+    assert repr(HFEagerSource(ds.shard(4, 1))) == repr(second)  # the same rows: the same source
+    no_threads = grain.ReadOptions(num_threads=0)
+    it = iter(first.batches(8, seed=0).to_iter_dataset(no_threads))
+    next(it)
+    state = it.get_state()
+    with pytest.raises(ValueError, match=r"its data or config changed \(data: saved "):
+        iter(second.batches(8, seed=0).to_iter_dataset(no_threads)).set_state(state)
+
+
+def test_lists_of_text_and_fixed_size_lists_of_ragged_lists_are_named():
+    """A list-of-strings column gave numpy's "truth value of an array ... is ambiguous" (and
+    [[""], [""]] a batch of objects); a fixed_size_list of lists of other lengths a bare
+    AttributeError ('FixedSizeListArray' object has no attribute 'offsets')."""
+    import datasets
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    for tags in ([["a", "b"], ["c", "d"]], [[""], [""]]):
+        source = HFEagerSource(datasets.Dataset.from_dict({"tags": tags, "y": [0, 1]}))
+        with pytest.raises(ValueError, match=r"^column 'tags' holds text, not numbers"):
+            source.get_batch([0, 1])
+    nested = pa.array([[[1], [1, 2]], [[3, 4], [5, 6]]], pa.list_(pa.list_(pa.int8()), 2))
+    source = HFEagerSource(datasets.Dataset(InMemoryTable(pa.table({"v": nested}))))
+    assert source[1]["v"].tolist() == [[3, 4], [5, 6]]
+    with pytest.raises(ValueError, match=r"^column 'v': row 0 holds inner lists of different "
+                       r"lengths \[1, 2\], which make no array"):  # fmt: skip
+        source[0]

@@ -91,6 +91,21 @@ def _chunk_layout(table: Any) -> list[list[int]] | None:
     return [[chunk.offset, len(chunk)] for chunk in table.table.column(0).chunks]
 
 
+def _row_slices(table: Any) -> list[Any]:
+    """The row slices ``(offset, length)`` datasets applied to the memory-mapped tables behind
+    ``table`` (recorded as its "replays", which its pickles carry), in order: a contiguous
+    ``shard``/``select``/``train_test_split`` of equal length at another offset has the same
+    chunk layout, and the same files, but other rows."""
+    if table is None:
+        return []
+    from datasets.table import ConcatenationTable
+
+    if isinstance(table, ConcatenationTable):
+        return [_row_slices(block) for row in table.blocks for block in row]
+    replays = getattr(table, "replays", None) or []
+    return [[int(a) for a in args[:2]] for name, args, _ in replays if name == "slice"]
+
+
 _WATCHED_PER_CHECK = 8  # data files stat-ed by a read's check after the first
 
 
@@ -389,7 +404,10 @@ class HFEagerSource(ProcessLocal, BatchesMixin):
         # Which rows of the Arrow files are served (select/shuffle write an indices file,
         # a contiguous select slices the table): content and layout, never paths, so a copy
         # of the data in another directory is the same source and other data is not.
-        self._layout = [_chunk_layout(dataset.data), _chunk_layout(dataset._indices)]
+        self._layout: list[Any] = [_chunk_layout(dataset.data), _chunk_layout(dataset._indices)]
+        slices = [_row_slices(dataset.data), _row_slices(dataset._indices)]
+        if any(slices):  # (named where there are any: other sources' identities unchanged)
+            self._layout.append({"row_slices": slices})
         self._records = self.format.describe()  # the tokenizer by content, named in the repr
         self._identity = self._fingerprint()
         # dtype=None: arrays keep their dtypes (datasets' default makes ints int64 and floats

@@ -266,7 +266,8 @@ def stack_column(key: str, values: Any, indices: Sequence[int]) -> Any:
     if items and all(isinstance(v, dict) for v in items):
         return {k: stack_column(f"{key}.{k}", [v[k] for v in items], indices) for k in items[0]}
     arrays = [np.asarray(v) for v in items]
-    if bad := next((a for a in arrays if a.dtype.kind in "USO"), None):
+    bad = next((a for a in arrays if a.dtype.kind in "USO"), None)
+    if bad is not None:  # (an array's truth is ambiguous: "if bad" raised numpy's error)
         raise ValueError(_not_numbers(key, bad))
     shapes = [a.shape for a in arrays]
     if len(set(shapes)) > 1:
@@ -399,6 +400,8 @@ class ArrowColumn:
                 self.ragged.append(None)
             else:
                 self.views.append(None)
+                if pa.types.is_fixed_size_list(chunk.type):  # (no offsets of its own)
+                    chunk = chunk.cast(pa.list_(chunk.type.value_type))
                 inner = pa.types.is_list(chunk.type) and is_number(chunk.type.value_type)
                 offsets = chunk.offsets.to_numpy()
                 values = chunk.values.to_numpy(zero_copy_only=False) if inner else chunk
