@@ -931,3 +931,19 @@ def test_a_set_whose_manifest_records_no_eos_says_so(tmp_path):
         f"{path}: no EOS id to split documents at ({tmp_path / 'm.manifest.json'} records no "
         "EOS id: it was written without one); pass eos_id="
     )
+
+
+def test_a_shard_cut_short_between_its_footer_and_its_index_is_named(tmp_path):
+    """A write replacing the file with a smaller one between the two reads gave numpy's bare
+    "mmap length is greater than file size", naming no file."""
+    from grain_rox._format._rox_format import read_header, read_index
+
+    path = tmp_path / "s.rox"
+    write_rox([np.arange(5000, dtype=np.uint16)], str(path), block_size=64, manifest=False)
+    header = read_header(str(path))
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(RoxFormatError, match=re.escape(
+        f"{path}: the file is shorter than its footer said when it was read ({header.file_size} "
+        "bytes): it was replaced or truncated meanwhile"
+    )):  # fmt: skip
+        read_index(header)

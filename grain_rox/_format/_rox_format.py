@@ -325,10 +325,15 @@ def read_index(header: ShardHeader, mapped: mmap.mmap | None = None) -> np.ndarr
     # read its last 4 MiB of tokens as well as its 32 KiB index.
     start = header.index_offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
     with open(header.path, "rb") as f:
-        mm = mmap.mmap(
-            f.fileno(), header.index_offset + INDEX_DTYPE.itemsize * count - start,
-            access=mmap.ACCESS_READ, offset=start,
-        )  # fmt: skip
+        length = header.index_offset + INDEX_DTYPE.itemsize * count - start
+        if os.fstat(f.fileno()).st_size < start + length:  # (mmap: "length is greater than
+            raise RoxFormatError(  # file size", naming no file)
+                header.path,
+                f"the file is shorter than its footer said when it was read ({header.file_size} "
+                "bytes): it was replaced or truncated meanwhile (a write in progress?)",
+                "open it again once the write has finished",
+            )
+        mm = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=start)
     with contextlib.suppress(AttributeError, OSError):  # (a platform without madvise)
         mm.madvise(mmap.MADV_SEQUENTIAL)
     return np.frombuffer(mm, INDEX_DTYPE, count=count, offset=header.index_offset - start)
