@@ -1158,3 +1158,38 @@ def test_an_open_that_races_a_growing_overwrite_reads_the_whole_new_set(tmp_path
         expected = np.concatenate([np.append(d, 0) for d in new])
         assert raced and np.array_equal(served[: expected.size], expected), spec
         assert corpus.num_documents == 5
+
+
+def test_a_full_disk_at_the_final_manifest_says_the_write_is_in_place(tmp_path, monkeypatch):
+    """The final manifest is written after the shards are in place: a full disk there raised
+    a bare ENOSPC, though readers already saw the append, and running it again appended the
+    documents twice."""
+    import errno
+
+    import grain_rox._format._shard_set as shard_set
+
+    path = str(tmp_path / "a.rox")
+    first, second = [np.arange(1, 9, dtype=np.uint16)], [np.arange(20, 28, dtype=np.uint16)]
+    write_rox(first, path, separator=0, block_size=16, max_shard_bytes=64)
+    real, calls = shard_set.write_manifest, []
+
+    def full_at_the_end(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shard_set, "write_manifest", full_at_the_end)
+    with pytest.raises(OSError) as info:
+        write_rox(second, path, separator=0, block_size=16, max_shard_bytes=64,
+                  if_exists="append")  # fmt: skip
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value).endswith(
+        f"No space left on device while publishing {tmp_path / 'a'}, after every shard of this "
+        "write was in place: readers see the new set, and the next write to it finishes this "
+        "one (its manifest). Do not run this write again: an append would add its documents "
+        "twice"
+    )
+    monkeypatch.setattr(shard_set, "write_manifest", real)
+    with open_rox(path) as corpus:
+        assert corpus.num_documents == 2

@@ -374,26 +374,48 @@ def publish_set(
         if discard is not None:
             discard()
         raise
-    for tmp, final_path in moves:
-        os.replace(tmp, final_path)
-        _log.debug("committed shard %s", final_path)
-    fsync_dir(directory)
-    stale = [n for n in disk if n not in final.shards]
-    for name in stale:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(directory, name))
-    if stale:
+    moved = 0
+    try:
+        for tmp, final_path in moves:
+            os.replace(tmp, final_path)
+            moved += 1
+            _log.debug("committed shard %s", final_path)
         fsync_dir(directory)
-    if keep_manifest:
-        write_manifest(mpath, final)
-    else:
-        os.unlink(mpath)  # the set is written without grain_rox's extras
-        fsync_dir(directory)
+        stale = [n for n in disk if n not in final.shards]
+        for name in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
+        if stale:
+            fsync_dir(directory)
+        if keep_manifest:
+            write_manifest(mpath, final)
+        else:
+            os.unlink(mpath)  # the set is written without grain_rox's extras
+            fsync_dir(directory)
+    except OSError as e:  # after step 1: the set is not as it was; say what it is
+        raise OSError(e.errno, _after_step_one(mpath, moved == len(moves), e)) from e
     _log.info(
         "published %d shard(s) of %s; manifest %s",
         len(moves),
         mpath[: -len(".manifest.json")],
         mpath if keep_manifest else "none (manifest=False)",
+    )
+
+
+def _after_step_one(mpath: str, all_moved: bool, error: OSError) -> str:
+    """What a write that failed after its pending manifest was written left (see
+    :func:`publish_set`), and what to do: not "run it again" where it is in place."""
+    what = f"{error.strerror or error} while publishing {mpath[: -len('.manifest.json')]}"
+    if all_moved:
+        return (
+            f"{what}, after every shard of this write was in place: readers see the new set, "
+            "and the next write to it finishes this one (its manifest). Do not run this write "
+            "again: an append would add its documents twice"
+        )
+    return (
+        f"{what}, while this write's shards were put in place: readers refuse the set until "
+        "the next write to it completes or undoes this one (it checks every shard's sha256). "
+        "Look at the set after that write (grain-rox inspect) before running this one again"
     )
 
 
