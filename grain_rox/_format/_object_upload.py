@@ -42,6 +42,8 @@ from grain_rox._format._manifest import (
     member_pattern,
 )
 from grain_rox._format._object_store import ObjectStore, store_for
+from grain_rox._format._remote_set import object_sha256
+from grain_rox._format._remote_shard import ObjectRef
 from grain_rox._format._shard_set import shard_number
 
 _log = logging.getLogger("grain_rox")
@@ -194,25 +196,18 @@ def _upload(store: ObjectStore, path: str, url: str, md5: str) -> None:
         there = store.info(url)
         if there.md5 and there.md5 != md5:
             raise _another_writer(url, "uploaded the shard") from e
-        if not there.md5 and not _same_bytes(store, url, there.size, path):
+        if not there.md5 and not _same_bytes(ObjectRef(store, there), path):
             # (an S3 multipart ETag holds no md5: the object is read back and compared)
             raise _another_writer(url, "uploaded the shard") from e
         _log.info("%s: already uploaded by an earlier attempt of this request", url)
 
 
-def _same_bytes(store: ObjectStore, url: str, size: int, path: str) -> bool:
-    """Whether object ``url`` (``size`` bytes) holds the bytes of file ``path``, compared by
-    sha256 (read back in ranges: a retried upload whose store reports no md5)."""
-    if size != os.path.getsize(path):
+def _same_bytes(ref: ObjectRef, path: str) -> bool:
+    """Whether object ``ref`` holds the bytes of file ``path``, compared by sha256 (the
+    object read back in ranges: a retried upload whose store reports no md5)."""
+    if ref.info.size != os.path.getsize(path):
         return False
-    theirs, ours = hashlib.sha256(), hashlib.sha256()
-    step = 8 << 20
-    with open(path, "rb") as f:
-        for lo in range(0, size, step):
-            hi = min(size, lo + step)
-            theirs.update(store.read_many([(url, lo, hi)])[0])
-            ours.update(f.read(hi - lo))
-    return theirs.digest() == ours.digest()
+    return object_sha256(ref) == file_hexdigest(path, hashlib.sha256)
 
 
 def _another_writer(url: str, did: str) -> FileExistsError:
