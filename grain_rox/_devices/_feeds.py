@@ -30,7 +30,6 @@ from jax.sharding import NamedSharding
 
 from grain_rox._devices._agree import digest_ints, gather_ints
 from grain_rox._devices._iterator_state import check_step
-from grain_rox._devices._narrowing import x64_enabled
 from grain_rox._devices._placement import (
     data_shards,
     process_rows,
@@ -44,6 +43,7 @@ from grain_rox._pipeline._pipeline import TokenPipeline
 from grain_rox._sources._batch_dataset import dataset_source
 from grain_rox._sources._batches import BatchSource
 from grain_rox._sources._identity import ADDED_FIELDS, DATA_HINT, FORM_FIELDS
+from grain_rox._sources._output_dtype import x64_enabled
 from grain_rox._sources._tokens_layout import TOKENS
 
 _log = logging.getLogger("grain_rox")

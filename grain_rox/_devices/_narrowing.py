@@ -23,12 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-
-def x64_enabled() -> bool:
-    """Whether JAX places 64-bit values as they are (``jax_enable_x64``, asked each time: a
-    program may turn it on or off)."""
-    config: Any = jax.config
-    return bool(config.jax_enable_x64)
+from grain_rox._sources._output_dtype import x64_enabled
 
 
 @functools.lru_cache(maxsize=64)

@@ -8,6 +8,15 @@ from typing import Any
 import numpy as np
 
 
+def x64_enabled() -> bool:
+    """Whether JAX places 64-bit values as they are (``jax_enable_x64``, asked each time: a
+    program may turn it on or off)."""
+    import jax
+
+    config: Any = jax.config
+    return bool(config.jax_enable_x64)
+
+
 def check_output_dtype(
     dtype: np.dtype,
     stored: Mapping[str, np.dtype],

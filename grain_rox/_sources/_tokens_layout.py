@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from grain_rox._sources._output_dtype import x64_enabled
 from grain_rox._sources._segments import (
     INPUTS,
     INPUTS_POSITION,
@@ -224,11 +225,8 @@ def _refuse_wrapping(stored: np.dtype, out: np.dtype) -> None:
     """Refuse to make 64-bit tokens on the devices from unsigned 32-bit (or wider) ones while
     ``jax_enable_x64`` is off: JAX makes them int32, and ids from 2**31 on would wrap (the
     host refuses such values where it places them; inside a jit nobody would see them)."""
-    import jax
-
-    config: Any = jax.config
     wide = out.itemsize == 8 and stored.kind == "u" and stored.itemsize >= 4
-    if wide and not config.jax_enable_x64:
+    if wide and not x64_enabled():
         raise ValueError(
             f"unpack: dtype={out} needs jax_enable_x64, which is off, so JAX makes int32 "
             f"of these {stored} tokens, and ids from 2**31 on would wrap; pass "
