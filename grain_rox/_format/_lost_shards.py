@@ -9,6 +9,8 @@ import os
 import re
 from collections.abc import Callable, Sequence
 
+from grain_rox._format._manifest import MANIFEST_SUFFIX
+
 _MEMBER = re.compile(r"(.+)_(\d{4,})\.rox")
 
 
@@ -62,4 +64,4 @@ def refuse_lost_shards(
 
 
 def _local_manifest(prefix: str) -> bool:
-    return os.path.exists(prefix + ".manifest.json")
+    return os.path.exists(prefix + MANIFEST_SUFFIX)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grain_rox._format._lost_shards import refuse_lost_shards
-from grain_rox._format._manifest import Manifest, ShardRecord, member_pattern
+from grain_rox._format._manifest import MANIFEST_SUFFIX, Manifest, ShardRecord, member_pattern
 from grain_rox._format._object_store import ObjectStore, store_for
 from grain_rox._format._remote_shard import ObjectRef, read_pinned
 from grain_rox._format._rox_format import RoxFormatError
@@ -98,9 +98,9 @@ def _resolve_url(store: ObjectStore, entry: str, roxxel_names: bool) -> tuple[li
         return found, f"the glob {entry!r} (no .rox object matches)"
     if entry.endswith("/") or store.isdir(entry):
         found = _prefix_shards(store, entry.rstrip("/"))
-        manifests = {u for u in store.listdir(entry.rstrip("/")) if u.endswith(".manifest.json")}
+        manifests = {u for u in store.listdir(entry.rstrip("/")) if u.endswith(MANIFEST_SUFFIX)}
         refuse_lost_shards(
-            found, entry, from_zero=False, has_manifest=lambda p: p + ".manifest.json" in manifests
+            found, entry, from_zero=False, has_manifest=lambda p: p + MANIFEST_SUFFIX in manifests
         )
         return found, f"the prefix {entry!r} (no *.rox object under it)"
     if store.exists(entry):
