@@ -23,6 +23,7 @@ import os
 import stat
 import struct
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +79,20 @@ _EMPTY_BLOCKS_FIX = (
 )
 
 
+def token_dtype(dtype: Any) -> np.dtype:
+    """``np.dtype(dtype)``, with the name ``"bfloat16"`` too (numpy knows it only once
+    ``ml_dtypes``, shipped with jax, is imported).
+
+    >>> token_dtype("bfloat16").name, token_dtype("uint16")
+    ('bfloat16', dtype('uint16'))
+    """
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        import ml_dtypes  # registers bfloat16 with numpy
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
 def decode_dtype(name_bytes: bytes, path: str) -> np.dtype:
     """Return the numpy dtype named by a footer's 8-byte dtype field.
 
@@ -93,12 +108,8 @@ def decode_dtype(name_bytes: bytes, path: str) -> np.dtype:
         raise RoxFormatError(
             path, f"the footer's dtype field {name_bytes!r} is not an ASCII dtype name", _REWRITE
         ) from None
-    if name == "bfloat16":
-        import ml_dtypes  # registers bfloat16 with numpy; shipped with jax
-
-        return np.dtype(ml_dtypes.bfloat16)
     try:
-        dtype = np.dtype(name)
+        dtype = token_dtype(name)
     except Exception:  # numpy raises TypeError, ValueError or SyntaxError for odd names
         # a full field may be a longer name cut short; a shorter one is just not a dtype
         cut = len(name) == 8

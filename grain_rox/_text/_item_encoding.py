@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from grain_rox._format._rox_format import encode_dtype
+from grain_rox._format._rox_format import encode_dtype, token_dtype
 from grain_rox._order._permutation import int_arg
 from grain_rox._text._tokenizers import Tokenizer, smallest_token_dtype
 
@@ -93,16 +93,6 @@ def plan_layout(
     pad = given if given is not None else (sep if sep is not None else 0)
     check_dtype_range(np.asarray([pad]), target, f"pad_id {pad!r}")
     return TokenLayout(target, block_size, sep, pad, tok), items
-
-
-def token_dtype(dtype: Any) -> np.dtype:
-    """``np.dtype(dtype)``, with the name ``"bfloat16"`` too (numpy knows it only once
-    ``ml_dtypes`` is imported, which the reader does for it)."""
-    if isinstance(dtype, str) and dtype == "bfloat16":
-        import ml_dtypes  # shipped with jax
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
 
 
 def resolve_dtype(
