@@ -108,8 +108,10 @@ def decode_dtype(name_bytes: bytes, path: str) -> np.dtype:
         raise RoxFormatError(
             path, f"the footer's dtype field {name_bytes!r} is not an ASCII dtype name", _REWRITE
         ) from None
+    if name == "bfloat16":  # (numpy's kind "V": not refused below as no number)
+        return token_dtype(name)
     try:
-        dtype = token_dtype(name)
+        dtype = np.dtype(name)
     except Exception:  # numpy raises TypeError, ValueError or SyntaxError for odd names
         # a full field may be a longer name cut short; a shorter one is just not a dtype
         cut = len(name) == 8
